@@ -1,0 +1,9 @@
+"""Durable savers: LangGraph checkpointers that also keep the effect ledger.
+
+`DurableSqliteSaver` and `AsyncDurableSqliteSaver` are the embedded default; the
+PostgreSQL saver lives in `graph_durable.checkpointers.postgres` (extra `postgres`).
+"""
+
+from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+
+__all__ = ["DurableSqliteSaver"]

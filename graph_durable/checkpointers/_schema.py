@@ -1,0 +1,57 @@
+"""Numbered schema migrations for the ledger tables (append-only: never edit a shipped entry).
+
+LangGraph's own `checkpoints` and `writes` tables are created by LangGraph's saver
+`setup()`; these migrations add graph_durable's tables beside them in the same file, and
+the version applied is recorded in `graph_durable_migrations`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MIGRATIONS", "MIGRATIONS_TABLE"]
+
+MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS graph_durable_migrations (
+    v INTEGER PRIMARY KEY,
+    applied_at REAL NOT NULL
+)
+"""
+
+MIGRATIONS: list[str] = [
+    # 0: the effect ledger and its append-only journal.
+    """
+    CREATE TABLE effects (
+        thread_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        tool_call_id TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        args TEXT NOT NULL,
+        status TEXT NOT NULL,
+        receipt TEXT,
+        result_type TEXT,
+        result BLOB,
+        error TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        decision TEXT,
+        asked INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (thread_id, key)
+    );
+    CREATE INDEX effects_key ON effects (key);
+    CREATE INDEX effects_thread_status ON effects (thread_id, status);
+    CREATE INDEX effects_thread_call ON effects (thread_id, tool_call_id);
+    CREATE TABLE effect_events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        key TEXT NOT NULL,
+        thread_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        data TEXT NOT NULL,
+        at REAL NOT NULL,
+        owner TEXT,
+        fencing_token INTEGER
+    );
+    CREATE INDEX effect_events_thread ON effect_events (thread_id, seq);
+    CREATE INDEX effect_events_key ON effect_events (key, seq);
+    """,
+]

@@ -1,0 +1,253 @@
+"""SQL shared by the sync and async SQLite savers, and the ledger transitions as plans.
+
+A *plan* is a list of `(sql, params)` statements computed from the current row; the
+sync saver runs it on a `sqlite3` cursor and the async saver on an `aiosqlite` one,
+both inside one `BEGIN IMMEDIATE` transaction, so the lifecycle rules live here once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from graph_durable.errors import IllegalTransition
+from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
+
+__all__ = [
+    "EFFECT_COLUMNS",
+    "Statement",
+    "effect_from_row",
+    "event_from_row",
+    "plan_intent",
+    "plan_transition",
+]
+
+Statement = tuple[str, tuple[Any, ...]]
+
+NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
+RESUME_CHANNEL = "__resume__"
+
+EFFECT_COLUMNS = (
+    "key, thread_id, checkpoint_ns, tool_call_id, tool, args, status, receipt, error, "
+    "attempts, decision, asked, created_at, updated_at"
+)
+EVENT_COLUMNS = "seq, key, thread_id, kind, data, at, owner, fencing_token"
+
+SELECT_EFFECT = f"SELECT {EFFECT_COLUMNS} FROM effects WHERE thread_id = ? AND key = ?"
+SELECT_EFFECT_BY_KEY = (
+    f"SELECT {EFFECT_COLUMNS} FROM effects WHERE key = ? ORDER BY created_at LIMIT 1"
+)
+SELECT_RESULT = "SELECT result_type, result FROM effects WHERE thread_id = ? AND key = ?"
+SELECT_ASKED_IN_TASK = (
+    f"SELECT {EFFECT_COLUMNS} FROM effects "
+    "WHERE thread_id = ? AND checkpoint_ns = ? AND asked = 1 ORDER BY created_at"
+)
+SELECT_CHECKPOINT_EXISTS = (
+    "SELECT 1 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+)
+DELETE_NULL_RESUME = (
+    "DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? "
+    f"AND task_id = '{NULL_TASK_ID}' AND channel = '{RESUME_CHANNEL}'"
+)
+
+DELETE_THREAD_LEDGER: tuple[str, ...] = (
+    "DELETE FROM effects WHERE thread_id = ?",
+    "DELETE FROM effect_events WHERE thread_id = ?",
+)
+# A copied thread shares its source's history, so it shares the effects of that history
+# under the same keys: a fork must replay a receipt, never send again under a new key.
+COPY_THREAD_LEDGER: tuple[str, ...] = (
+    "INSERT OR IGNORE INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args, "
+    "status, receipt, result_type, result, error, attempts, decision, asked, created_at, "
+    "updated_at) SELECT ?, key, checkpoint_ns, tool_call_id, tool, args, status, receipt, "
+    "result_type, result, error, attempts, decision, asked, created_at, updated_at "
+    "FROM effects WHERE thread_id = ?",
+    "INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token) "
+    "SELECT key, ?, kind, data, at, owner, fencing_token FROM effect_events "
+    "WHERE thread_id = ? ORDER BY seq",
+)
+COPY_THREAD_CHECKPOINTS: tuple[str, ...] = (
+    "INSERT OR REPLACE INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
+    "parent_checkpoint_id, type, checkpoint, metadata) SELECT ?, checkpoint_ns, "
+    "checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata FROM checkpoints "
+    "WHERE thread_id = ?",
+    "INSERT OR REPLACE INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
+    "task_path, idx, channel, type, value) SELECT ?, checkpoint_ns, checkpoint_id, task_id, "
+    "task_path, idx, channel, type, value FROM writes WHERE thread_id = ?",
+)
+SELECT_RUN_CHECKPOINTS = (
+    "SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints "
+    "WHERE json_extract(CAST(metadata AS TEXT), '$.run_id') = ?"
+)
+DELETE_CHECKPOINT = (
+    "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+)
+DELETE_CHECKPOINT_WRITES = (
+    "DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+)
+# keep_latest: everything but the newest checkpoint of each namespace of the thread.
+SELECT_PRUNABLE = (
+    "SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id FROM checkpoints c "
+    "WHERE c.thread_id = ? AND c.checkpoint_id < (SELECT MAX(m.checkpoint_id) FROM checkpoints m "
+    "WHERE m.thread_id = c.thread_id AND m.checkpoint_ns = c.checkpoint_ns)"
+)
+DELETE_THREAD_CHECKPOINTS: tuple[str, ...] = (
+    "DELETE FROM checkpoints WHERE thread_id = ?",
+    "DELETE FROM writes WHERE thread_id = ?",
+)
+
+INSERT_EVENT = (
+    "INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def select_effects(thread_id: str | None, status: str | None) -> Statement:
+    """Query listing effects, oldest first, optionally by thread and status."""
+    clauses, params = [], []
+    if thread_id is not None:
+        clauses.append("thread_id = ?")
+        params.append(thread_id)
+    if status is not None:
+        clauses.append("status = ?")
+        params.append(status)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    return (
+        f"SELECT {EFFECT_COLUMNS} FROM effects {where} ORDER BY created_at, key",
+        tuple(params),
+    )
+
+
+def select_events(thread_id: str | None, key: str | None) -> Statement:
+    """Query listing journal events in order, optionally by thread and key."""
+    clauses, params = [], []
+    if thread_id is not None:
+        clauses.append("thread_id = ?")
+        params.append(thread_id)
+    if key is not None:
+        clauses.append("key = ?")
+        params.append(key)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    return f"SELECT {EVENT_COLUMNS} FROM effect_events {where} ORDER BY seq", tuple(params)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def to_json(value: Any) -> str:
+    """JSON for a ledger column; values JSON cannot hold are stored as their `str()`."""
+    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def effect_from_row(row: Sequence[Any]) -> EffectRecord:
+    """Build an `EffectRecord` from a row selected with `EFFECT_COLUMNS`."""
+    (key, thread_id, ns, tcid, tool, args, status, receipt, error, attempts, decision,
+     asked, created_at, updated_at) = row
+    return EffectRecord(
+        key=key,
+        thread_id=thread_id,
+        checkpoint_ns=ns,
+        tool_call_id=tcid,
+        tool=tool,
+        args=json.loads(args),
+        status=EffectStatus(status),
+        receipt=_loads(receipt),
+        error=error,
+        attempts=attempts,
+        decision=_loads(decision),
+        asked=bool(asked),
+        created_at=created_at,
+        updated_at=updated_at,
+    )
+
+
+def event_from_row(row: Sequence[Any]) -> EffectEvent:
+    """Build an `EffectEvent` from a row selected with `EVENT_COLUMNS`."""
+    seq, key, thread_id, kind, data, at, owner, token = row
+    return EffectEvent(
+        seq=seq, key=key, thread_id=thread_id, kind=kind, data=json.loads(data), at=at,
+        owner=owner, fencing_token=token,
+    )
+
+
+def plan_intent(
+    *,
+    key: str,
+    thread_id: str,
+    checkpoint_ns: str,
+    tool_call_id: str,
+    tool: str,
+    args_json: str,
+    status: EffectStatus,
+    now: float,
+    actor: tuple[str | None, int | None],
+) -> list[Statement]:
+    """Insert a new effect row (the intent) and its `intent` event."""
+    attempts = 1 if status is EffectStatus.IN_FLIGHT else 0
+    return [
+        (
+            "INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args, "
+            "status, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (thread_id, key, checkpoint_ns, tool_call_id, tool, args_json, status.value,
+             attempts, now, now),
+        ),
+        (
+            INSERT_EVENT,
+            (key, thread_id, "intent", to_json({"status": status.value, "tool": tool,
+                                                 "tool_call_id": tool_call_id}),
+             now, *actor),
+        ),
+    ]
+
+
+def plan_transition(
+    row: Sequence[Any] | None,
+    *,
+    thread_id: str,
+    key: str,
+    to: EffectStatus,
+    kind: str,
+    data: dict[str, Any],
+    now: float,
+    actor: tuple[str | None, int | None],
+    columns: dict[str, Any] | None = None,
+    bump_attempts: bool = False,
+) -> list[Statement]:
+    """Move an effect to status `to`, setting `columns`, and journal it as `kind`.
+
+    `bump_attempts` counts one more call of the tool (a new attempt with the same key).
+
+    Raises:
+        IllegalTransition: no such effect, or the lifecycle forbids the move.
+    """
+    if row is None:
+        raise IllegalTransition(
+            f"No effect {key!r} in thread {thread_id!r}: it was never recorded, or the "
+            "thread's ledger was deleted.",
+            thread_id=thread_id,
+        )
+    record = effect_from_row(row)
+    if not record.status.can_become(to):
+        raise IllegalTransition(
+            f"Effect {key!r} (tool call {record.tool_call_id!r}, thread {thread_id!r}) is "
+            f"{record.status.value}; it cannot become {to.value}.",
+            thread_id=thread_id,
+            tool_call_id=record.tool_call_id,
+        )
+    assignments = {"status": to.value, "updated_at": now, **(columns or {})}
+    if bump_attempts:
+        assignments["attempts"] = record.attempts + 1
+        data = {**data, "attempt": record.attempts + 1}
+    sets = ", ".join(f"{name} = ?" for name in assignments)
+    return [
+        (
+            f"UPDATE effects SET {sets} WHERE thread_id = ? AND key = ?",
+            (*assignments.values(), thread_id, key),
+        ),
+        (
+            INSERT_EVENT,
+            (key, thread_id, kind, to_json({"status": to.value, **data}), now, *actor),
+        ),
+    ]

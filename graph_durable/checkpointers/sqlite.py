@@ -1,0 +1,359 @@
+"""`DurableSqliteSaver`: LangGraph's SQLite saver plus the effect ledger in the same file.
+
+Retention and the ledger:
+
+- `delete_thread(thread_id)` deletes the thread's checkpoints, writes, effects and events.
+- `prune(ids, strategy="keep_latest")` keeps the ledger whole: the kept checkpoint may
+  still replay a step whose receipts live there. `strategy="delete"` is `delete_thread`.
+- `delete_for_runs(run_ids)` deletes checkpoints and writes only: effects belong to the
+  thread, not to a run, and other runs of the thread may replay them.
+- `copy_thread(src, dst)` copies checkpoints, writes, effects and events; copied effects
+  keep their keys, so the copy replays receipts and reconciles in-flight effects under
+  the same key instead of sending them again.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import closing, contextmanager
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    SerializerProtocol,
+)
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
+from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
+from graph_durable.ledger import (
+    EffectEvent,
+    EffectRecord,
+    EffectStatus,
+    IntentWrite,
+    LedgerWrite,
+    WriteBatch,
+)
+
+__all__ = ["DurableSqliteSaver"]
+
+
+def _statements(script: str) -> list[str]:
+    return [part.strip() for part in script.split(";") if part.strip()]
+
+
+class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
+    """A LangGraph checkpointer on SQLite that also keeps the effect ledger.
+
+    Use it wherever a `SqliteSaver` goes; `EffectGuardNode` finds the ledger through it.
+
+    Args:
+        conn: A `sqlite3.Connection` (opened with `check_same_thread=False`).
+        serde: Serializer for checkpoints and stored tool results.
+        flow_version: Version of the graph's flow this saver pins threads to.
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        serde: SerializerProtocol | None = None,
+        flow_version: str | None = None,
+    ) -> None:
+        super().__init__(conn, serde=serde)
+        self.flow_version = flow_version
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(
+        cls, conn_string: str, *, flow_version: str | None = None
+    ) -> Iterator[DurableSqliteSaver]:
+        """Open `conn_string` (a file path or `:memory:`) and yield a saver on it."""
+        with closing(sqlite3.connect(conn_string, check_same_thread=False)) as conn:
+            yield cls(conn, flow_version=flow_version)
+
+    # -- schema ------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Create LangGraph's tables and apply pending ledger migrations (safe to repeat)."""
+        if self.is_setup:
+            return
+        super().setup()
+        self.is_setup = False
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute(MIGRATIONS_TABLE)
+        self.conn.commit()
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            applied = self.conn.execute(
+                "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations"
+            ).fetchone()[0]
+            for version in range(applied + 1, len(MIGRATIONS)):
+                for statement in _statements(MIGRATIONS[version]):
+                    self.conn.execute(statement)
+                self.conn.execute(
+                    "INSERT INTO graph_durable_migrations (v, applied_at) VALUES (?, ?)",
+                    (version, time.time()),
+                )
+        except BaseException:
+            self.conn.rollback()
+            raise
+        self.conn.commit()
+        self.is_setup = True
+
+    @contextmanager
+    def _txn(self) -> Iterator[sqlite3.Cursor]:
+        """One write transaction, taken with `BEGIN IMMEDIATE` so reads in it are current."""
+        with self.lock:
+            self.setup()
+            cur = self.conn.cursor()
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+                yield cur
+            except BaseException:
+                self.conn.rollback()
+                raise
+            else:
+                self.conn.commit()
+            finally:
+                cur.close()
+
+    # -- checkpoints: LangGraph's behaviour, without its traps ---------------------------
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """List checkpoints, newest first.
+
+        Results are read before the first is yielded, so the caller may call other saver
+        methods while iterating (the stock saver holds its lock across yields).
+        """
+        yield from [
+            *super().list(config, filter=filter, before=before, limit=limit)
+        ]
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread's checkpoints, writes, effects and journal events."""
+        with self._txn() as cur:
+            for statement in (*_sql.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
+                cur.execute(statement, (str(thread_id),))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
+        with self._txn() as cur:
+            for run_id in run_ids:
+                rows = cur.execute(_sql.SELECT_RUN_CHECKPOINTS, (str(run_id),)).fetchall()
+                for row in rows:
+                    cur.execute(_sql.DELETE_CHECKPOINT, row)
+                    cur.execute(_sql.DELETE_CHECKPOINT_WRITES, row)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy checkpoints, writes, effects and events of one thread to another."""
+        params = (str(target_thread_id), str(source_thread_id))
+        with self._txn() as cur:
+            for statement in (*_sql.COPY_THREAD_CHECKPOINTS, *_sql.COPY_THREAD_LEDGER):
+                cur.execute(statement, params)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune checkpoints: `keep_latest` keeps the newest per namespace, `delete` all.
+
+        `keep_latest` keeps the ledger; `delete` deletes it with the thread.
+        """
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                self.delete_thread(thread_id)
+            return
+        if strategy != "keep_latest":
+            raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'")
+        with self._txn() as cur:
+            for thread_id in thread_ids:
+                rows = cur.execute(_sql.SELECT_PRUNABLE, (str(thread_id),)).fetchall()
+                for row in rows:
+                    cur.execute(_sql.DELETE_CHECKPOINT, row)
+                    cur.execute(_sql.DELETE_CHECKPOINT_WRITES, row)
+
+    # The stock sync saver raises on every async method; a durable saver answers both ways.
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async `get_tuple` (runs the sync query; use the async saver under heavy load)."""
+        return self.get_tuple(config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Async `list`."""
+        for item in self.list(config, filter=filter, before=before, limit=limit):
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Async `put`."""
+        return self.put(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Async `put_writes`."""
+        self.put_writes(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Async `delete_thread`."""
+        self.delete_thread(thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async `delete_for_runs`."""
+        self.delete_for_runs(run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async `copy_thread`."""
+        self.copy_thread(source_thread_id, target_thread_id)
+
+    async def aprune(
+        self, thread_ids: Sequence[str], *, strategy: str = "keep_latest"
+    ) -> None:
+        """Async `prune`."""
+        self.prune(thread_ids, strategy=strategy)
+
+    # -- the ledger: reads -------------------------------------------------------------
+
+    def effect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
+        """The effect with this key (in `thread_id`, or its first thread), or `None`."""
+        with self.cursor(transaction=False) as cur:
+            if thread_id is None:
+                row = cur.execute(_sql.SELECT_EFFECT_BY_KEY, (key,)).fetchone()
+            else:
+                row = cur.execute(_sql.SELECT_EFFECT, (str(thread_id), key)).fetchone()
+        return None if row is None else _sql.effect_from_row(row)
+
+    def effects(
+        self, thread_id: str | None = None, status: EffectStatus | str | None = None
+    ) -> list[EffectRecord]:
+        """Effects, oldest first, optionally of one thread and one status."""
+        sql, params = _sql.select_effects(
+            None if thread_id is None else str(thread_id),
+            None if status is None else EffectStatus(status).value,
+        )
+        with self.cursor(transaction=False) as cur:
+            return [_sql.effect_from_row(row) for row in cur.execute(sql, params)]
+
+    def events(
+        self, thread_id: str | None = None, key: str | None = None
+    ) -> list[EffectEvent]:
+        """The append-only journal, in order, optionally of one thread and one key."""
+        sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
+        with self.cursor(transaction=False) as cur:
+            return [_sql.event_from_row(row) for row in cur.execute(sql, params)]
+
+    def stored_result(self, thread_id: str, key: str) -> Any:
+        """The ToolMessage or Command stored with a terminal effect, for replay."""
+        with self.cursor(transaction=False) as cur:
+            row = cur.execute(_sql.SELECT_RESULT, (str(thread_id), key)).fetchone()
+        return self._load_result(row)
+
+    def asked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
+        """Effects of one task that a pending interrupt asks a human about."""
+        with self.cursor(transaction=False) as cur:
+            rows = cur.execute(_sql.SELECT_ASKED_IN_TASK, (str(thread_id), checkpoint_ns))
+            return [_sql.effect_from_row(row) for row in rows]
+
+    def checkpoint_exists(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
+        """Whether this checkpoint is durably stored."""
+        with self.cursor(transaction=False) as cur:
+            row = cur.execute(
+                _sql.SELECT_CHECKPOINT_EXISTS, (str(thread_id), checkpoint_ns, checkpoint_id)
+            ).fetchone()
+        return row is not None
+
+    # -- the ledger: writes ------------------------------------------------------------
+
+    def apply(
+        self, write: LedgerWrite, config: RunnableConfig | None = None
+    ) -> list[EffectRecord]:
+        """Apply one ledger write in one durable transaction; return the changed effects.
+
+        Called by the effect guard. Raises `IllegalTransition` if the lifecycle forbids
+        it, in which case nothing is written.
+        """
+        actor = actor_of(config)
+        with self._txn() as cur:
+            writes = write.writes if isinstance(write, WriteBatch) else (write,)
+            for one in writes:
+                if isinstance(one, IntentWrite):
+                    plan = self._plan_intent(one, actor)
+                else:
+                    row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+                    plan = self._plan_transition(row, one, actor)
+                for sql, params in plan:
+                    cur.execute(sql, params)
+            if isinstance(write, WriteBatch) and write.resume_at is not None:
+                cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
+            return [
+                _sql.effect_from_row(
+                    cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+                )
+                for one in writes
+            ]
+
+    # Async twins of the ledger methods, so the guard runs under ainvoke too.
+
+    async def aeffect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
+        """Async `effect`."""
+        return self.effect(key, thread_id=thread_id)
+
+    async def aeffects(
+        self, thread_id: str | None = None, status: EffectStatus | str | None = None
+    ) -> list[EffectRecord]:
+        """Async `effects`."""
+        return self.effects(thread_id, status)
+
+    async def aevents(
+        self, thread_id: str | None = None, key: str | None = None
+    ) -> list[EffectEvent]:
+        """Async `events`."""
+        return self.events(thread_id, key)
+
+    async def astored_result(self, thread_id: str, key: str) -> Any:
+        """Async `stored_result`."""
+        return self.stored_result(thread_id, key)
+
+    async def aasked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
+        """Async `asked_in_task`."""
+        return self.asked_in_task(thread_id, checkpoint_ns)
+
+    async def acheckpoint_exists(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> bool:
+        """Async `checkpoint_exists`."""
+        return self.checkpoint_exists(thread_id, checkpoint_ns, checkpoint_id)
+
+    async def aapply(
+        self, write: LedgerWrite, config: RunnableConfig | None = None
+    ) -> list[EffectRecord]:
+        """Async `apply`."""
+        return self.apply(write, config)

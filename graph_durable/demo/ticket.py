@@ -1,0 +1,111 @@
+"""The ticket scenario: an agent opens a support ticket, then emails the customer.
+
+`build_ticket_agent` is module-level and takes only paths and modes, so a child process
+can build the same agent on the same database and providers after a crash.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+
+from graph_durable import DurableSqliteSaver, Effect, EffectGuardNode, current_effect
+from graph_durable.testing import FakeProvider
+from graph_durable.testing.models import ScriptedChatModel
+from graph_durable.testing.providers import ProviderMode
+
+__all__ = ["TicketAgent", "build_ticket_agent", "policy_for", "SCRIPT"]
+
+SCRIPT = [
+    AIMessage(
+        content="",
+        tool_calls=[{
+            "name": "create_ticket",
+            "args": {"title": "Refund not received", "body": "Order 1042 was cancelled."},
+            "id": "call_ticket",
+        }],
+    ),
+    AIMessage(
+        content="",
+        tool_calls=[{
+            "name": "send_email",
+            "args": {"to": "ana@example.com", "subject": "We opened ticket for order 1042"},
+            "id": "call_email",
+        }],
+    ),
+    AIMessage(content="Ticket opened and customer informed."),
+]
+
+
+def policy_for(provider: FakeProvider) -> Effect:
+    """The policy a provider's contract allows."""
+    if provider.mode == "dedupe":
+        return Effect(idempotent=True, description=f"{provider.name} (dedupes by key)")
+    if provider.mode == "lookup":
+        return Effect(lookup=provider.find, description=f"{provider.name} (lookup by key)")
+    return Effect(description=f"{provider.name} (no dedupe, no lookup)")
+
+
+@dataclass
+class TicketAgent:
+    """The compiled graph with its saver, providers and input."""
+
+    graph: Any
+    saver: DurableSqliteSaver
+    tickets: FakeProvider
+    mail: FakeProvider
+    inputs: dict[str, Any]
+
+
+def build_ticket_agent(
+    db_path: str,
+    provider_dir: str,
+    ticket_mode: ProviderMode = "lookup",
+    email_mode: ProviderMode = "dedupe",
+) -> TicketAgent:
+    """Build the ticket agent on `db_path`, with providers kept under `provider_dir`."""
+    os.makedirs(provider_dir, exist_ok=True)
+    tickets = FakeProvider(os.path.join(provider_dir, "tickets.sqlite"), ticket_mode,
+                           name="ticket")
+    mail = FakeProvider(os.path.join(provider_dir, "mail.sqlite"), email_mode, name="email")
+
+    @tool
+    def create_ticket(title: str, body: str) -> dict:
+        """Open a support ticket."""
+        return tickets.apply(current_effect().key, {"title": title, "body": body})
+
+    @tool
+    def send_email(to: str, subject: str) -> dict:
+        """Email a customer."""
+        return mail.apply(current_effect().key, {"to": to, "subject": subject})
+
+    model = ScriptedChatModel(script=SCRIPT)
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    import sqlite3
+
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectGuardNode(
+        [create_ticket, send_email],
+        effects={"create_ticket": policy_for(tickets), "send_email": policy_for(mail)},
+    ))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return TicketAgent(
+        graph=builder.compile(checkpointer=saver),
+        saver=saver,
+        tickets=tickets,
+        mail=mail,
+        inputs={"messages": [HumanMessage("Customer Ana: my refund for order 1042 is late.")]},
+    )

@@ -1,0 +1,151 @@
+"""Exceptions raised by graph_durable.
+
+The hierarchy::
+
+    GraphDurableError (Exception)
+    ├── DurabilityError          effects refused: the requesting step is not durably saved
+    ├── InvalidDecision          a resume value that does not answer the pending interrupt
+    ├── FlowVersionMismatch      a thread pinned to another flow version
+    ├── LeaseHeld                another live owner holds the thread
+    ├── NotDurableCheckpointer   the graph was compiled without a durable saver
+    ├── UnkeyableToolCall        tool-call arguments that cannot be canonically encoded
+    └── IllegalTransition        a ledger status change the lifecycle forbids
+
+    LeaseLost (BaseException)    a write made with a stale fencing token
+
+    Tool outcomes (raised by tools, read by the guard):
+    ├── NotApplied (Exception)   the provider certainly did not apply the effect
+    └── Retryable (Exception)    not applied, and worth trying again with the same key
+
+`LeaseLost` derives from `BaseException` so that a tool's `except Exception` cannot
+swallow it: once a worker has lost its thread it must stop, not carry on.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DurabilityError",
+    "FlowVersionMismatch",
+    "GraphDurableError",
+    "IllegalTransition",
+    "InvalidDecision",
+    "LeaseHeld",
+    "LeaseLost",
+    "NotApplied",
+    "NotDurableCheckpointer",
+    "Retryable",
+    "UnkeyableToolCall",
+]
+
+
+class GraphDurableError(Exception):
+    """Base class of graph_durable's errors.
+
+    Attributes:
+        thread_id: The thread concerned, when known.
+        tool_call_id: The tool call concerned, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        thread_id: str | None = None,
+        tool_call_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.tool_call_id = tool_call_id
+
+
+class DurabilityError(GraphDurableError):
+    """The step that requested an effect is not durably checkpointed.
+
+    Raised before anything is sent. Under `durability="async"` or `"exit"` a crash can
+    lose the AIMessage that asked for the effect; the model then chooses again with new
+    tool_call_ids, which means new keys and duplicate effects.
+    """
+
+
+class InvalidDecision(GraphDurableError):
+    """A resume value that does not answer the pending interrupt.
+
+    The interrupt stays pending and the ledger is unchanged; resume again with a
+    corrected decision.
+    """
+
+
+class FlowVersionMismatch(GraphDurableError):
+    """A thread first checkpointed under one flow version resumed under another.
+
+    Attributes:
+        pinned: The version the thread is pinned to.
+        current: The version of the running graph.
+    """
+
+    def __init__(self, message: str, *, thread_id: str, pinned: str, current: str) -> None:
+        super().__init__(message, thread_id=thread_id)
+        self.pinned = pinned
+        self.current = current
+
+
+class LeaseHeld(GraphDurableError):
+    """Another owner holds a live lease on the thread.
+
+    Attributes:
+        holder: The owner holding the lease.
+        expires_at: When the lease expires unless renewed (Unix time).
+    """
+
+    def __init__(
+        self, message: str, *, thread_id: str, holder: str, expires_at: float
+    ) -> None:
+        super().__init__(message, thread_id=thread_id)
+        self.holder = holder
+        self.expires_at = expires_at
+
+
+class NotDurableCheckpointer(GraphDurableError):
+    """The graph running an effect guard was compiled without a durable saver."""
+
+
+class UnkeyableToolCall(GraphDurableError, TypeError):
+    """Tool-call arguments that cannot be encoded as canonical JSON.
+
+    Without canonical JSON there is no stable idempotency key, so nothing is sent.
+    """
+
+
+class IllegalTransition(GraphDurableError):
+    """A ledger status change that the effect lifecycle does not allow."""
+
+
+class LeaseLost(BaseException):
+    """A checkpoint or ledger write carried a stale fencing token.
+
+    Another worker has taken the thread over. This derives from `BaseException` so a
+    tool's `except Exception` cannot swallow it.
+
+    Attributes:
+        thread_id: The thread whose lease was lost.
+        token: The stale fencing token that was presented.
+    """
+
+    def __init__(self, message: str, *, thread_id: str, token: int | None) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.token = token
+
+
+class NotApplied(Exception):
+    """Raised by a tool: the provider certainly did not apply the effect.
+
+    The effect becomes `failed` and the model sees an error ToolMessage.
+    """
+
+
+class Retryable(Exception):
+    """Raised by a tool: not applied, and worth another attempt with the same key.
+
+    The guard retries up to `Effect.retries` times with backoff, then records `failed`.
+    """

@@ -1,0 +1,232 @@
+"""The effect ledger's data model: statuses, records, journal events and key derivation.
+
+Lifecycle of one effect (one row per key)::
+
+    (new) ──► awaiting_approval ──► in_flight ──► applied
+      │              │                 │  ▲  ──► failed
+      │              └──► rejected     │  │
+      │              └──► skipped      ▼  │
+      └──────────────────────────► unknown ──► applied | skipped
+
+`unknown` is never `failed`: `failed` means "certainly not applied", while `unknown`
+keeps the duty to reconcile (look the key up, or ask a human) before anything is retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from graph_durable.errors import UnkeyableToolCall
+
+__all__ = [
+    "EffectEvent",
+    "EffectRecord",
+    "EffectStatus",
+    "IntentWrite",
+    "LedgerWrite",
+    "TERMINAL_STATUSES",
+    "TransitionWrite",
+    "WriteBatch",
+    "canonical_json",
+    "derive_key",
+]
+
+
+class _Unset(Enum):
+    UNSET = "unset"
+
+
+_UNSET = _Unset.UNSET
+
+
+class EffectStatus(str, Enum):
+    """Where one effect stands. See the module docstring for the lifecycle."""
+
+    AWAITING_APPROVAL = "awaiting_approval"
+    IN_FLIGHT = "in_flight"
+    APPLIED = "applied"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    REJECTED = "rejected"
+    SKIPPED = "skipped"
+
+    def can_become(self, other: EffectStatus) -> bool:
+        """Whether the lifecycle allows moving from this status to `other`."""
+        return other in _ALLOWED[self]
+
+
+_S = EffectStatus
+_ALLOWED: dict[EffectStatus, frozenset[EffectStatus]] = {
+    # Staying in awaiting_approval records a decision that has not been acted on yet.
+    _S.AWAITING_APPROVAL: frozenset(
+        {_S.AWAITING_APPROVAL, _S.IN_FLIGHT, _S.REJECTED, _S.SKIPPED}
+    ),
+    # in_flight -> in_flight is a further attempt with the same key.
+    _S.IN_FLIGHT: frozenset({_S.IN_FLIGHT, _S.APPLIED, _S.FAILED, _S.UNKNOWN}),
+    _S.UNKNOWN: frozenset({_S.UNKNOWN, _S.IN_FLIGHT, _S.APPLIED, _S.SKIPPED}),
+    _S.APPLIED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.REJECTED: frozenset(),
+    _S.SKIPPED: frozenset(),
+}
+
+TERMINAL_STATUSES = frozenset({_S.APPLIED, _S.FAILED, _S.REJECTED, _S.SKIPPED})
+"""Statuses whose stored result is replayed, never re-executed."""
+
+
+class EffectRecord(BaseModel):
+    """One external write as the ledger knows it (one row per key and thread)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    """Stable idempotency key passed to the tool (see `derive_key`)."""
+    thread_id: str
+    """Thread whose step requested the effect."""
+    checkpoint_ns: str
+    """Namespace of the task that runs the tool call."""
+    tool_call_id: str
+    """Id of the tool call in the model's AIMessage."""
+    tool: str
+    """Tool name."""
+    args: dict[str, Any]
+    """Arguments the tool is (or was) called with."""
+    status: EffectStatus
+    """Current lifecycle status."""
+    receipt: Any = None
+    """What the provider answered: the tool's result, a lookup's record or a human's."""
+    error: str | None = None
+    """Last error seen, for `failed` and `unknown`."""
+    attempts: int = 0
+    """How many times the tool has been called for this key."""
+    decision: dict[str, Any] | None = None
+    """A journaled human decision not yet acted upon."""
+    asked: bool = False
+    """Whether an interrupt has asked a human about this effect and awaits the answer."""
+    created_at: float
+    """Unix time of the intent."""
+    updated_at: float
+    """Unix time of the last transition."""
+
+
+class EffectEvent(BaseModel):
+    """One entry of the append-only journal: a transition or a decision."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    """Position in the journal (monotonic per database)."""
+    key: str
+    """Effect key."""
+    thread_id: str
+    """Thread of the effect."""
+    kind: str
+    """`intent`, `attempt`, `receipt`, `failure`, `unknown`, `asked`, `decision`, ..."""
+    data: dict[str, Any] = Field(default_factory=dict)
+    """Details of the event (status, error, decision, source of a receipt)."""
+    at: float
+    """Unix time of the event."""
+    owner: str | None = None
+    """Lease owner that wrote it, if the write carried a lease."""
+    fencing_token: int | None = None
+    """Fencing token presented with the write, if any."""
+
+
+def canonical_json(value: Any) -> str:
+    """Encode `value` as canonical JSON: sorted keys, no spaces, finite numbers only.
+
+    Raises:
+        TypeError, ValueError: `value` holds something JSON cannot represent exactly.
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def derive_key(
+    *,
+    thread_id: str,
+    checkpoint_ns: str,
+    tool_call_id: str,
+    tool: str,
+    args: dict[str, Any],
+) -> str:
+    """The idempotency key of one logical tool call.
+
+    Derived from the thread, the task's checkpoint namespace (which pins the graph step),
+    the tool_call_id, the tool name and the canonical JSON of the arguments, so the same
+    call resumed after any crash gets the same key, while edited arguments get a new one.
+
+    Raises:
+        UnkeyableToolCall: the arguments are not JSON-encodable.
+    """
+    try:
+        encoded_args = canonical_json(args)
+    except (TypeError, ValueError) as exc:
+        raise UnkeyableToolCall(
+            f"Tool call {tool_call_id!r} to {tool!r} in thread {thread_id!r} has arguments "
+            f"that are not JSON ({exc}); nothing was sent. Pass JSON-serializable "
+            "arguments (str, numbers, bools, None, lists, dicts) so the effect can be keyed.",
+            thread_id=thread_id,
+            tool_call_id=tool_call_id,
+        ) from exc
+    material = canonical_json([thread_id, checkpoint_ns, tool_call_id, tool, encoded_args])
+    return "gd-" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:40]
+
+
+@dataclass(frozen=True)
+class IntentWrite:
+    """Ledger write: record a new effect (the intent) before anything is sent."""
+
+    key: str
+    thread_id: str
+    checkpoint_ns: str
+    tool_call_id: str
+    tool: str
+    args: dict[str, Any]
+    status: EffectStatus
+
+
+@dataclass(frozen=True)
+class TransitionWrite:
+    """Ledger write: move one effect to `to`, journaled as an event of `kind`.
+
+    `result` (a ToolMessage or Command) is stored for replay; `receipt` and `decision`
+    are stored as JSON; `asked` flags an effect a pending interrupt asks about.
+    """
+
+    thread_id: str
+    key: str
+    to: EffectStatus
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+    bump_attempts: bool = False
+    error: str | None | _Unset = _UNSET
+    receipt: Any | _Unset = _UNSET
+    result: Any | _Unset = _UNSET
+    decision: dict[str, Any] | None | _Unset = _UNSET
+    asked: bool | _Unset = _UNSET
+
+
+@dataclass(frozen=True)
+class WriteBatch:
+    """Ledger write: several writes of one thread in one transaction.
+
+    `resume_at` names the checkpoint `(checkpoint_ns, checkpoint_id)` whose stored resume
+    value a batch of decisions consumes; it is deleted in the same transaction, so the
+    same answer can never be applied twice.
+    """
+
+    thread_id: str
+    writes: tuple[IntentWrite | TransitionWrite, ...]
+    resume_at: tuple[str, str] | None = None
+
+
+LedgerWrite = IntentWrite | TransitionWrite | WriteBatch
+"""What the guard asks a durable saver to write (`saver.apply(write, config)`)."""

@@ -1,0 +1,400 @@
+"""The guard core shared by `EffectGuardNode` and `EffectGuardMiddleware`.
+
+One implementation of the protocol (`protocol.run_call`), two drivers (sync, async),
+and the task-level step that turns a resume value into journaled decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Command, Interrupt, _interrupt_id
+
+from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
+from graph_durable.errors import DurabilityError, NotDurableCheckpointer
+from graph_durable.ledger import TransitionWrite, WriteBatch
+from graph_durable.nodes.context import _CURRENT, EffectContext
+from graph_durable.nodes.decisions import match_decisions
+from graph_durable.nodes.protocol import (
+    Ask,
+    CallContext,
+    CallTool,
+    Lookup,
+    Outcome,
+    Read,
+    Sleep,
+    Write,
+    run_call,
+)
+from graph_durable.policy import Effect
+
+__all__ = [
+    "GuardCore",
+    "OnAsk",
+    "interrupt_id_for",
+    "pending_placeholder",
+    "raise_interrupts",
+]
+
+CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
+CONFIG_KEY_DURABILITY = "__pregel_durability"
+CONFIG_KEY_SCRATCHPAD = "__pregel_scratchpad"
+CONFIG_KEY_CHECKPOINT_MAP = "checkpoint_map"
+
+OnAsk = Callable[[Ask, str], Any]
+"""What a driver does when the protocol asks a human: `(ask, interrupt_id) -> result`."""
+
+ToolResult = ToolMessage | Command
+
+
+def interrupt_id_for(checkpoint_ns: str) -> str:
+    """The id of the interrupt a task raises; one id per task, whatever it asks."""
+    return _interrupt_id(checkpoint_ns, 0)
+
+
+def _peek_resume(conf: Mapping[str, Any]) -> Any:
+    """The resume value offered to this task, read without consuming it.
+
+    LangGraph stores a resume value once `interrupt()` returns it, so a value that turns
+    out malformed would be replayed forever. Peeking lets the guard validate first.
+    """
+    scratchpad = conf.get(CONFIG_KEY_SCRATCHPAD)
+    if scratchpad is None:
+        return None
+    if scratchpad.resume:
+        return scratchpad.resume[0]
+    return scratchpad.get_null_resume(False)
+
+
+def _config_of(request: ToolCallRequest) -> Mapping[str, Any]:
+    return getattr(request.runtime, "config", None) or {}
+
+
+class _Task:
+    """Where one guarded tool call runs: thread, task namespace, saver, config."""
+
+    def __init__(self, config: Mapping[str, Any], call: Mapping[str, Any]) -> None:
+        self.config = config
+        self.conf: Mapping[str, Any] = config.get("configurable", {})
+        self.thread_id = str(self.conf.get("thread_id", ""))
+        self.checkpoint_ns = str(self.conf.get("checkpoint_ns", ""))
+        saver = self.conf.get(CONFIG_KEY_CHECKPOINTER)
+        if not isinstance(saver, DurableSaverMixin):
+            raise NotDurableCheckpointer(
+                f"Tool call {call.get('id')!r} ({call.get('name')}) in thread "
+                f"{self.thread_id or '<none>'!r}: the graph was compiled with "
+                f"{type(saver).__name__ if saver is not None else 'no checkpointer'}, which "
+                "keeps no effect ledger. Compile it with a durable saver, e.g. "
+                "builder.compile(checkpointer=DurableSqliteSaver(conn)).",
+                thread_id=self.thread_id or None,
+                tool_call_id=call.get("id"),
+            )
+        self.saver = saver
+        durability = self.conf.get(CONFIG_KEY_DURABILITY)
+        if durability != "sync":
+            why = (f'durability="{durability}"' if durability else
+                   'no durability given, and LangGraph defaults to "async"')
+            raise self.not_durable(call, why)
+
+    def not_durable(self, call: Mapping[str, Any], why: str) -> DurabilityError:
+        return DurabilityError(
+            f"Tool call {call.get('id')!r} ({call.get('name')}) in thread {self.thread_id!r} "
+            f"was not sent: the step that requested it is not durably checkpointed ({why}). "
+            "A crash now could make the model ask again under new tool_call_ids and repeat "
+            'the effect. Run the graph with durability="sync", e.g. '
+            'graph.invoke(inputs, config, durability="sync").',
+            thread_id=self.thread_id,
+            tool_call_id=call.get("id"),
+        )
+
+    def requesting_checkpoint(self) -> tuple[str, str, str] | None:
+        """`(thread_id, checkpoint_ns, checkpoint_id)` of the checkpoint the task runs from."""
+        parent_ns = self.checkpoint_ns.rpartition("|")[0]
+        checkpoint_id = self.conf.get(CONFIG_KEY_CHECKPOINT_MAP, {}).get(parent_ns)
+        if checkpoint_id is None:
+            return None
+        return self.thread_id, parent_ns, checkpoint_id
+
+    def resume_at(self) -> tuple[str, str] | None:
+        """Where the graph-level resume value of this run is stored."""
+        checkpoint_id = self.conf.get(CONFIG_KEY_CHECKPOINT_MAP, {}).get("")
+        return None if checkpoint_id is None else ("", checkpoint_id)
+
+
+def _decision_batch(task: _Task, asked: list[Any], resume: Any) -> WriteBatch:
+    decisions = match_decisions(resume, asked, task.thread_id)
+    return WriteBatch(
+        task.thread_id,
+        tuple(
+            TransitionWrite(
+                thread_id=task.thread_id, key=record.key, to=record.status,
+                kind="decision", decision=decisions[record.key], asked=False,
+                data={"decision": decisions[record.key]},
+            )
+            for record in asked
+        ),
+        resume_at=task.resume_at(),
+    )
+
+
+class GuardCore:
+    """Routes each tool call through the ledger according to its `Effect` policy."""
+
+    def __init__(
+        self, effects: Mapping[str, Effect] | None = None, default: Effect | None = None
+    ) -> None:
+        self.effects = dict(effects or {})
+        self.default = default or Effect()
+        for name, policy in self.effects.items():
+            if not isinstance(policy, Effect):
+                raise TypeError(f"effects[{name!r}] must be an Effect, got {policy!r}")
+
+    def policy_for(self, tool: str) -> Effect:
+        """The policy of `tool` (the default for tools not named in `effects`)."""
+        return self.effects.get(tool, self.default)
+
+    def _context(self, request: ToolCallRequest) -> tuple[_Task, CallContext] | None:
+        policy = self.policy_for(request.tool_call["name"])
+        if request.tool is None or policy.read_only:
+            return None
+        task = _Task(_config_of(request), request.tool_call)
+        return task, CallContext(task.thread_id, task.checkpoint_ns, request.tool_call, policy)
+
+    # -- decisions (once per task, before its calls run) ---------------------------------
+
+    def resolve_decisions(self, config: Mapping[str, Any]) -> None:
+        """Journal the decisions a resume value carries for this task, if any."""
+        resume = _peek_resume(config.get("configurable", {}))
+        if resume is None:
+            return
+        task = _Task(config, {})
+        asked = task.saver.asked_in_task(task.thread_id, task.checkpoint_ns)
+        if asked:
+            task.saver.apply(_decision_batch(task, asked, resume), task.config)
+
+    async def aresolve_decisions(self, config: Mapping[str, Any]) -> None:
+        """Async `resolve_decisions`."""
+        resume = _peek_resume(config.get("configurable", {}))
+        if resume is None:
+            return
+        task = _Task(config, {})
+        asked = await task.saver.aasked_in_task(task.thread_id, task.checkpoint_ns)
+        if asked:
+            await task.saver.aapply(_decision_batch(task, asked, resume), task.config)
+
+    # -- sync driver -------------------------------------------------------------------
+
+    def run(
+        self,
+        request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], ToolResult],
+        on_ask: OnAsk,
+    ) -> ToolResult:
+        """Run one tool call through the protocol, synchronously."""
+        prepared = self._context(request)
+        if prepared is None:
+            return execute(request)
+        task, ctx = prepared
+        self._check_requesting_checkpoint(task, request, task.saver.checkpoint_exists)
+        protocol = run_call(ctx)
+        value: Any = None
+        while True:
+            try:
+                op = protocol.send(value)
+            except StopIteration as done:
+                return done.value
+            if isinstance(op, Read):
+                value = getattr(task.saver, op.name)(*op.args)
+            elif isinstance(op, Write):
+                value = task.saver.apply(op.write, task.config)
+            elif isinstance(op, CallTool):
+                value = self._call_tool(task, ctx, request, execute, op)
+            elif isinstance(op, Lookup):
+                value = self._lookup(ctx, op)
+            elif isinstance(op, Sleep):
+                time.sleep(op.seconds)
+            else:
+                value = on_ask(op, interrupt_id_for(task.checkpoint_ns))
+
+    def _check_requesting_checkpoint(
+        self, task: _Task, request: ToolCallRequest, exists: Callable[..., bool]
+    ) -> None:
+        where = task.requesting_checkpoint()
+        if where is not None and not exists(*where):
+            raise task.not_durable(request.tool_call, "its checkpoint is not in the database")
+
+    def _effect_context(self, task: _Task, op: CallTool) -> EffectContext:
+        record = op.record
+        return EffectContext(
+            key=record.key, thread_id=task.thread_id, tool_call_id=record.tool_call_id,
+            tool=record.tool, attempt=record.attempts, fencing_token=actor_of(task.config)[1],
+        )
+
+    @staticmethod
+    def _edited(request: ToolCallRequest, op: CallTool) -> ToolCallRequest:
+        if op.args is None or op.args == request.tool_call["args"]:
+            return request
+        return request.override(tool_call={**request.tool_call, "args": op.args})
+
+    def _call_tool(
+        self,
+        task: _Task,
+        ctx: CallContext,
+        request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], ToolResult],
+        op: CallTool,
+    ) -> Outcome:
+        call_request = self._edited(request, op)
+        effect = self._effect_context(task, op)
+
+        def call() -> ToolResult:
+            token = _CURRENT.set(effect)
+            try:
+                return execute(call_request)
+            finally:
+                _CURRENT.reset(token)
+
+        timeout = ctx.policy.timeout
+        if timeout is None:
+            try:
+                return Outcome(value=call())
+            except GraphBubbleUp:
+                raise
+            except Exception as exc:
+                return Outcome(error=exc)
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as exc:
+                box["error"] = exc
+
+        worker = threading.Thread(
+            target=contextvars.copy_context().run, args=(target,), daemon=True,
+            name=f"graph-durable-{ctx.tool}",
+        )
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            return Outcome(timed_out=True)
+        error = box.get("error")
+        if isinstance(error, GraphBubbleUp) or (
+            error is not None and not isinstance(error, Exception)
+        ):
+            raise error
+        return Outcome(value=box.get("value"), error=error)
+
+    def _lookup(self, ctx: CallContext, op: Lookup) -> Outcome:
+        lookup = ctx.policy.lookup
+        assert lookup is not None
+        try:
+            found = lookup(op.key)
+        except Exception as exc:
+            return Outcome(error=exc)
+        if inspect.isawaitable(found):
+            if inspect.iscoroutine(found):
+                found.close()
+            return Outcome(error=TypeError(
+                f"lookup for {ctx.tool!r} is async; run the graph with ainvoke/astream"))
+        return Outcome(value=found)
+
+    # -- async driver ------------------------------------------------------------------
+
+    async def arun(
+        self,
+        request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
+        on_ask: OnAsk,
+    ) -> ToolResult:
+        """Run one tool call through the protocol, asynchronously."""
+        prepared = self._context(request)
+        if prepared is None:
+            return await execute(request)
+        task, ctx = prepared
+        where = task.requesting_checkpoint()
+        if where is not None and not await task.saver.acheckpoint_exists(*where):
+            raise task.not_durable(request.tool_call, "its checkpoint is not in the database")
+        protocol = run_call(ctx)
+        value: Any = None
+        while True:
+            try:
+                op = protocol.send(value)
+            except StopIteration as done:
+                return done.value
+            if isinstance(op, Read):
+                value = await getattr(task.saver, "a" + op.name)(*op.args)
+            elif isinstance(op, Write):
+                value = await task.saver.aapply(op.write, task.config)
+            elif isinstance(op, CallTool):
+                value = await self._acall_tool(task, ctx, request, execute, op)
+            elif isinstance(op, Lookup):
+                value = await self._alookup(ctx, op)
+            elif isinstance(op, Sleep):
+                await asyncio.sleep(op.seconds)
+            else:
+                value = on_ask(op, interrupt_id_for(task.checkpoint_ns))
+
+    async def _acall_tool(
+        self,
+        task: _Task,
+        ctx: CallContext,
+        request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
+        op: CallTool,
+    ) -> Outcome:
+        call_request = self._edited(request, op)
+        token = _CURRENT.set(self._effect_context(task, op))
+        try:
+            if ctx.policy.timeout is None:
+                return Outcome(value=await execute(call_request))
+            return Outcome(
+                value=await asyncio.wait_for(execute(call_request), ctx.policy.timeout)
+            )
+        except asyncio.TimeoutError:
+            return Outcome(timed_out=True)
+        except GraphBubbleUp:
+            raise
+        except Exception as exc:
+            return Outcome(error=exc)
+        finally:
+            _CURRENT.reset(token)
+
+    async def _alookup(self, ctx: CallContext, op: Lookup) -> Outcome:
+        lookup = ctx.policy.lookup
+        assert lookup is not None
+        try:
+            found = lookup(op.key)
+            if inspect.isawaitable(found):
+                found = await found
+        except Exception as exc:
+            return Outcome(error=exc)
+        return Outcome(value=found)
+
+
+def raise_interrupts(asks: list[tuple[Ask, str]]) -> None:
+    """Raise one GraphInterrupt carrying every question a task asks."""
+    if asks:
+        raise GraphInterrupt(
+            tuple(Interrupt(value=ask.payload, id=interrupt_id) for ask, interrupt_id in asks)
+        )
+
+
+def pending_placeholder(ask: Ask) -> ToolMessage:
+    """Stands in for a call awaiting a decision until the task raises its interrupt."""
+    return ToolMessage(
+        content="awaiting a human decision",
+        name=ask.record.tool,
+        tool_call_id=ask.record.tool_call_id,
+        status="error",
+    )
+

@@ -1,0 +1,54 @@
+"""`EffectGuardMiddleware`: the effect guard for LangChain's `create_agent`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware
+from langgraph.prebuilt.tool_node import ToolCallRequest
+
+from graph_durable.nodes.guard import GuardCore, _config_of, raise_interrupts
+from graph_durable.nodes.protocol import Ask
+from graph_durable.policy import Effect
+
+__all__ = ["EffectGuardMiddleware"]
+
+
+def _interrupt_now(ask: Ask, interrupt_id: str) -> Any:
+    raise_interrupts([(ask, interrupt_id)])
+
+
+class EffectGuardMiddleware(AgentMiddleware):
+    """Guards the tools of a `create_agent` agent with the effect ledger.
+
+    `create_agent` runs each tool call as its own task, so each call that needs a human
+    raises its own interrupt; `review(graph, config)` builds the resume command for all
+    of them. Compile the agent with a durable saver and run it with `durability="sync"`.
+
+    Args:
+        effects: `{tool_name: Effect(...)}`; tools not named get `default`.
+        default: Policy of unnamed tools; `Effect()` (no dedupe, no lookup) if omitted.
+    """
+
+    def __init__(
+        self, effects: Mapping[str, Effect] | None = None, default: Effect | None = None
+    ) -> None:
+        super().__init__()
+        self.guard = GuardCore(effects, default)
+
+    def wrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]
+    ) -> Any:
+        """Run the call through the ledger (sync)."""
+        if not self.guard.policy_for(request.tool_call["name"]).read_only:
+            self.guard.resolve_decisions(_config_of(request))
+        return self.guard.run(request, handler, _interrupt_now)
+
+    async def awrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[Any]]
+    ) -> Any:
+        """Run the call through the ledger (async)."""
+        if not self.guard.policy_for(request.tool_call["name"]).read_only:
+            await self.guard.aresolve_decisions(_config_of(request))
+        return await self.guard.arun(request, handler, _interrupt_now)

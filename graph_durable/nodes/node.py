@@ -1,0 +1,180 @@
+"""`EffectGuardNode`: a LangGraph `ToolNode` whose writes go through the effect ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool
+from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt import ToolNode
+from langgraph.prebuilt.tool_node import (
+    AsyncToolCallWrapper,
+    ToolCallRequest,
+    ToolCallWrapper,
+    _default_handle_tool_errors,
+    _handle_tool_error,
+    _infer_handled_types,
+)
+
+from graph_durable.nodes.guard import GuardCore, pending_placeholder, raise_interrupts
+from graph_durable.nodes.protocol import Ask
+from graph_durable.policy import Effect
+
+__all__ = ["EffectGuardNode"]
+
+# Questions asked by the calls of the task being run (shared by its worker threads).
+_TASK_ASKS: ContextVar[list[tuple[Ask, str]] | None] = ContextVar(
+    "graph_durable_task_asks", default=None
+)
+
+ErrorHandling = bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
+
+
+class EffectGuardNode(ToolNode):
+    """A `ToolNode` that records intent, key and receipt of every external write.
+
+    Args:
+        tools: The tools, as for `ToolNode`.
+        effects: `{tool_name: Effect(...)}`; tools not named get `default`.
+        default: Policy of unnamed tools; `Effect()` (no dedupe, no lookup) if omitted.
+        handle_tool_errors: Applied to read-only tools only. Write tools classify errors
+            themselves: `NotApplied` -> failed, `Retryable` -> retried, anything else ->
+            unknown, because turning an unknown outcome into an error message would let
+            the model send the effect again.
+        wrap_tool_call / awrap_tool_call: Your own wrappers, run around the guard.
+        name, tags, messages_key: As for `ToolNode`.
+
+    All calls of one step that need a human are asked in a single interrupt; resume with
+    `Command(resume={tool_call_id: decision, ...})` (or one bare decision when one call
+    is pending). Run the graph with `durability="sync"`.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[BaseTool | Callable],
+        *,
+        effects: Mapping[str, Effect] | None = None,
+        default: Effect | None = None,
+        name: str = "tools",
+        tags: list[str] | None = None,
+        handle_tool_errors: ErrorHandling = _default_handle_tool_errors,
+        messages_key: str = "messages",
+        wrap_tool_call: ToolCallWrapper | None = None,
+        awrap_tool_call: AsyncToolCallWrapper | None = None,
+    ) -> None:
+        self._guard = GuardCore(effects, default)
+        self._read_only_errors = handle_tool_errors
+        self._user_wrap = wrap_tool_call
+        self._user_awrap = awrap_tool_call
+        super().__init__(
+            tools,
+            name=name,
+            tags=tags,
+            handle_tool_errors=_default_handle_tool_errors,
+            messages_key=messages_key,
+            wrap_tool_call=self._wrap_guarded,
+            awrap_tool_call=self._awrap_guarded,
+        )
+        unknown = sorted(set(self._guard.effects) - set(self.tools_by_name))
+        if unknown:
+            raise ValueError(
+                f"effects names tools this node does not have: {unknown}; "
+                f"its tools are {sorted(self.tools_by_name)}"
+            )
+
+    @property
+    def guard(self) -> GuardCore:
+        """The guard core (policies by tool)."""
+        return self._guard
+
+    # -- one task: resolve decisions, run the calls, ask once --------------------------
+
+    def _func(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
+        self._guard.resolve_decisions(config)
+        asks: list[tuple[Ask, str]] = []
+        token = _TASK_ASKS.set(asks)
+        try:
+            output = super()._func(input, config, runtime)
+        finally:
+            _TASK_ASKS.reset(token)
+        raise_interrupts(asks)
+        return output
+
+    async def _afunc(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
+        await self._guard.aresolve_decisions(config)
+        asks: list[tuple[Ask, str]] = []
+        token = _TASK_ASKS.set(asks)
+        try:
+            output = await super()._afunc(input, config, runtime)
+        finally:
+            _TASK_ASKS.reset(token)
+        raise_interrupts(asks)
+        return output
+
+    # -- one call ------------------------------------------------------------------------
+
+    @staticmethod
+    def _defer_ask(ask: Ask, interrupt_id: str) -> ToolMessage:
+        asks = _TASK_ASKS.get()
+        if asks is None:
+            raise RuntimeError("EffectGuardNode asked a question outside of its task")
+        asks.append((ask, interrupt_id))
+        return pending_placeholder(ask)
+
+    def _wrap_guarded(self, request: ToolCallRequest, execute: Callable) -> Any:
+        def guarded(req: ToolCallRequest) -> Any:
+            if self._guard.policy_for(req.tool_call["name"]).read_only:
+                return self._run_read_only(req, execute)
+            return self._guard.run(req, execute, self._defer_ask)
+
+        if self._user_wrap is not None:
+            return self._user_wrap(request, guarded)
+        return guarded(request)
+
+    async def _awrap_guarded(self, request: ToolCallRequest, execute: Callable) -> Any:
+        async def guarded(req: ToolCallRequest) -> Any:
+            if self._guard.policy_for(req.tool_call["name"]).read_only:
+                try:
+                    return await execute(req)
+                except GraphBubbleUp:
+                    raise
+                except Exception as exc:
+                    return self._read_only_error(req, exc)
+            return await self._guard.arun(req, execute, self._defer_ask)
+
+        if self._user_awrap is not None:
+            return await self._user_awrap(request, guarded)
+        return await guarded(request)
+
+    def _run_read_only(self, request: ToolCallRequest, execute: Callable) -> Any:
+        try:
+            return execute(request)
+        except GraphBubbleUp:
+            raise
+        except Exception as exc:
+            return self._read_only_error(request, exc)
+
+    def _read_only_error(self, request: ToolCallRequest, exc: Exception) -> ToolMessage:
+        flag = self._read_only_errors
+        if flag is _default_handle_tool_errors or not flag:
+            raise exc
+        if isinstance(flag, tuple):
+            handled: tuple[type[Exception], ...] = flag
+        elif isinstance(flag, type):
+            handled = (flag,)
+        elif callable(flag):
+            handled = _infer_handled_types(flag)
+        else:
+            handled = (Exception,)
+        if not isinstance(exc, handled):
+            raise exc
+        return ToolMessage(
+            content=_handle_tool_error(exc, flag=flag),
+            name=request.tool_call["name"],
+            tool_call_id=request.tool_call["id"],
+            status="error",
+        )

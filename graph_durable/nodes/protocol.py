@@ -1,0 +1,331 @@
+"""The effect protocol for one tool call, written once for sync and async drivers.
+
+`run_call` is a generator that *yields operations* (read the ledger, write the ledger,
+call the tool, look a key up, sleep, ask a human) and receives their results; the
+sync and async drivers in `guard.py` perform them. The protocol follows the crash-window
+table of the design: a receipt is replayed, an intent without a receipt is reconciled
+(lookup, else re-send with the same key if the provider dedupes, else `unknown` and a
+human decides), and every decision is journaled before it takes effect.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+from langgraph.prebuilt.tool_node import ToolInvocationError
+
+from graph_durable.errors import NotApplied, Retryable
+from graph_durable.ledger import (
+    TERMINAL_STATUSES,
+    EffectRecord,
+    EffectStatus,
+    IntentWrite,
+    LedgerWrite,
+    TransitionWrite,
+    WriteBatch,
+    derive_key,
+)
+from graph_durable.nodes.decisions import approval_payload, unknown_payload
+from graph_durable.policy import Effect
+from graph_durable.testing.faults import fault_point
+
+__all__ = [
+    "Ask",
+    "CallContext",
+    "CallTool",
+    "Lookup",
+    "Outcome",
+    "Read",
+    "Sleep",
+    "Write",
+    "run_call",
+]
+
+S = EffectStatus
+
+
+@dataclass(frozen=True)
+class Read:
+    """Operation: call a read method of the durable saver (`a<name>` when async)."""
+
+    name: str
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Write:
+    """Operation: apply a ledger write; the result is the list of changed records."""
+
+    write: LedgerWrite
+
+
+@dataclass(frozen=True)
+class CallTool:
+    """Operation: call the tool once (with `args`, if the call was edited)."""
+
+    record: EffectRecord
+    args: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Operation: ask the provider whether the keyed effect exists."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Operation: wait before another attempt."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Ask:
+    """Operation: ask a human; the driver interrupts (or defers) and may return a result."""
+
+    record: EffectRecord
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a tool call or lookup came back with: a value, or an error, or a timeout."""
+
+    value: Any = None
+    error: BaseException | None = None
+    timed_out: bool = False
+
+
+@dataclass
+class CallContext:
+    """Everything the protocol needs to know about one tool call."""
+
+    thread_id: str
+    checkpoint_ns: str
+    tool_call: dict[str, Any]
+    policy: Effect
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = derive_key(
+            thread_id=self.thread_id,
+            checkpoint_ns=self.checkpoint_ns,
+            tool_call_id=self.tool_call["id"],
+            tool=self.tool_call["name"],
+            args=self.tool_call["args"],
+        )
+
+    @property
+    def tool_call_id(self) -> str:
+        return self.tool_call["id"]
+
+    @property
+    def tool(self) -> str:
+        return self.tool_call["name"]
+
+    def message(self, content: Any, *, status: str = "success") -> ToolMessage:
+        """A ToolMessage answering this call."""
+        if not isinstance(content, str | list):
+            content = json.dumps(content, ensure_ascii=False, default=str)
+        return ToolMessage(
+            content=content, name=self.tool, tool_call_id=self.tool_call_id, status=status
+        )
+
+    def transition(self, record: EffectRecord, to: EffectStatus, kind: str,
+                   **fields: Any) -> TransitionWrite:
+        """A transition of `record` (which may be an edited call's record)."""
+        return TransitionWrite(thread_id=self.thread_id, key=record.key, to=to, kind=kind,
+                               **fields)
+
+
+Protocol = Generator[Any, Any, Any]
+
+
+def receipt_of(result: Any) -> Any:
+    """What to keep as the receipt of a tool's result (JSON-friendly, for people)."""
+    if isinstance(result, ToolMessage):
+        content: Any = result.content
+        if isinstance(content, str):
+            try:
+                content = json.loads(content)
+            except ValueError:
+                pass
+        if result.artifact is not None:
+            return {"content": content, "artifact": result.artifact}
+        return content
+    return {"result": repr(result)}
+
+
+def _error_text(outcome: Outcome, timeout: float | None) -> str:
+    if outcome.timed_out:
+        return f"no answer within {timeout} s (timeout)"
+    error = outcome.error
+    return f"{type(error).__name__}: {error}"
+
+
+def run_call(ctx: CallContext) -> Protocol:
+    """The whole protocol for one guarded tool call; returns its ToolMessage or Command."""
+    found = yield Read("effect", (ctx.key, ctx.thread_id))
+    if found is not None:
+        return (yield from _resume(ctx, found))
+    fault_point("before_intent", tool=ctx.tool)
+    if ctx.policy.needs_approval(ctx.tool_call):
+        [record] = yield Write(_intent(ctx, S.AWAITING_APPROVAL))
+        return (yield from _ask(ctx, record))
+    [record] = yield Write(_intent(ctx, S.IN_FLIGHT))
+    fault_point("after_intent", tool=ctx.tool)
+    return (yield from _send(ctx, record, may_resend=True))
+
+
+def _intent(ctx: CallContext, status: EffectStatus, *, record_args: dict[str, Any] | None = None,
+            key: str | None = None) -> IntentWrite:
+    return IntentWrite(
+        key=key or ctx.key,
+        thread_id=ctx.thread_id,
+        checkpoint_ns=ctx.checkpoint_ns,
+        tool_call_id=ctx.tool_call_id,
+        tool=ctx.tool,
+        args=record_args if record_args is not None else ctx.tool_call["args"],
+        status=status,
+    )
+
+
+def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
+    """An effect the ledger already knows: replay, reconcile, or act on a decision."""
+    if record.status in TERMINAL_STATUSES:
+        edited_key = (record.decision or {}).get("edited_key")
+        if edited_key is not None:
+            edited = yield Read("effect", (edited_key, ctx.thread_id))
+            return (yield from _resume(ctx, edited))
+        return (yield Read("stored_result", (ctx.thread_id, record.key)))
+    if record.decision is not None:
+        return (yield from _act_on_decision(ctx, record))
+    if record.status is S.IN_FLIGHT:
+        return (yield from _reconcile(ctx, record, may_resend=True))
+    # awaiting_approval or unknown, and no decision yet: ask (again).
+    return (yield from _ask(ctx, record))
+
+
+def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protocol:
+    """Call the tool with the record's key; retry `Retryable`; classify the outcome."""
+    while True:
+        outcome = yield CallTool(record, args=record.args)
+        error = outcome.error
+        if not outcome.timed_out and error is None:
+            result = outcome.value
+            if isinstance(result, ToolMessage) and result.status == "error":
+                # A tool (or argument validation before it) that reports an error has
+                # not applied the effect.
+                yield Write(ctx.transition(record, S.FAILED, "failure", error=str(result.content),
+                                           result=result))
+                return result
+            fault_point("after_effect", tool=ctx.tool)
+            yield Write(ctx.transition(record, S.APPLIED, "receipt", receipt=receipt_of(result),
+                                       result=result, data={"source": "tool"}))
+            fault_point("after_receipt", tool=ctx.tool)
+            return result
+        if isinstance(error, NotApplied | ToolInvocationError):
+            message = ctx.message(f"Not applied: {error}", status="error")
+            yield Write(ctx.transition(record, S.FAILED, "failure",
+                                       error=_error_text(outcome, None), result=message))
+            return message
+        if isinstance(error, Retryable):
+            if record.attempts <= ctx.policy.retries:
+                yield Sleep(min(0.05 * 2 ** (record.attempts - 1), 2.0))
+                [record] = yield Write(ctx.transition(
+                    record, S.IN_FLIGHT, "attempt", bump_attempts=True,
+                    error=_error_text(outcome, None), data={"reason": "retryable error"}))
+                continue
+            message = ctx.message(
+                f"Not applied after {record.attempts} attempts: {error}", status="error")
+            yield Write(ctx.transition(record, S.FAILED, "failure",
+                                       error=_error_text(outcome, None), result=message))
+            return message
+        [record] = yield Write(ctx.transition(
+            record, S.UNKNOWN, "unknown", error=_error_text(outcome, ctx.policy.timeout)))
+        return (yield from _reconcile(ctx, record, may_resend=may_resend))
+
+
+def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protocol:
+    """An effect that may or may not exist: ask the provider, re-send, or ask a human."""
+    policy = ctx.policy
+    if policy.lookup is not None:
+        found = yield Lookup(record.key)
+        if found.error is None and found.value is not None:
+            message = ctx.message(found.value)
+            yield Write(ctx.transition(record, S.APPLIED, "receipt", receipt=found.value,
+                                       result=message, data={"source": "lookup"}))
+            return message
+        if found.error is None and may_resend:
+            [record] = yield Write(ctx.transition(
+                record, S.IN_FLIGHT, "attempt", bump_attempts=True,
+                data={"reason": "lookup found no effect for the key"}))
+            return (yield from _send(ctx, record, may_resend=False))
+        if found.error is not None:
+            [record] = yield Write(ctx.transition(
+                record, S.UNKNOWN, "unknown",
+                error=f"lookup failed: {_error_text(found, None)}"))
+    elif policy.idempotent and may_resend:
+        [record] = yield Write(ctx.transition(
+            record, S.IN_FLIGHT, "attempt", bump_attempts=True,
+            data={"reason": "provider dedupes: re-send with the same key"}))
+        return (yield from _send(ctx, record, may_resend=False))
+    if record.status is not S.UNKNOWN:
+        [record] = yield Write(ctx.transition(
+            record, S.UNKNOWN, "unknown",
+            error=record.error or "the process stopped while the call was in flight"))
+    return (yield from _ask(ctx, record))
+
+
+def _ask(ctx: CallContext, record: EffectRecord) -> Protocol:
+    if record.status is S.AWAITING_APPROVAL:
+        payload = approval_payload(record, ctx.policy.description)
+    else:
+        payload = unknown_payload(record)
+    [record] = yield Write(ctx.transition(record, record.status, "asked", asked=True))
+    return (yield Ask(record, payload))
+
+
+def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
+    """Carry out a journaled decision (the journal entry already exists)."""
+    decision = record.decision or {}
+    kind = decision["type"]
+    data = {"decision": kind, **({"reviewer": decision["reviewer"]} if "reviewer" in decision
+                                 else {})}
+    if kind in ("approve", "retry"):
+        [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt",
+                                              bump_attempts=True, decision=None, data=data))
+        fault_point("after_intent", tool=ctx.tool)
+        return (yield from _send(ctx, record, may_resend=False))
+    if kind == "applied":
+        message = ctx.message(decision["receipt"])
+        yield Write(ctx.transition(record, S.APPLIED, "receipt", receipt=decision["receipt"],
+                                   result=message, decision=None,
+                                   data={**data, "source": "human"}))
+        return message
+    if kind in ("reject", "skip"):
+        verb = "Rejected" if kind == "reject" else "Skipped"
+        note = decision.get("message") or "no reason given"
+        message = ctx.message(f"{verb} by reviewer: {note}", status="error")
+        to = S.REJECTED if kind == "reject" else S.SKIPPED
+        yield Write(ctx.transition(record, to, "resolved", result=message, decision=None,
+                                   data=data))
+        return message
+    # edit: nothing was sent under the old key, so the edited call gets a new one.
+    edited_args = dict(decision["edited_action"]["args"])
+    edited_key = derive_key(thread_id=ctx.thread_id, checkpoint_ns=ctx.checkpoint_ns,
+                            tool_call_id=ctx.tool_call_id, tool=ctx.tool, args=edited_args)
+    _, edited = yield Write(WriteBatch(ctx.thread_id, (
+        ctx.transition(record, S.SKIPPED, "resolved",
+                       decision={**decision, "edited_key": edited_key},
+                       data={**data, "edited_key": edited_key}),
+        _intent(ctx, S.IN_FLIGHT, record_args=edited_args, key=edited_key),
+    )))
+    fault_point("after_intent", tool=ctx.tool)
+    return (yield from _send(ctx, edited, may_resend=False))
