@@ -8,6 +8,7 @@ unknown or a write needs approval.
 
 from typing import Any
 
+from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.errors import (
     DurabilityError,
@@ -24,6 +25,7 @@ from graph_durable.nodes import EffectGuardNode, current_effect
 from graph_durable.policy import Effect
 
 __all__ = [
+    "AsyncDurableSqliteSaver",
     "DurabilityError",
     "DurableSqliteSaver",
     "Effect",

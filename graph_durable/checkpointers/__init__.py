@@ -4,6 +4,7 @@
 PostgreSQL saver lives in `graph_durable.checkpointers.postgres` (extra `postgres`).
 """
 
+from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 
-__all__ = ["DurableSqliteSaver"]
+__all__ = ["AsyncDurableSqliteSaver", "DurableSqliteSaver"]

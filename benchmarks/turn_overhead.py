@@ -1,0 +1,223 @@
+"""Overhead of the effect guard on one agent turn: stock LangGraph vs graph_durable.
+
+A turn is model -> tools -> model on a fresh thread, run with `durability="sync"`:
+
+- stock:   LangGraph `ToolNode` + `langgraph.checkpoint.sqlite.SqliteSaver`
+- guarded: `graph_durable.EffectGuardNode` + `graph_durable.DurableSqliteSaver`,
+           the tool declared `Effect(idempotent=True)` and reading `current_effect().key`
+
+Both use file-backed SQLite databases in a temporary directory, the same
+`ScriptedChatModel` script (one AIMessage with 1 or 5 tool calls, then a final answer)
+and the same trivial write tool. Runs are warmed up, then interleaved (A B A B ...) over
+`REPETITIONS` blocks of `TURNS` turns; the median per-turn time of each is reported with
+the ratio guarded/stock against its target (printed, not asserted).
+
+Run: `python -m benchmarks turn_overhead` (or `python -m benchmarks.turn_overhead`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sqlite3
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import BaseTool, tool
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+from benchmarks._runner import Comparison, measure_interleaved, median_ms, report
+from graph_durable import DurableSqliteSaver, Effect, EffectGuardNode, current_effect
+from graph_durable.testing.models import ScriptedChatModel
+
+__all__ = [
+    "REPETITIONS",
+    "SCENARIOS",
+    "TURNS",
+    "WARMUP",
+    "Agent",
+    "build_guarded",
+    "build_stock",
+    "main",
+    "measure_scenario",
+]
+
+TOOL_NAME = "record_note"
+
+SCENARIOS: dict[int, float] = {1: 1.15, 5: 1.25}
+"""Tool calls per turn -> target ratio guarded/stock."""
+
+REPETITIONS = 7
+"""Timed blocks per variant and scenario; the median block is reported."""
+
+TURNS = int(os.environ.get("BENCH_TURNS", "150"))
+"""Turns per timed block (override with the `BENCH_TURNS` environment variable)."""
+
+WARMUP = int(os.environ.get("BENCH_WARMUP", "10"))
+"""Untimed turns per variant before timing starts."""
+
+USER_MESSAGE = "Please record these notes."
+
+
+def _provider_write(note: str, key: str | None) -> str:
+    """The 'external write' the tool performs: trivial, so the overhead is all we see."""
+    return f"recorded {note!r}"
+
+
+def _script(n_calls: int) -> list[AIMessage]:
+    """One AIMessage asking for `n_calls` tool calls, then the final answer."""
+    calls = [
+        {"name": TOOL_NAME, "args": {"note": f"note {i}"}, "id": f"call_{i}", "type": "tool_call"}
+        for i in range(n_calls)
+    ]
+    return [AIMessage(content="", tool_calls=calls), AIMessage(content="All notes recorded.")]
+
+
+def _stock_tool() -> BaseTool:
+    @tool(TOOL_NAME)
+    def record_note(note: str) -> str:
+        """Record a note (a trivial external write)."""
+        return _provider_write(note, None)
+
+    return record_note
+
+
+def _guarded_tool() -> BaseTool:
+    @tool(TOOL_NAME)
+    def record_note(note: str) -> str:
+        """Record a note (a trivial external write, keyed for the provider to dedupe)."""
+        return _provider_write(note, current_effect().key)
+
+    return record_note
+
+
+@dataclass
+class Agent:
+    """A compiled agent on its own SQLite file; `turn()` runs one turn on a new thread."""
+
+    name: str
+    graph: Any
+    conn: sqlite3.Connection
+    saver: BaseCheckpointSaver
+    inputs: dict[str, Any] = field(
+        default_factory=lambda: {"messages": [HumanMessage(USER_MESSAGE)]}
+    )
+    _threads: itertools.count = field(default_factory=itertools.count)
+
+    def turn(self) -> dict[str, Any]:
+        """Run one turn (model -> tools -> model) on a fresh thread_id."""
+        config = {"configurable": {"thread_id": f"{self.name}-{next(self._threads)}"}}
+        return self.graph.invoke(self.inputs, config, durability="sync")
+
+    def close(self) -> None:
+        """Close the database connection."""
+        self.conn.close()
+
+
+def _compile(
+    name: str, tools_node: ToolNode, saver: BaseCheckpointSaver, conn: sqlite3.Connection,
+    n_calls: int,
+) -> Agent:
+    model = ScriptedChatModel(script=_script(n_calls))
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", tools_node)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return Agent(name=name, graph=builder.compile(checkpointer=saver), conn=conn, saver=saver)
+
+
+def build_stock(db_path: str, n_calls: int) -> Agent:
+    """LangGraph's `ToolNode` with LangGraph's `SqliteSaver` on `db_path`."""
+    conn = sqlite3.connect(db_path, check_same_thread=False)
+    saver = SqliteSaver(conn)
+    saver.setup()
+    return _compile("stock", ToolNode([_stock_tool()]), saver, conn, n_calls)
+
+
+def build_guarded(db_path: str, n_calls: int) -> Agent:
+    """graph_durable's `EffectGuardNode` with `DurableSqliteSaver` on `db_path`."""
+    conn = sqlite3.connect(db_path, check_same_thread=False)
+    saver = DurableSqliteSaver(conn)
+    saver.setup()
+    node = EffectGuardNode([_guarded_tool()], effects={TOOL_NAME: Effect(idempotent=True)})
+    return _compile("guarded", node, saver, conn, n_calls)
+
+
+def _check(agent: Agent, n_calls: int) -> None:
+    """Fail loudly if a turn does not do what the benchmark claims to measure."""
+    messages = agent.turn()["messages"]
+    tool_messages = [m for m in messages if isinstance(m, ToolMessage)]
+    if len(tool_messages) != n_calls or any(m.status != "success" for m in tool_messages):
+        raise RuntimeError(f"{agent.name}: expected {n_calls} successful tool messages, "
+                           f"got {tool_messages!r}")
+    if not (isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls):
+        raise RuntimeError(f"{agent.name}: the turn did not end with the final answer")
+    if isinstance(agent.saver, DurableSqliteSaver):
+        thread_id = f"{agent.name}-{next(agent._threads) - 1}"
+        applied = agent.saver.effects(thread_id, status="applied")
+        if len(applied) != n_calls:
+            raise RuntimeError(f"guarded: expected {n_calls} applied effects, got {applied!r}")
+
+
+def measure_scenario(
+    workdir: str,
+    n_calls: int,
+    *,
+    target: float | None,
+    repetitions: int = REPETITIONS,
+    turns: int = TURNS,
+    warmup: int = WARMUP,
+    progress: Callable[[str], None] | None = print,
+) -> Comparison:
+    """Time stock and guarded turns with `n_calls` tool calls each, interleaved."""
+    stock = build_stock(os.path.join(workdir, f"stock-{n_calls}.sqlite"), n_calls)
+    guarded = build_guarded(os.path.join(workdir, f"guarded-{n_calls}.sqlite"), n_calls)
+    try:
+        _check(stock, n_calls)
+        _check(guarded, n_calls)
+        samples = measure_interleaved(
+            {"stock": stock.turn, "guarded": guarded.turn},
+            repetitions=repetitions, turns=turns, warmup=warmup, progress=progress,
+        )
+    finally:
+        stock.close()
+        guarded.close()
+    stock_ms = [s * 1000 for s in samples["stock"]]
+    guarded_ms = [s * 1000 for s in samples["guarded"]]
+    return Comparison(
+        scenario=f"turn, {n_calls} tool call{'s' if n_calls > 1 else ''}",
+        stock_ms=median_ms(samples["stock"]),
+        guarded_ms=median_ms(samples["guarded"]),
+        target=target,
+        stock_samples_ms=stock_ms,
+        guarded_samples_ms=guarded_ms,
+    )
+
+
+def main() -> list[Comparison]:
+    """Run every scenario, print the table and append the rows to `results.md`."""
+    comparisons: list[Comparison] = []
+    with tempfile.TemporaryDirectory(prefix="graph-durable-bench-") as workdir:
+        for n_calls, target in SCENARIOS.items():
+            print(f"{n_calls} tool call(s) per turn: {WARMUP} warm-up turns, then "
+                  f"{REPETITIONS} x {TURNS} turns per variant, interleaved", flush=True)
+            comparisons.append(measure_scenario(workdir, n_calls, target=target))
+    report("turn overhead: guarded (EffectGuardNode + DurableSqliteSaver) vs stock "
+           "(ToolNode + SqliteSaver), durability='sync'", comparisons)
+    return comparisons
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Crash demo: kill the ticket agent with SIGKILL mid-effect, resume it, count the effects.
+
+    python -m graph_durable.demo [--dir PATH]      (or: make demo)
+
+1. The agent runs in a child process armed to die right after the ticket provider
+   created the ticket and before the receipt is recorded in the ledger.
+2. A new process resumes the thread. The ledger holds an intent without a receipt and
+   the ticket provider answers lookups by key, so the receipt is recovered, not re-sent.
+3. The email is sent, and each provider applied each key exactly once.
+
+Exit code 0 only when the thread finished and every effect happened exactly once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from typing import Any
+
+from graph_durable import DurableSqliteSaver, EffectRecord, EffectStatus
+from graph_durable.demo.ticket import build_ticket_agent
+from graph_durable.testing.child import ChildResult, run_child
+from graph_durable.testing.faults import FaultPlan
+
+FACTORY = "graph_durable.demo.ticket:build_ticket_agent"
+THREAD = "ticket-1042"
+OWN_FILES = {"agent.sqlite", "agent.sqlite-wal", "agent.sqlite-shm", "providers"}
+COLOUR = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def paint(text: str, code: str) -> str:
+    return f"\033[{code}m{text}\033[0m" if COLOUR else text
+
+
+def header(title: str) -> None:
+    print("\n" + paint(f"== {title} " + "=" * max(0, 72 - len(title)), "1;36"))
+
+
+def short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def fresh_dir(path: str) -> str:
+    """Wipe `path`, but only if it is empty or holds nothing but a previous demo run."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        if stray := sorted(set(os.listdir(path)) - OWN_FILES):
+            sys.exit(f"refusing to wipe {path}: it holds files the demo did not create "
+                     f"({', '.join(stray[:3])}); pass another --dir")
+        shutil.rmtree(path)
+    os.makedirs(path)
+    return path
+
+
+def show_ledger(db: str) -> list[EffectRecord]:
+    """Print the thread's ledger rows, read by a fresh saver on the agent's database."""
+    with DurableSqliteSaver.from_conn_string(db) as saver:
+        effects = saver.effects(THREAD)
+    print(f"    {'tool':<14}{'status':<11}{'attempts':<10}{'key':<18}receipt")
+    for e in effects:
+        receipt = e.receipt.get("id", e.receipt) if isinstance(e.receipt, dict) else e.receipt
+        print(f"    {e.tool:<14}{e.status.value:<11}{e.attempts:<10}{short(e.key, 16):<18}"
+              + ("(none)" if receipt is None else short(receipt, 20)))
+    return effects
+
+
+def show_messages(result: ChildResult) -> None:
+    for m in result.summary.get("messages", []):
+        calls = ", ".join(f"{c['name']}({', '.join(map(str, c['args'].values()))})"
+                          for c in m.get("tool_calls", []))
+        print(f"    {m['type']:<6} {short(m['content']) if m['content'] else '-> ' + calls}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m graph_durable.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", default="demo-run",
+                        help="working directory, wiped first (default: ./demo-run)")
+    workdir = fresh_dir(parser.parse_args(argv).dir)
+    db = os.path.join(workdir, "agent.sqlite")
+    kwargs = {"db_path": db, "provider_dir": os.path.join(workdir, "providers"),
+              "ticket_mode": "lookup", "email_mode": "dedupe"}
+    scenario = build_ticket_agent(**kwargs)  # built here only for its providers
+    scenario.saver.conn.close()
+    tickets, mail = scenario.tickets, scenario.mail
+    problems: list[str] = []
+
+    header("1. Setup")
+    print(f"  working dir  {workdir}")
+    print(f"  ticket API   {tickets.mode:<7} no dedupe, but answers 'is there a ticket for key K?'")
+    print(f"  email API    {mail.mode:<7} the same key twice sends one email")
+
+    header("2. Run the agent, SIGKILL it after the ticket, before the receipt")
+    crash = run_child(FACTORY, kwargs, thread_id=THREAD, action="start",
+                      fault=FaultPlan("after_effect", tool="create_ticket"))
+    print(f"  child exit code {crash.returncode}: "
+          + (paint("killed by SIGKILL", "1;31") if crash.killed else "NOT killed"))
+    print("  ledger at the moment of the crash:")
+    at_crash = show_ledger(db)
+    print(f"  ticket provider already holds {tickets.count()} ticket(s)")
+    if not crash.killed or tickets.count() != 1 or [(e.status, e.receipt) for e in at_crash] \
+            != [(EffectStatus.IN_FLIGHT, None)]:
+        problems.append("the crash did not leave 1 ticket and 1 in_flight intent without receipt")
+
+    header("3. Resume the thread in a new process")
+    done = run_child(FACTORY, kwargs, thread_id=THREAD, action="resume")
+    print(f"  child exit code {done.returncode}, thread finished: {done.done}")
+    with DurableSqliteSaver.from_conn_string(db) as saver:
+        events, tools = saver.events(THREAD), {e.key: e.tool for e in saver.effects(THREAD)}
+    looked_up = {e.seq for e in events if e.kind == "receipt" and e.data.get("source") == "lookup"}
+    print("  journal:")
+    for ev in events:
+        data = " ".join(f"{k}={v}" for k, v in ev.data.items() if k not in ("tool", "tool_call_id"))
+        line = f"    #{ev.seq:<3}{tools.get(ev.key, '?'):<14}{ev.kind:<8}{data}"
+        print(paint(line + "   <- recovered by lookup, not re-sent", "33")
+              if ev.seq in looked_up else line)
+    if not done.done:
+        problems.append("the thread did not finish")
+    if not any(tools.get(ev.key) == "create_ticket" for ev in events if ev.seq in looked_up):
+        problems.append("the ticket's receipt was not recovered by lookup")
+
+    header("4. Result")
+    print("  conversation:")
+    show_messages(done)
+    print("  ledger:")
+    ledger = show_ledger(db)
+    print("  effects applied by the providers, per key:")
+    for provider, tool in ((tickets, "create_ticket"), (mail, "send_email")):
+        keys, counts = [e.key for e in ledger if e.tool == tool], provider.counts()
+        if not keys or counts != {key: 1 for key in keys}:
+            problems.append(f"{provider.name}: expected 1 effect per key, got {counts or 'none'}")
+        for key in sorted(set(keys) | set(counts)):
+            n = counts.get(key, 0)
+            print(f"    {provider.name:<8}{short(key, 16):<18}"
+                  + paint(f"{n} effect{'s' * (n != 1)}", "32" if n == 1 else "1;31"))
+
+    print()
+    if problems:
+        print(paint("FAIL: " + "; ".join(problems), "1;31"))
+        return 1
+    print(paint("OK: killed mid-effect, resumed, and every effect happened exactly once.", "1;32"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

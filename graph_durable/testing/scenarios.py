@@ -1,0 +1,121 @@
+"""Ready-made scenarios for crash tests: agents whose every write hits a `FakeProvider`.
+
+`build_effects_agent` builds a ReAct-style graph (model -> EffectGuardNode -> model)
+from a script of turns, each turn a list of tool calls. Each tool `name(item)` writes to
+its own provider `name` (file `<provider_dir>/<name>.sqlite`) in the mode given, and the
+policy follows the provider's contract: `dedupe` -> idempotent, `lookup` -> lookup by
+key, `blind` -> neither. All arguments are JSON, so a child process can rebuild the
+agent with `graph_durable.testing.child.run_child`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import StructuredTool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+
+from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+from graph_durable.nodes import EffectGuardNode, current_effect
+from graph_durable.policy import Effect
+from graph_durable.testing.models import ScriptedChatModel
+from graph_durable.testing.providers import FakeProvider
+
+__all__ = ["EffectsAgent", "build_effects_agent", "policy_for_mode", "script_of"]
+
+
+@dataclass
+class EffectsAgent:
+    """A compiled scenario graph with its saver, providers and input."""
+
+    graph: Any
+    saver: DurableSqliteSaver
+    providers: dict[str, FakeProvider]
+    inputs: dict[str, Any]
+
+
+def policy_for_mode(provider: FakeProvider, *, approval: bool = False) -> Effect:
+    """The policy a provider's contract allows."""
+    if provider.mode == "dedupe":
+        return Effect(idempotent=True, approval=approval)
+    if provider.mode == "lookup":
+        return Effect(lookup=provider.find, approval=approval)
+    return Effect(approval=approval)
+
+
+def script_of(turns: list[list[list[str]]]) -> list[AIMessage]:
+    """AIMessages for turns of `[tool, item]` calls, then a closing answer."""
+    script = [
+        AIMessage(content="", tool_calls=[
+            {"name": tool, "args": {"item": item}, "id": f"call_{t}_{i}"}
+            for i, (tool, item) in enumerate(calls)
+        ])
+        for t, calls in enumerate(turns)
+    ]
+    return [*script, AIMessage(content="All done.")]
+
+
+def _write_tool(provider: FakeProvider, delay: float) -> StructuredTool:
+    def write(item: str) -> dict[str, Any]:
+        if delay:
+            time.sleep(delay)
+        return provider.apply(current_effect().key, {"item": item})
+
+    return StructuredTool.from_function(
+        write, name=provider.name, description=f"Write one item to {provider.name}."
+    )
+
+
+def build_effects_agent(
+    db_path: str,
+    provider_dir: str,
+    turns: list[list[list[str]]],
+    modes: dict[str, str],
+    delays: dict[str, float] | None = None,
+    approvals: list[str] | None = None,
+) -> EffectsAgent:
+    """Build the scenario agent.
+
+    Args:
+        db_path: The agent's SQLite database (checkpoints and ledger).
+        provider_dir: Folder of the providers' own databases.
+        turns: Per model turn, the `[tool, item]` calls of its AIMessage.
+        modes: Provider mode per tool name (`dedupe`, `lookup`, `blind`).
+        delays: Seconds a tool sleeps before calling its provider.
+        approvals: Tools that need a human's approval before sending.
+    """
+    os.makedirs(provider_dir, exist_ok=True)
+    providers = {
+        name: FakeProvider(os.path.join(provider_dir, f"{name}.sqlite"), mode, name=name)  # type: ignore[arg-type]
+        for name, mode in modes.items()
+    }
+    delays = delays or {}
+    approvals = approvals or []
+    tools = [_write_tool(p, delays.get(name, 0.0)) for name, p in providers.items()]
+    effects = {
+        name: policy_for_mode(p, approval=name in approvals) for name, p in providers.items()
+    }
+    model = ScriptedChatModel(script=script_of(turns))
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectGuardNode(tools, effects=effects))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return EffectsAgent(
+        graph=builder.compile(checkpointer=saver),
+        saver=saver,
+        providers=providers,
+        inputs={"messages": [HumanMessage("Go.")]},
+    )

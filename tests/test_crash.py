@@ -1,0 +1,170 @@
+"""Crash tests: SIGKILL a real agent process at each crash window, resume in a new one.
+
+Every assertion is on the provider's side (how many effects it applied, which keys it
+saw), never on what the agent believes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from graph_durable import DurableSqliteSaver
+from graph_durable.testing import FakeProvider, FaultPlan
+from graph_durable.testing.child import run_child
+
+pytestmark = pytest.mark.crash
+
+TICKET = "graph_durable.demo.ticket:build_ticket_agent"
+EFFECTS = "graph_durable.testing.scenarios:build_effects_agent"
+WINDOWS = ["before_intent", "after_intent", "after_effect", "after_receipt"]
+# Where the effect certainly reached the provider before the kill.
+APPLIED_BEFORE_KILL = {"before_intent": 0, "after_intent": 0, "after_effect": 1,
+                       "after_receipt": 1}
+
+
+def ticket_kwargs(tmp_path: Path, mode: str) -> dict[str, Any]:
+    return {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+            "ticket_mode": mode, "email_mode": mode}
+
+
+def providers(tmp_path: Path, mode: str) -> tuple[FakeProvider, FakeProvider]:
+    return (FakeProvider(str(tmp_path / "tickets.sqlite"), mode),
+            FakeProvider(str(tmp_path / "mail.sqlite"), mode))
+
+
+def ledger(tmp_path: Path, thread_id: str = "t") -> dict[str, str]:
+    import sqlite3
+
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite", check_same_thread=False))
+    return {record.tool: record.status.value for record in saver.effects(thread_id)}
+
+
+@pytest.mark.parametrize("mode", ["dedupe", "lookup"])
+@pytest.mark.parametrize("window", WINDOWS)
+def test_each_window_applies_each_effect_exactly_once(
+    tmp_path: Path, window: str, mode: str
+) -> None:
+    kwargs = ticket_kwargs(tmp_path, mode)
+    tickets, mail = providers(tmp_path, mode)
+
+    crashed = run_child(TICKET, kwargs, thread_id="t",
+                        fault=FaultPlan(window, tool="create_ticket"))
+    assert crashed.killed
+    assert tickets.count() == APPLIED_BEFORE_KILL[window]
+
+    resumed = run_child(TICKET, kwargs, thread_id="t", action="resume")
+    assert resumed.done, resumed.summary
+    assert tickets.count() == 1 and list(tickets.counts().values()) == [1]
+    assert mail.count() == 1
+    assert ledger(tmp_path) == {"create_ticket": "applied", "send_email": "applied"}
+    assert resumed.summary["messages"][-1]["content"] == "Ticket opened and customer informed."
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_blind_provider_pauses_instead_of_duplicating(tmp_path: Path, window: str) -> None:
+    kwargs = ticket_kwargs(tmp_path, "blind")
+    tickets, mail = providers(tmp_path, "blind")
+
+    assert run_child(TICKET, kwargs, thread_id="t",
+                     fault=FaultPlan(window, tool="create_ticket")).killed
+    applied_before = tickets.count()
+    resumed = run_child(TICKET, kwargs, thread_id="t", action="resume")
+
+    if window in ("before_intent", "after_receipt"):
+        # Nothing ambiguous: not yet requested, or the receipt is durable.
+        assert resumed.done
+        assert tickets.count() == 1
+        return
+    # The intent is durable without a receipt and the provider cannot be asked.
+    [question] = resumed.interrupts
+    assert question["type"] == "effect_unknown"
+    assert question["tool"] == "create_ticket"
+    assert question["allowed_decisions"] == ["applied", "retry", "skip"]
+    assert tickets.count() == applied_before  # no second effect
+    assert ledger(tmp_path)["create_ticket"] == "unknown"
+
+    requests_before = len(tickets.requests())
+    finished = run_child(TICKET, kwargs, thread_id="t", action="decide",
+                         resume={"type": "applied", "receipt": {"id": "ticket-1"}})
+    assert finished.done, finished.summary
+    assert len(tickets.requests()) == requests_before  # the tool was not called again
+    assert tickets.count() == applied_before
+    assert mail.count() == 1
+    tool_message = finished.summary["messages"][2]
+    assert tool_message["content"] == '{"id": "ticket-1"}'
+
+
+@pytest.mark.parametrize("mode", ["dedupe", "lookup"])
+def test_crash_during_recovery_itself(tmp_path: Path, mode: str) -> None:
+    """Killed before sending; the recovering process is killed after re-sending."""
+    kwargs = ticket_kwargs(tmp_path, mode)
+    tickets, mail = providers(tmp_path, mode)
+
+    assert run_child(TICKET, kwargs, thread_id="t",
+                     fault=FaultPlan("after_intent", tool="create_ticket")).killed
+    assert tickets.count() == 0
+    assert run_child(TICKET, kwargs, thread_id="t", action="resume",
+                     fault=FaultPlan("after_effect", tool="create_ticket")).killed
+    assert tickets.count() == 1
+    resumed = run_child(TICKET, kwargs, thread_id="t", action="resume")
+    assert resumed.done
+    assert tickets.count() == 1 and mail.count() == 1
+
+
+def test_idempotent_resend_carries_the_same_key(tmp_path: Path) -> None:
+    kwargs = ticket_kwargs(tmp_path, "dedupe")
+    tickets, _ = providers(tmp_path, "dedupe")
+
+    assert run_child(TICKET, kwargs, thread_id="t",
+                     fault=FaultPlan("after_effect", tool="create_ticket")).killed
+    assert run_child(TICKET, kwargs, thread_id="t", action="resume").done
+
+    requests = tickets.requests()
+    assert [r["outcome"] for r in requests] == ["applied", "deduplicated"]
+    assert requests[0]["key"] == requests[1]["key"]
+    assert tickets.count() == 1
+
+
+@pytest.mark.parametrize("mode", ["dedupe", "lookup"])
+def test_two_parallel_calls_one_applied_before_the_crash(tmp_path: Path, mode: str) -> None:
+    """ToolNode runs both calls of one AIMessage in threads; the slow one is killed."""
+    kwargs = {
+        "db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+        "turns": [[["fast", "a"], ["slow", "b"]]],
+        "modes": {"fast": mode, "slow": mode},
+        "delays": {"slow": 0.5},
+    }
+    assert run_child(EFFECTS, kwargs, thread_id="t",
+                     fault=FaultPlan("after_effect", tool="slow")).killed
+    assert ledger(tmp_path) == {"fast": "applied", "slow": "in_flight"}
+
+    resumed = run_child(EFFECTS, kwargs, thread_id="t", action="resume")
+    assert resumed.done
+    fast = FakeProvider(str(tmp_path / "fast.sqlite"), mode)
+    slow = FakeProvider(str(tmp_path / "slow.sqlite"), mode)
+    assert fast.count() == 1 and slow.count() == 1
+    assert len(fast.requests()) == 1  # the applied call was replayed, not re-sent
+    tool_messages = [m for m in resumed.summary["messages"] if m["type"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_messages] == ["call_0_0", "call_0_1"]
+
+
+def test_two_parallel_blind_calls_pause_together_and_resolve_by_id(tmp_path: Path) -> None:
+    kwargs = {
+        "db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+        "turns": [[["alpha", "a"], ["beta", "b"]]],
+        "modes": {"alpha": "blind", "beta": "blind"},
+        "delays": {"beta": 0.3},
+    }
+    assert run_child(EFFECTS, kwargs, thread_id="t",
+                     fault=FaultPlan("after_effect", tool="beta")).killed
+    paused = run_child(EFFECTS, kwargs, thread_id="t", action="resume")
+    # alpha finished before the kill (its receipt is durable); beta is unknown.
+    assert [q["tool_call_id"] for q in paused.interrupts] == ["call_0_1"]
+    finished = run_child(EFFECTS, kwargs, thread_id="t", action="decide",
+                         resume={"call_0_1": {"type": "applied", "receipt": "done"}})
+    assert finished.done
+    assert FakeProvider(str(tmp_path / "alpha.sqlite"), "blind").count() == 1
+    assert FakeProvider(str(tmp_path / "beta.sqlite"), "blind").count() == 1
