@@ -1,0 +1,136 @@
+"""DurableSqliteSaver's ledger: migrations, transitions, journal and retention."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from graph_durable import DurableSqliteSaver
+from graph_durable.checkpointers._schema import MIGRATIONS
+from graph_durable.errors import IllegalTransition
+from graph_durable.ledger import EffectStatus, IntentWrite, TransitionWrite
+
+S = EffectStatus
+
+
+def open_saver(path: Path) -> DurableSqliteSaver:
+    return DurableSqliteSaver(sqlite3.connect(path, check_same_thread=False))
+
+
+def intent(thread_id: str = "t", key: str = "k1") -> IntentWrite:
+    return IntentWrite(key=key, thread_id=thread_id, checkpoint_ns="tools:x",
+                       tool_call_id="c1", tool="pay", args={"cents": 5}, status=S.IN_FLIGHT)
+
+
+def put_checkpoint(saver: DurableSqliteSaver, thread_id: str, parent: dict | None = None) -> dict:
+    config = parent or {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    return saver.put(config, empty_checkpoint(), {"step": 0}, {})
+
+
+def test_setup_is_idempotent_and_records_the_version(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.setup()
+    saver.setup()
+    again = open_saver(tmp_path / "a.sqlite")
+    again.setup()
+    versions = again.conn.execute("SELECT v FROM graph_durable_migrations").fetchall()
+    assert versions == [(v,) for v in range(len(MIGRATIONS))]
+
+
+def test_a_stock_sqlite_database_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "stock.sqlite"
+    stock = SqliteSaver(sqlite3.connect(path, check_same_thread=False))
+    stored = put_checkpoint(stock, "old")
+    saver = open_saver(path)
+    assert saver.get_tuple(stored) is not None
+    saver.apply(intent())
+    assert saver.effect("k1").status is S.IN_FLIGHT
+
+
+def test_transitions_are_journaled_in_order(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.apply(intent())
+    [record] = saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.APPLIED,
+                                           kind="receipt", receipt={"id": 7}, result="ok"))
+    assert record.status is S.APPLIED and record.receipt == {"id": 7}
+    assert saver.stored_result("t", "k1") == "ok"
+    events = saver.events("t")
+    assert [e.kind for e in events] == ["intent", "receipt"]
+    assert events[0].seq < events[1].seq
+
+
+def test_an_illegal_transition_writes_nothing(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.apply(intent())
+    saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.FAILED, kind="failure",
+                                error="declined"))
+    before = (saver.effects(), saver.events())
+    with pytest.raises(IllegalTransition, match="failed; it cannot become in_flight"):
+        saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.IN_FLIGHT, kind="attempt",
+                                    bump_attempts=True))
+    assert (saver.effects(), saver.events()) == before
+
+
+def test_delete_thread_removes_the_ledger_too(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    put_checkpoint(saver, "t")
+    saver.apply(intent("t"))
+    saver.apply(intent("u", key="k2"))
+    saver.delete_thread("t")
+    assert [r.thread_id for r in saver.effects()] == ["u"]
+    assert {e.thread_id for e in saver.events()} == {"u"}
+
+
+def test_prune_keep_latest_keeps_the_ledger_and_delete_removes_it(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    first = put_checkpoint(saver, "t")
+    put_checkpoint(saver, "t", parent=first)
+    saver.apply(intent("t"))
+    saver.prune(["t"])
+    assert len(list(saver.list({"configurable": {"thread_id": "t"}}))) == 1
+    assert len(saver.effects("t")) == 1
+    saver.prune(["t"], strategy="delete")
+    assert saver.effects("t") == [] and saver.events("t") == []
+
+
+def test_copy_thread_copies_effects_under_the_same_keys(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    put_checkpoint(saver, "src")
+    saver.apply(intent("src", key="k1"))
+    saver.copy_thread("src", "dst")
+    copied = saver.effect("k1", "dst")
+    assert copied is not None and copied.status is S.IN_FLIGHT
+    assert [e.kind for e in saver.events("dst")] == ["intent"]
+    assert saver.get_tuple({"configurable": {"thread_id": "dst", "checkpoint_ns": ""}})
+
+
+def test_delete_for_runs_keeps_the_ledger(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "run_id": "r1"}}
+    saver.put(config, empty_checkpoint(), {"step": 0, "run_id": "r1"}, {})
+    saver.apply(intent("t"))
+    saver.delete_for_runs(["r1"])
+    assert list(saver.list({"configurable": {"thread_id": "t"}})) == []
+    assert len(saver.effects("t")) == 1
+
+
+def test_list_can_be_consumed_while_calling_get_tuple(tmp_path: Path) -> None:
+    """The stock saver holds its lock while yielding: this deadlocks there."""
+    saver = open_saver(tmp_path / "a.sqlite")
+    first = put_checkpoint(saver, "t")
+    put_checkpoint(saver, "t", parent=first)
+    seen: list[bool] = []
+
+    def walk() -> None:
+        for item in saver.list({"configurable": {"thread_id": "t"}}):
+            seen.append(saver.get_tuple(item.config) is not None)
+
+    worker = threading.Thread(target=walk, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive() and seen == [True, True]

@@ -1,0 +1,388 @@
+"""EffectGuardNode in one process: outcomes, decisions, bad input (sync)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+from langgraph.types import Command
+
+from graph_durable import (
+    DurabilityError,
+    DurableSqliteSaver,
+    Effect,
+    EffectGuardNode,
+    InvalidDecision,
+    NotApplied,
+    Retryable,
+    current_effect,
+)
+from graph_durable.errors import NotDurableCheckpointer, UnkeyableToolCall
+from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
+from graph_durable.testing.models import ScriptedChatModel
+
+CONFIG = {"configurable": {"thread_id": "t"}}
+
+
+def call(name: str, args: dict[str, Any], call_id: str = "c1") -> dict[str, Any]:
+    return {"name": name, "args": args, "id": call_id}
+
+
+def build(saver: Any, tools: list, effects: dict[str, Effect], *calls: dict[str, Any]):
+    script = [AIMessage(content="", tool_calls=list(calls)), AIMessage(content="done")]
+    model = ScriptedChatModel(script=script)
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
+    builder.add_node("tools", EffectGuardNode(tools, effects=effects))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=saver)
+
+
+NEW = object()
+
+
+def run(graph: Any, value: Any = NEW) -> dict[str, Any]:
+    """Invoke: a new conversation by default, `None` to continue, or a Command."""
+    value = {"messages": [HumanMessage("go")]} if value is NEW else value
+    return graph.invoke(value, CONFIG, durability="sync")
+
+
+@pytest.fixture
+def saver(tmp_path: Path) -> DurableSqliteSaver:
+    return DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> FakeProvider:
+    return FakeProvider(str(tmp_path / "p.sqlite"), "blind", name="p")
+
+
+@pytest.fixture(autouse=True)
+def _disarm():
+    yield
+    disarm()
+
+
+def ledger_snapshot(saver: DurableSqliteSaver) -> tuple[list, list]:
+    return ([r.model_dump() for r in saver.effects()], [e.model_dump() for e in saver.events()])
+
+
+# -- receipts and replay -------------------------------------------------------------------
+
+
+def test_receipt_is_replayed_with_an_identical_tool_message(saver, provider) -> None:
+    @tool(response_format="content_and_artifact")
+    def book(room: str) -> tuple[str, dict]:
+        """Book a room."""
+        receipt = provider.apply(current_effect().key, {"room": room})
+        return f"booked {receipt['id']}", {"receipt": receipt}
+
+    graph = build(saver, [book], {}, call("book", {"room": "A"}))
+    arm(FaultPlan("after_receipt", action="raise"))
+    with pytest.raises(InjectedCrash):
+        run(graph)
+    disarm()
+    stored = saver.stored_result("t", saver.effects("t")[0].key)
+    result = run(graph, None)
+
+    replayed = result["messages"][2]
+    assert isinstance(replayed, ToolMessage)
+    for attribute in ("content", "artifact", "name", "tool_call_id", "status"):
+        assert getattr(replayed, attribute) == getattr(stored, attribute)
+    assert replayed.content == "booked p-1"
+    assert provider.count() == 1 and len(provider.requests()) == 1
+
+
+def test_key_is_stable_and_visible_to_the_tool(saver, provider) -> None:
+    seen: list[str] = []
+
+    @tool
+    def send(to: str) -> str:
+        """Send."""
+        seen.append(current_effect().key)
+        raise ConnectionError("reset by peer")
+
+    graph = build(saver, [send], {"send": Effect(idempotent=True)}, call("send", {"to": "x"}))
+    result = run(graph)
+    # Live unknown outcome + idempotent provider: one re-send with the same key, then ask.
+    assert len(seen) == 2 and seen[0] == seen[1]
+    [question] = result["__interrupt__"]
+    assert question.value["key"] == seen[0] and question.value["attempts"] == 2
+
+
+# -- tool outcomes -------------------------------------------------------------------------
+
+
+def test_not_applied_becomes_failed_and_the_model_sees_an_error(saver) -> None:
+    @tool
+    def pay(cents: int) -> str:
+        """Pay."""
+        raise NotApplied("card declined")
+
+    result = run(build(saver, [pay], {}, call("pay", {"cents": 5})))
+    message = result["messages"][2]
+    assert message.status == "error" and "card declined" in message.content
+    [record] = saver.effects("t")
+    assert record.status == "failed" and record.attempts == 1
+
+
+def test_retryable_is_retried_with_the_same_key_then_applied(saver) -> None:
+    keys: list[str] = []
+
+    @tool
+    def pay(cents: int) -> str:
+        """Pay."""
+        keys.append(current_effect().key)
+        if len(keys) < 3:
+            raise Retryable("busy")
+        return "paid"
+
+    run(build(saver, [pay], {"pay": Effect(retries=2)}, call("pay", {"cents": 5})))
+    [record] = saver.effects("t")
+    assert record.status == "applied" and record.attempts == 3
+    assert len(set(keys)) == 1
+    assert [e.kind for e in saver.events("t")] == ["intent", "attempt", "attempt", "receipt"]
+
+
+def test_retryable_beyond_retries_is_failed(saver) -> None:
+    @tool
+    def pay(cents: int) -> str:
+        """Pay."""
+        raise Retryable("busy")
+
+    result = run(build(saver, [pay], {"pay": Effect(retries=1)}, call("pay", {"cents": 5})))
+    assert saver.effects("t")[0].status == "failed"
+    assert saver.effects("t")[0].attempts == 2
+    assert "after 2 attempts" in result["messages"][2].content
+
+
+def test_other_exception_is_unknown_not_failed(saver) -> None:
+    @tool
+    def pay(cents: int) -> str:
+        """Pay."""
+        raise ConnectionError("connection reset after sending")
+
+    result = run(build(saver, [pay], {}, call("pay", {"cents": 5})))
+    [question] = result["__interrupt__"]
+    assert question.value["type"] == "effect_unknown"
+    assert "ConnectionError" in question.value["error"]
+    assert saver.effects("t")[0].status == "unknown"
+
+
+def test_timeout_is_unknown(saver) -> None:
+    import time
+
+    @tool
+    def pay(cents: int) -> str:
+        """Pay."""
+        time.sleep(2)
+        return "late"
+
+    result = run(build(saver, [pay], {"pay": Effect(timeout=0.2)}, call("pay", {"cents": 5})))
+    [question] = result["__interrupt__"]
+    assert "timeout" in question.value["error"]
+
+
+def test_lookup_finds_the_effect_after_a_lost_answer(saver, tmp_path) -> None:
+    mail = FakeProvider(str(tmp_path / "m.sqlite"), "lookup", name="mail")
+    mail.script_faults("lost")
+
+    @tool
+    def send(to: str) -> dict:
+        """Send."""
+        return mail.apply(current_effect().key, {"to": to})
+
+    result = run(build(saver, [send], {"send": Effect(lookup=mail.find)},
+                       call("send", {"to": "x"})))
+    assert result["messages"][-1].content == "done"
+    assert mail.count() == 1
+    receipt_event = [e for e in saver.events("t") if e.kind == "receipt"][0]
+    assert receipt_event.data["source"] == "lookup"
+
+
+def test_read_only_tools_bypass_the_ledger(saver) -> None:
+    @tool
+    def search(q: str) -> str:
+        """Search."""
+        return "found"
+
+    result = run(build(saver, [search], {"search": Effect(read_only=True)},
+                       call("search", {"q": "x"})))
+    assert result["messages"][2].content == "found"
+    assert saver.effects() == []
+
+
+# -- durability barrier and bad input ------------------------------------------------------
+
+
+@pytest.mark.parametrize("durability", ["async", "exit", None])
+def test_effects_refused_unless_durability_is_sync(saver, provider, durability) -> None:
+    @tool
+    def send(to: str) -> dict:
+        """Send."""
+        return provider.apply(current_effect().key, {})
+
+    graph = build(saver, [send], {}, call("send", {"to": "x"}))
+    kwargs = {} if durability is None else {"durability": durability}
+    with pytest.raises(DurabilityError, match='durability="sync"'):
+        graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, **kwargs)
+    assert provider.count() == 0 and saver.effects() == []
+
+
+def test_non_durable_checkpointer_is_refused_with_the_fix(provider) -> None:
+    @tool
+    def send(to: str) -> dict:
+        """Send."""
+        return provider.apply(current_effect().key, {})
+
+    graph = build(InMemorySaver(), [send], {}, call("send", {"to": "x"}))
+    with pytest.raises(NotDurableCheckpointer, match="DurableSqliteSaver"):
+        run(graph)
+    assert provider.count() == 0
+
+
+@pytest.mark.parametrize("value", [float("nan"), b"raw bytes"])
+def test_non_json_arguments_are_refused_before_anything_is_sent(saver, provider, value) -> None:
+    @tool
+    def send(to: Any) -> dict:
+        """Send."""
+        return provider.apply(current_effect().key, {})
+
+    graph = build(saver, [send], {}, call("send", {"to": value}))
+    with pytest.raises(UnkeyableToolCall, match="not JSON"):
+        run(graph)
+    assert provider.count() == 0 and saver.effects() == []
+
+
+def test_effects_naming_an_unknown_tool_is_refused() -> None:
+    @tool
+    def send(to: str) -> str:
+        """Send."""
+        return "ok"
+
+    with pytest.raises(ValueError, match="sned"):
+        EffectGuardNode([send], effects={"sned": Effect(idempotent=True)})
+
+
+def test_call_to_a_tool_the_node_does_not_have_writes_nothing(saver) -> None:
+    @tool
+    def send(to: str) -> str:
+        """Send."""
+        return "ok"
+
+    result = run(build(saver, [send], {}, call("delete_everything", {})))
+    message = result["messages"][2]
+    assert message.status == "error" and "delete_everything" in message.content
+    assert saver.effects() == []
+
+
+# -- decisions on unknown outcomes ---------------------------------------------------------
+
+
+@pytest.fixture
+def unknown_graph(saver, provider):
+    calls: list[str] = []
+
+    @tool
+    def send(to: str) -> dict:
+        """Send."""
+        calls.append(current_effect().key)
+        if len(calls) == 1:
+            provider.apply(current_effect().key, {})
+            raise ConnectionError("lost after sending")
+        return {"sent": True}
+
+    graph = build(saver, [send], {}, call("send", {"to": "x"}))
+    run(graph)
+    return graph, calls
+
+
+@pytest.mark.parametrize("bad", [
+    {"type": "approve"},                                   # not allowed for unknown
+    {"type": "applied"},                                   # no receipt
+    {"c2": {"type": "retry"}},                             # unknown tool_call_id
+    ["retry"],                                             # neither decision nor mapping
+    "yes",                                                 # not a decision
+    {"c1": {"type": "skip", "message": 3}},                # malformed field
+])
+def test_malformed_decision_changes_nothing_and_a_corrected_one_goes_through(
+    saver, unknown_graph, bad
+) -> None:
+    graph, calls = unknown_graph
+    before = ledger_snapshot(saver)
+    with pytest.raises(InvalidDecision):
+        run(graph, Command(resume=bad))
+    assert ledger_snapshot(saver) == before
+    assert graph.get_state(CONFIG).interrupts  # still pending
+
+    result = run(graph, Command(resume={"c1": {"type": "skip", "message": "dup risk"}}))
+    assert result["messages"][2].content == "Skipped by reviewer: dup risk"
+    assert saver.effects("t")[0].status == "skipped"
+    assert len(calls) == 1
+
+
+def test_applied_decision_finishes_without_calling_the_tool(saver, provider, unknown_graph) -> None:
+    graph, calls = unknown_graph
+    result = run(graph, Command(resume={"type": "applied", "receipt": {"id": "p-1"},
+                                        "reviewer": "ana"}))
+    assert result["messages"][-1].content == "done"
+    assert len(calls) == 1 and provider.count() == 1
+    decision = [e for e in saver.events("t") if e.kind == "decision"][0]
+    assert decision.data["decision"]["reviewer"] == "ana"
+    kinds = [e.kind for e in saver.events("t")]
+    assert kinds.index("decision") < kinds.index("receipt")
+
+
+def test_retry_decision_resends_with_the_same_key(saver, unknown_graph) -> None:
+    graph, calls = unknown_graph
+    result = run(graph, Command(resume={"type": "retry"}))
+    assert result["messages"][-1].content == "done"
+    assert len(calls) == 2 and calls[0] == calls[1]
+    assert saver.effects("t")[0].status == "applied"
+
+
+def test_a_used_decision_is_never_applied_twice(saver, provider) -> None:
+    calls: list[str] = []
+
+    @tool
+    def send(to: str) -> dict:
+        """Send."""
+        calls.append(current_effect().key)
+        raise ConnectionError("lost")
+
+    graph = build(saver, [send], {}, call("send", {"to": "x"}))
+    run(graph)
+    again = run(graph, Command(resume={"type": "retry"}))
+    assert len(calls) == 2 and again["__interrupt__"]
+    # Continuing without a new answer asks again; it does not retry a third time.
+    still = run(graph, None)
+    assert len(calls) == 2 and still["__interrupt__"]
+
+
+def test_a_missing_decision_among_several_is_refused(saver) -> None:
+    @tool
+    def send(to: str) -> str:
+        """Send."""
+        raise ConnectionError("lost")
+
+    graph = build(saver, [send], {}, call("send", {"to": "a"}, "c1"), call("send", {"to": "b"}, "c2"))
+    first = run(graph)
+    assert sorted(i.value["tool_call_id"] for i in first["__interrupt__"]) == ["c1", "c2"]
+    before = ledger_snapshot(saver)
+    with pytest.raises(InvalidDecision, match="c2"):
+        run(graph, Command(resume={"c1": {"type": "skip"}}))
+    with pytest.raises(InvalidDecision, match="2 tool calls are pending"):
+        run(graph, Command(resume={"type": "skip"}))
+    assert ledger_snapshot(saver) == before
+    result = run(graph, Command(resume={"c2": {"type": "skip"}, "c1": {"type": "applied",
+                                                                        "receipt": "ok"}}))
+    assert [m.content for m in result["messages"][2:4]] == ['ok', "Skipped by reviewer: no reason given"]

@@ -1,0 +1,154 @@
+"""EffectGuardNode under ainvoke with AsyncDurableSqliteSaver, async tools and lookups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+from langgraph.types import Command
+
+from graph_durable import (
+    AsyncDurableSqliteSaver,
+    DurabilityError,
+    Effect,
+    EffectGuardNode,
+    InvalidDecision,
+    current_effect,
+)
+from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
+from graph_durable.testing.models import ScriptedChatModel
+
+CONFIG = {"configurable": {"thread_id": "t"}}
+NEW = object()
+
+
+def build(saver: Any, tools: list, effects: dict[str, Effect], *calls: dict[str, Any]):
+    script = [AIMessage(content="", tool_calls=list(calls)), AIMessage(content="done")]
+    model = ScriptedChatModel(script=script)
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectGuardNode(tools, effects=effects))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=saver)
+
+
+async def run(graph: Any, value: Any = NEW) -> dict[str, Any]:
+    value = {"messages": [HumanMessage("go")]} if value is NEW else value
+    return await graph.ainvoke(value, CONFIG, durability="sync")
+
+
+@pytest.fixture
+async def saver(tmp_path: Path):
+    async with AsyncDurableSqliteSaver.from_conn_string(str(tmp_path / "a.sqlite")) as saver:
+        yield saver
+
+
+@pytest.fixture(autouse=True)
+def _disarm():
+    yield
+    disarm()
+
+
+def call(name: str, args: dict[str, Any], call_id: str = "c1") -> dict[str, Any]:
+    return {"name": name, "args": args, "id": call_id}
+
+
+async def test_async_tool_applied_then_replayed_after_a_crash(saver, tmp_path) -> None:
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind", name="p")
+
+    @tool
+    async def send(to: str) -> dict:
+        """Send."""
+        return provider.apply(current_effect().key, {"to": to})
+
+    graph = build(saver, [send], {}, call("send", {"to": "x"}))
+    arm(FaultPlan("after_receipt", action="raise"))
+    with pytest.raises(InjectedCrash):
+        await run(graph)
+    disarm()
+    result = await run(graph, None)
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1 and len(provider.requests()) == 1
+    assert [r.status.value for r in await saver.aeffects("t")] == ["applied"]
+
+
+async def test_async_lookup_recovers_an_in_flight_effect(saver, tmp_path) -> None:
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+
+    async def find(key: str) -> dict | None:
+        return provider.find(key)
+
+    @tool
+    async def send(to: str) -> dict:
+        """Send."""
+        return provider.apply(current_effect().key, {"to": to})
+
+    graph = build(saver, [send], {"send": Effect(lookup=find)}, call("send", {"to": "x"}))
+    arm(FaultPlan("after_effect", action="raise"))
+    with pytest.raises(InjectedCrash):
+        await run(graph)
+    disarm()
+    assert [r.status.value for r in await saver.aeffects("t")] == ["in_flight"]
+    result = await run(graph, None)
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1
+    sources = [e.data.get("source") for e in await saver.aevents("t") if e.kind == "receipt"]
+    assert sources == ["lookup"]
+
+
+async def test_async_unknown_then_invalid_then_valid_decision(saver) -> None:
+    calls: list[str] = []
+
+    @tool
+    async def send(to: str) -> str:
+        """Send."""
+        calls.append(current_effect().key)
+        raise ConnectionError("lost")
+
+    graph = build(saver, [send], {}, call("send", {"to": "x"}))
+    first = await run(graph)
+    assert first["__interrupt__"][0].value["type"] == "effect_unknown"
+    events_before = await saver.aevents("t")
+    with pytest.raises(InvalidDecision):
+        await run(graph, Command(resume={"type": "approve"}))
+    assert await saver.aevents("t") == events_before
+    result = await run(graph, Command(resume={"type": "applied", "receipt": {"ok": 1}}))
+    assert result["messages"][-1].content == "done"
+    assert len(calls) == 1
+
+
+async def test_async_durability_barrier(saver) -> None:
+    @tool
+    async def send(to: str) -> str:
+        """Send."""
+        raise AssertionError("must not be called")
+
+    graph = build(saver, [send], {}, call("send", {"to": "x"}))
+    with pytest.raises(DurabilityError):
+        await graph.ainvoke({"messages": [HumanMessage("go")]}, CONFIG, durability="async")
+    assert await saver.aeffects() == []
+
+
+async def test_async_timeout_is_unknown(saver) -> None:
+    import asyncio
+
+    @tool
+    async def send(to: str) -> str:
+        """Send."""
+        await asyncio.sleep(2)
+        return "late"
+
+    graph = build(saver, [send], {"send": Effect(timeout=0.1)}, call("send", {"to": "x"}))
+    result = await run(graph)
+    assert "timeout" in result["__interrupt__"][0].value["error"]

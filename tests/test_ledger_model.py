@@ -1,0 +1,43 @@
+"""Key derivation and the effect lifecycle table."""
+
+from __future__ import annotations
+
+import pytest
+
+from graph_durable.errors import UnkeyableToolCall
+from graph_durable.ledger import EffectStatus, derive_key
+
+BASE = {"thread_id": "t", "checkpoint_ns": "tools:1", "tool_call_id": "c1", "tool": "pay",
+        "args": {"cents": 5, "to": "ana"}}
+
+
+def test_key_is_stable_and_ignores_argument_order() -> None:
+    assert derive_key(**BASE) == derive_key(**{**BASE, "args": {"to": "ana", "cents": 5}})
+
+
+@pytest.mark.parametrize("change", [
+    {"thread_id": "u"}, {"checkpoint_ns": "tools:2"}, {"tool_call_id": "c2"},
+    {"tool": "refund"}, {"args": {"cents": 6, "to": "ana"}},
+])
+def test_key_changes_with_every_part(change) -> None:
+    assert derive_key(**BASE) != derive_key(**{**BASE, **change})
+
+
+def test_non_json_args_name_the_call_and_the_fix() -> None:
+    with pytest.raises(UnkeyableToolCall) as info:
+        derive_key(**{**BASE, "args": {"when": object()}})
+    assert info.value.tool_call_id == "c1" and "JSON" in str(info.value)
+
+
+S = EffectStatus
+
+
+@pytest.mark.parametrize("terminal", [S.APPLIED, S.FAILED, S.REJECTED, S.SKIPPED])
+def test_terminal_statuses_never_move(terminal) -> None:
+    assert not any(terminal.can_become(other) for other in EffectStatus)
+
+
+def test_unknown_is_never_failed() -> None:
+    assert not S.UNKNOWN.can_become(S.FAILED)
+    assert S.UNKNOWN.can_become(S.APPLIED) and S.UNKNOWN.can_become(S.IN_FLIGHT)
+    assert not S.AWAITING_APPROVAL.can_become(S.APPLIED)
