@@ -84,21 +84,36 @@ def measure_interleaved(
     warmup: int,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, list[float]]:
-    """Time each case in alternation; return `{case: [seconds per call, per repetition]}`.
+    """Time the cases in alternation; return `{case: [seconds per call, per repetition]}`.
 
-    Every case is first called `warmup` times (untimed). Then, `repetitions` times, each
-    case in turn runs a block of `turns` calls (A B A B ...), so slow drift of the
-    machine (thermal, page cache, background load) hits all cases alike.
+    Every case is first called `warmup` times (untimed, alternating). Then each of the
+    `repetitions` runs `turns` rounds; a round calls every case once, in alternating
+    order (A B, B A, A B, ...), timing each call on its own. A repetition's sample is a
+    case's mean time per call over its rounds. Interleaving call by call, rather than
+    block by block, makes slow drift of the machine (fsync latency of a shared disk,
+    other processes, thermal) hit all cases alike.
     """
-    for fn in cases.values():
-        for _ in range(warmup):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in cases}
+    if turns < 1:
+        raise ValueError(f"turns must be >= 1, got {turns}")
+    names = list(cases)
+    for _ in range(warmup):
+        for name in names:
+            cases[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    clock = time.perf_counter
     for rep in range(repetitions):
-        for name, fn in cases.items():
-            samples[name].append(time_per_call(fn, turns))
+        totals = dict.fromkeys(names, 0.0)
+        gc.collect()
+        for round_ in range(turns):
+            for name in names if round_ % 2 == 0 else reversed(names):
+                fn = cases[name]
+                start = clock()
+                fn()
+                totals[name] += clock() - start
+        for name in names:
+            samples[name].append(totals[name] / turns)
         if progress is not None:
-            done = ", ".join(f"{name} {samples[name][-1] * 1000:.2f} ms" for name in cases)
+            done = ", ".join(f"{name} {samples[name][-1] * 1000:.2f} ms" for name in names)
             progress(f"  rep {rep + 1}/{repetitions}: {done}")
     return samples
 
@@ -193,10 +208,12 @@ def print_table(title: str, comparisons: Sequence[Comparison], info: MachineInfo
             f"{target:>6}  {c.verdict}"
         )
     for c in comparisons:
-        if c.stock_samples_ms:
+        if c.stock_samples_ms and len(c.stock_samples_ms) == len(c.guarded_samples_ms):
+            ratios = [g / s for s, g in zip(c.stock_samples_ms, c.guarded_samples_ms)]
             print(
                 f"  {c.scenario}: stock min..max {_spread(c.stock_samples_ms)} ms, "
-                f"guarded min..max {_spread(c.guarded_samples_ms)} ms"
+                f"guarded min..max {_spread(c.guarded_samples_ms)} ms, "
+                f"ratio per repetition {_spread(ratios)}"
             )
 
 

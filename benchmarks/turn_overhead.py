@@ -8,9 +8,10 @@ A turn is model -> tools -> model on a fresh thread, run with `durability="sync"
 
 Both use file-backed SQLite databases in a temporary directory, the same
 `ScriptedChatModel` script (one AIMessage with 1 or 5 tool calls, then a final answer)
-and the same trivial write tool. Runs are warmed up, then interleaved (A B A B ...) over
-`REPETITIONS` blocks of `TURNS` turns; the median per-turn time of each is reported with
-the ratio guarded/stock against its target (printed, not asserted).
+and the same trivial write tool. After a warm-up, stock and guarded turns alternate one
+by one (A B, B A, ...) for `REPETITIONS` x `TURNS` turns each; the median over the
+repetitions of the mean time per turn is reported, with the ratio guarded/stock against
+its target (printed, not asserted).
 
 Run: `python -m benchmarks turn_overhead` (or `python -m benchmarks.turn_overhead`).
 """
@@ -54,10 +55,10 @@ SCENARIOS: dict[int, float] = {1: 1.15, 5: 1.25}
 """Tool calls per turn -> target ratio guarded/stock."""
 
 REPETITIONS = 7
-"""Timed blocks per variant and scenario; the median block is reported."""
+"""Timed repetitions per scenario; the median repetition is reported."""
 
 TURNS = int(os.environ.get("BENCH_TURNS", "150"))
-"""Turns per timed block (override with the `BENCH_TURNS` environment variable)."""
+"""Turns per variant in one repetition (override with the `BENCH_TURNS` environment variable)."""
 
 WARMUP = int(os.environ.get("BENCH_WARMUP", "10"))
 """Untimed turns per variant before timing starts."""
@@ -66,7 +67,10 @@ USER_MESSAGE = "Please record these notes."
 
 
 def _provider_write(note: str, key: str | None) -> str:
-    """The 'external write' the tool performs: trivial, so the overhead is all we see."""
+    """The 'external write' both tools perform: trivial, so the overhead is all we see.
+
+    A real provider would dedupe by `key`; the stock tool has no key to give.
+    """
     return f"recorded {note!r}"
 
 
@@ -108,11 +112,13 @@ class Agent:
     inputs: dict[str, Any] = field(
         default_factory=lambda: {"messages": [HumanMessage(USER_MESSAGE)]}
     )
-    _threads: itertools.count = field(default_factory=itertools.count)
+    last_thread_id: str | None = None
+    _threads: itertools.count[int] = field(default_factory=itertools.count)
 
     def turn(self) -> dict[str, Any]:
         """Run one turn (model -> tools -> model) on a fresh thread_id."""
-        config = {"configurable": {"thread_id": f"{self.name}-{next(self._threads)}"}}
+        self.last_thread_id = f"{self.name}-{next(self._threads)}"
+        config = {"configurable": {"thread_id": self.last_thread_id}}
         return self.graph.invoke(self.inputs, config, durability="sync")
 
     def close(self) -> None:
@@ -165,8 +171,7 @@ def _check(agent: Agent, n_calls: int) -> None:
     if not (isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls):
         raise RuntimeError(f"{agent.name}: the turn did not end with the final answer")
     if isinstance(agent.saver, DurableSqliteSaver):
-        thread_id = f"{agent.name}-{next(agent._threads) - 1}"
-        applied = agent.saver.effects(thread_id, status="applied")
+        applied = agent.saver.effects(agent.last_thread_id, status="applied")
         if len(applied) != n_calls:
             raise RuntimeError(f"guarded: expected {n_calls} applied effects, got {applied!r}")
 
@@ -212,7 +217,8 @@ def main() -> list[Comparison]:
     with tempfile.TemporaryDirectory(prefix="graph-durable-bench-") as workdir:
         for n_calls, target in SCENARIOS.items():
             print(f"{n_calls} tool call(s) per turn: {WARMUP} warm-up turns, then "
-                  f"{REPETITIONS} x {TURNS} turns per variant, interleaved", flush=True)
+                  f"{REPETITIONS} x {TURNS} turns per variant, interleaved turn by turn",
+                  flush=True)
             comparisons.append(measure_scenario(workdir, n_calls, target=target))
     report("turn overhead: guarded (EffectGuardNode + DurableSqliteSaver) vs stock "
            "(ToolNode + SqliteSaver), durability='sync'", comparisons)
