@@ -23,6 +23,7 @@ from graph_durable.errors import (
 from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
 from graph_durable.nodes import EffectGuardNode, current_effect
 from graph_durable.policy import Effect
+from graph_durable.review import Review, areview, review
 
 __all__ = [
     "AsyncDurableSqliteSaver",
@@ -41,7 +42,10 @@ __all__ = [
     "LeaseLost",
     "NotApplied",
     "Retryable",
+    "Review",
+    "areview",
     "current_effect",
+    "review",
 ]
 
 

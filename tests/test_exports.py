@@ -19,7 +19,10 @@ EXPECTED = [
     "LeaseLost",
     "NotApplied",
     "Retryable",
+    "Review",
+    "areview",
     "current_effect",
+    "review",
 ]
 
 

@@ -36,6 +36,7 @@ from graph_durable.nodes.protocol import (
     run_call,
 )
 from graph_durable.policy import Effect
+from graph_durable.testing.faults import fault_point
 
 __all__ = [
     "GuardCore",
@@ -180,6 +181,7 @@ class GuardCore:
         asked = task.saver.asked_in_task(task.thread_id, task.checkpoint_ns)
         if asked:
             task.saver.apply(_decision_batch(task, asked, resume), task.config)
+            fault_point("after_decision")
 
     async def aresolve_decisions(self, config: Mapping[str, Any]) -> None:
         """Async `resolve_decisions`."""
@@ -190,6 +192,7 @@ class GuardCore:
         asked = await task.saver.aasked_in_task(task.thread_id, task.checkpoint_ns)
         if asked:
             await task.saver.aapply(_decision_batch(task, asked, resume), task.config)
+            fault_point("after_decision")
 
     # -- sync driver -------------------------------------------------------------------
 

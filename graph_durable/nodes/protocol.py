@@ -162,6 +162,14 @@ def receipt_of(result: Any) -> Any:
     return {"result": repr(result)}
 
 
+def _note_edit(result: Any, args: dict[str, Any]) -> Any:
+    """Tell the model that a reviewer edited the arguments it asked for."""
+    note = f"[arguments edited by reviewer: {json.dumps(args, ensure_ascii=False, default=str)}]"
+    if isinstance(result, ToolMessage) and isinstance(result.content, str):
+        return result.model_copy(update={"content": f"{note} {result.content}"})
+    return result
+
+
 def _error_text(outcome: Outcome, timeout: float | None) -> str:
     if outcome.timed_out:
         return f"no answer within {timeout} s (timeout)"
@@ -226,6 +234,8 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
                                            result=result))
                 return result
             fault_point("after_effect", tool=ctx.tool)
+            if record.args != ctx.tool_call["args"]:
+                result = _note_edit(result, record.args)
             yield Write(ctx.transition(record, S.APPLIED, "receipt", receipt=receipt_of(result),
                                        result=result, data={"source": "tool"}))
             fault_point("after_receipt", tool=ctx.tool)

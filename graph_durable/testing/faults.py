@@ -8,7 +8,8 @@ or raises `InjectedCrash` (`action="raise"`, for unit tests) at exactly the give
 occurrence. Setting `GRAPH_DURABLE_FAULT_TRACE` to a file path appends every point
 reached to that file, which is how a sweep learns the points of a scenario.
 
-Points: `before_intent`, `after_intent`, `after_effect`, `after_receipt` (guard);
+Points: `before_intent`, `after_intent`, `after_decision`, `after_effect`,
+`after_receipt` (guard);
 `before_put`, `after_put`, `before_put_writes`, `after_put_writes` (saver).
 """
 
@@ -38,6 +39,7 @@ ENV_TRACE = "GRAPH_DURABLE_FAULT_TRACE"
 FAULT_POINTS = (
     "before_intent",
     "after_intent",
+    "after_decision",
     "after_effect",
     "after_receipt",
     "before_put",

@@ -10,24 +10,33 @@ agent with `graph_durable.testing.child.run_child`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import aiosqlite
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
+from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.nodes import EffectGuardNode, current_effect
 from graph_durable.policy import Effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
 
-__all__ = ["EffectsAgent", "build_effects_agent", "policy_for_mode", "script_of"]
+__all__ = [
+    "EffectsAgent",
+    "build_effects_agent",
+    "build_effects_agent_async",
+    "policy_for_mode",
+    "script_of",
+]
 
 
 @dataclass
@@ -35,7 +44,7 @@ class EffectsAgent:
     """A compiled scenario graph with its saver, providers and input."""
 
     graph: Any
-    saver: DurableSqliteSaver
+    saver: DurableSqliteSaver | AsyncDurableSqliteSaver
     providers: dict[str, FakeProvider]
     inputs: dict[str, Any]
 
@@ -67,8 +76,14 @@ def _write_tool(provider: FakeProvider, delay: float) -> StructuredTool:
             time.sleep(delay)
         return provider.apply(current_effect().key, {"item": item})
 
+    async def awrite(item: str) -> dict[str, Any]:
+        if delay:
+            await asyncio.sleep(delay)
+        return provider.apply(current_effect().key, {"item": item})
+
     return StructuredTool.from_function(
-        write, name=provider.name, description=f"Write one item to {provider.name}."
+        write, coroutine=awrite, name=provider.name,
+        description=f"Write one item to {provider.name}.",
     )
 
 
@@ -80,7 +95,7 @@ def build_effects_agent(
     delays: dict[str, float] | None = None,
     approvals: list[str] | None = None,
 ) -> EffectsAgent:
-    """Build the scenario agent.
+    """Build the scenario agent on a `DurableSqliteSaver`.
 
     Args:
         db_path: The agent's SQLite database (checkpoints and ledger).
@@ -90,6 +105,31 @@ def build_effects_agent(
         delays: Seconds a tool sleeps before calling its provider.
         approvals: Tools that need a human's approval before sending.
     """
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    return _assemble(saver, provider_dir, turns, modes, delays, approvals)
+
+
+async def build_effects_agent_async(
+    db_path: str,
+    provider_dir: str,
+    turns: list[list[list[str]]],
+    modes: dict[str, str],
+    delays: dict[str, float] | None = None,
+    approvals: list[str] | None = None,
+) -> EffectsAgent:
+    """`build_effects_agent` on an `AsyncDurableSqliteSaver`, for `ainvoke` (same args)."""
+    saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path))
+    return _assemble(saver, provider_dir, turns, modes, delays, approvals)
+
+
+def _assemble(
+    saver: Any,
+    provider_dir: str,
+    turns: list[list[list[str]]],
+    modes: dict[str, str],
+    delays: dict[str, float] | None,
+    approvals: list[str] | None,
+) -> EffectsAgent:
     os.makedirs(provider_dir, exist_ok=True)
     providers = {
         name: FakeProvider(os.path.join(provider_dir, f"{name}.sqlite"), mode, name=name)  # type: ignore[arg-type]
@@ -106,7 +146,6 @@ def build_effects_agent(
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
-    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
     builder.add_node("tools", EffectGuardNode(tools, effects=effects))

@@ -1,0 +1,228 @@
+"""`review(graph, config)`: the decisions a thread waits for, and the command that answers them.
+
+    r = review(graph, config)          # works from any process, after any crash
+    for item in r.pending: print(item.kind, item.tool, item.args)
+    r.approve("call_1", reviewer="ana").reject("call_2", "wrong customer")
+    r.resume()                         # graph.invoke(r.command(), config, durability="sync")
+
+Decisions are matched to tool calls by tool_call_id. `command()` groups them by the
+interrupt that asked, so the same code answers a `ToolNode` that asks about several
+calls in one interrupt and a `create_agent` graph that asks once per call.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from langgraph.types import Command
+
+from graph_durable.checkpointers._base import DurableSaverMixin
+from graph_durable.errors import InvalidDecision
+
+__all__ = ["PendingItem", "Review", "areview", "review"]
+
+_KINDS = {"effect_approval": "approval", "effect_unknown": "unknown"}
+
+
+@dataclass(frozen=True)
+class PendingItem:
+    """One tool call a human must decide on."""
+
+    kind: str
+    """`approval` (not sent yet) or `unknown` (may or may not have happened)."""
+    tool_call_id: str
+    """Id of the tool call in the model's AIMessage."""
+    tool: str
+    """Tool name."""
+    args: dict[str, Any]
+    """Arguments of the call."""
+    key: str
+    """Idempotency key of the effect."""
+    attempts: int
+    """How many times the tool was called for this key."""
+    error: str | None
+    """Last error seen (for `unknown`)."""
+    description: str | None
+    """The policy's description (for `approval`)."""
+    allowed_decisions: tuple[str, ...]
+    """Decision types this item accepts."""
+    interrupt_id: str
+    """Id of the LangGraph interrupt that asks about it."""
+
+
+@dataclass
+class Review:
+    """The pending decisions of one thread, and the decisions taken so far."""
+
+    graph: Any
+    config: dict[str, Any]
+    pending: list[PendingItem]
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def _item(self, tool_call_id: str, kind: str) -> PendingItem:
+        for item in self.pending:
+            if item.tool_call_id == tool_call_id:
+                if kind not in item.allowed_decisions:
+                    raise InvalidDecision(
+                        f"Tool call {tool_call_id!r} ({item.tool}) is pending {item.kind}; it "
+                        f"accepts {list(item.allowed_decisions)}, not {kind!r}.",
+                        thread_id=self.thread_id, tool_call_id=tool_call_id,
+                    )
+                return item
+        raise InvalidDecision(
+            f"No pending decision for tool call {tool_call_id!r} in thread "
+            f"{self.thread_id!r}; pending: {[i.tool_call_id for i in self.pending]}.",
+            thread_id=self.thread_id, tool_call_id=tool_call_id,
+        )
+
+    def _decide(self, tool_call_id: str, decision: dict[str, Any],
+                reviewer: str | None) -> Review:
+        self._item(tool_call_id, decision["type"])
+        if reviewer is not None:
+            decision["reviewer"] = reviewer
+        self.decisions[tool_call_id] = decision
+        return self
+
+    @property
+    def thread_id(self) -> str:
+        """The reviewed thread."""
+        return str(self.config["configurable"]["thread_id"])
+
+    def approve(self, tool_call_id: str, *, reviewer: str | None = None) -> Review:
+        """Send the call as requested."""
+        return self._decide(tool_call_id, {"type": "approve"}, reviewer)
+
+    def edit(self, tool_call_id: str, args: dict[str, Any], *,
+             reviewer: str | None = None) -> Review:
+        """Send the call with edited arguments (under a new key: nothing was sent)."""
+        item = self._item(tool_call_id, "edit")
+        action = {"name": item.tool, "args": dict(args)}
+        return self._decide(tool_call_id, {"type": "edit", "edited_action": action}, reviewer)
+
+    def reject(self, tool_call_id: str, message: str, *, reviewer: str | None = None) -> Review:
+        """Do not send; the model sees `message` as an error."""
+        return self._decide(tool_call_id, {"type": "reject", "message": message}, reviewer)
+
+    def mark_applied(self, tool_call_id: str, receipt: Any, *,
+                     reviewer: str | None = None) -> Review:
+        """The effect did happen (you checked): record `receipt`, do not call again."""
+        return self._decide(tool_call_id, {"type": "applied", "receipt": receipt}, reviewer)
+
+    def retry(self, tool_call_id: str, *, reviewer: str | None = None) -> Review:
+        """The effect did not happen (you checked): call again with the same key."""
+        return self._decide(tool_call_id, {"type": "retry"}, reviewer)
+
+    def skip(self, tool_call_id: str, message: str = "", *,
+             reviewer: str | None = None) -> Review:
+        """Give up on the effect; the model sees `message` as an error."""
+        return self._decide(tool_call_id, {"type": "skip", "message": message}, reviewer)
+
+    def command(self) -> Command:
+        """The `Command(resume=...)` carrying the decisions, grouped by interrupt.
+
+        Raises:
+            InvalidDecision: an interrupt asks about several calls and only some of
+                them are decided (decide all, or none, of one interrupt's calls).
+        """
+        groups: dict[str, list[PendingItem]] = {}
+        for item in self.pending:
+            groups.setdefault(item.interrupt_id, []).append(item)
+        resume: dict[str, dict[str, Any]] = {}
+        for interrupt_id, items in groups.items():
+            decided = [i for i in items if i.tool_call_id in self.decisions]
+            if not decided:
+                continue
+            if len(decided) != len(items):
+                missing = [i.tool_call_id for i in items if i not in decided]
+                raise InvalidDecision(
+                    f"Tool calls {missing} are asked in the same interrupt as "
+                    f"{[i.tool_call_id for i in decided]} in thread {self.thread_id!r}; "
+                    "decide them too.", thread_id=self.thread_id,
+                )
+            resume[interrupt_id] = {i.tool_call_id: self.decisions[i.tool_call_id]
+                                    for i in items}
+        if not resume:
+            raise InvalidDecision(
+                f"No decisions taken for thread {self.thread_id!r}; pending: "
+                f"{[i.tool_call_id for i in self.pending]}.", thread_id=self.thread_id,
+            )
+        return Command(resume=resume)
+
+    def resume(self) -> Any:
+        """Resume the thread with the decisions (`durability="sync"`)."""
+        return self.graph.invoke(self.command(), self.config, durability="sync")
+
+    async def aresume(self) -> Any:
+        """Async `resume`."""
+        return await self.graph.ainvoke(self.command(), self.config, durability="sync")
+
+    def _repr_html_(self) -> str:
+        if not self.pending:
+            return f"<p>Thread <code>{html.escape(self.thread_id)}</code>: nothing pending.</p>"
+        header = ("kind", "tool_call_id", "tool", "args", "attempts", "error", "allowed",
+                  "decision")
+        rows = []
+        for item in self.pending:
+            decision = self.decisions.get(item.tool_call_id)
+            cells = (item.kind, item.tool_call_id, item.tool,
+                     json.dumps(item.args, ensure_ascii=False, default=str), item.attempts,
+                     item.error or "", ", ".join(item.allowed_decisions),
+                     json.dumps(decision, default=str) if decision else "")
+            rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+                        + "</tr>")
+        head = "".join(f"<th>{h}</th>" for h in header)
+        return (f"<p>Thread <code>{html.escape(self.thread_id)}</code>: "
+                f"{len(self.pending)} pending</p><table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
+    items = []
+    for interrupt in state.interrupts:
+        value = interrupt.value
+        if not isinstance(value, dict) or value.get("type") not in _KINDS:
+            continue
+        record = saver.effect(value["key"], thread_id) if saver is not None else None
+        items.append(PendingItem(
+            kind=_KINDS[value["type"]],
+            tool_call_id=value["tool_call_id"],
+            tool=value["tool"],
+            args=value["args"],
+            key=value["key"],
+            attempts=record.attempts if record else value.get("attempts", 0),
+            error=record.error if record else value.get("error"),
+            description=value.get("description"),
+            allowed_decisions=tuple(value["allowed_decisions"]),
+            interrupt_id=interrupt.id,
+        ))
+    return items
+
+
+def _saver_of(graph: Any) -> Any:
+    saver = getattr(graph, "checkpointer", None)
+    return saver if isinstance(saver, DurableSaverMixin) else None
+
+
+def review(graph: Any, config: dict[str, Any]) -> Review:
+    """Load the decisions a thread waits for (approvals and unknown outcomes)."""
+    state = graph.get_state(config)
+    thread_id = str(config["configurable"]["thread_id"])
+    return Review(graph, config, _pending_from(state, _saver_of(graph), thread_id))
+
+
+async def areview(graph: Any, config: dict[str, Any]) -> Review:
+    """Async `review`, for graphs compiled with an async saver."""
+    state = await graph.aget_state(config)
+    thread_id = str(config["configurable"]["thread_id"])
+    saver = _saver_of(graph)
+    items = []
+    for item in _pending_from(state, None, thread_id):
+        record = await saver.aeffect(item.key, thread_id) if saver is not None else None
+        if record is not None:
+            item = PendingItem(**{**item.__dict__, "attempts": record.attempts,
+                                  "error": record.error})
+        items.append(item)
+    return Review(graph, config, items)

@@ -1,0 +1,212 @@
+"""Approvals and review: approve / edit / reject, matching by tool_call_id, both dispatches."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import create_react_agent, tools_condition
+from langgraph.types import Command
+
+from graph_durable import (
+    DurableSqliteSaver,
+    Effect,
+    EffectGuardMiddleware,
+    EffectGuardNode,
+    InvalidDecision,
+    current_effect,
+    review,
+)
+from graph_durable.testing import FakeProvider
+from graph_durable.testing.models import ScriptedChatModel
+
+CONFIG = {"configurable": {"thread_id": "t"}}
+CALL_IDS = ["c0", "c1", "c2"]
+
+
+@pytest.fixture
+def saver(tmp_path: Path) -> DurableSqliteSaver:
+    return DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> FakeProvider:
+    return FakeProvider(str(tmp_path / "mail.sqlite"), "blind", name="mail")
+
+
+def make_send(provider: FakeProvider):
+    @tool
+    def send(to: str) -> str:
+        """Send an email."""
+        receipt = provider.apply(current_effect().key, {"to": to})
+        return f"sent {receipt['id']} to {to}"
+
+    return send
+
+
+def script(*targets: str) -> list[AIMessage]:
+    calls = [{"name": "send", "args": {"to": t}, "id": f"c{i}"} for i, t in enumerate(targets)]
+    return [AIMessage(content="", tool_calls=calls), AIMessage(content="done")]
+
+
+def tool_node_graph(saver, provider, *targets: str, approval: Any = True):
+    model = ScriptedChatModel(script=script(*targets))
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
+    builder.add_node("tools", EffectGuardNode(
+        [make_send(provider)], effects={"send": Effect(approval=approval, description="email")}))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=saver)
+
+
+def create_agent_graph(saver, provider, *targets: str):
+    return create_agent(
+        ScriptedChatModel(script=script(*targets)), tools=[make_send(provider)],
+        middleware=[EffectGuardMiddleware({"send": Effect(approval=True)})], checkpointer=saver)
+
+
+def react_agent_graph(saver, provider, *targets: str):
+    node = EffectGuardNode([make_send(provider)], effects={"send": Effect(approval=True)})
+    return create_react_agent(ScriptedChatModel(script=script(*targets)), tools=node,
+                              checkpointer=saver)
+
+
+BUILDERS = {"ToolNode": tool_node_graph, "create_agent": create_agent_graph,
+            "create_react_agent": react_agent_graph}
+
+
+def start(graph) -> dict[str, Any]:
+    return graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+
+
+def tool_messages(result: dict[str, Any]) -> dict[str, Any]:
+    return {m.tool_call_id: m for m in result["messages"] if m.type == "tool"}
+
+
+def test_approval_payload_and_nothing_sent_before_the_decision(saver, provider) -> None:
+    result = start(tool_node_graph(saver, provider, "ana"))
+    [question] = result["__interrupt__"]
+    assert question.value == {
+        "type": "effect_approval", "tool_call_id": "c0", "tool": "send",
+        "args": {"to": "ana"}, "key": question.value["key"], "description": "email",
+        "allowed_decisions": ["approve", "edit", "reject"],
+    }
+    assert provider.count() == 0
+    assert saver.effects("t")[0].status == "awaiting_approval"
+
+
+def test_approve_sends_once(saver, provider) -> None:
+    graph = tool_node_graph(saver, provider, "ana")
+    start(graph)
+    result = review(graph, CONFIG).approve("c0", reviewer="lee").resume()
+    assert tool_messages(result)["c0"].content == "sent mail-1 to ana"
+    assert provider.count() == 1
+    decision = [e for e in saver.events("t") if e.kind == "decision"][0]
+    assert decision.data["decision"] == {"type": "approve", "reviewer": "lee"}
+
+
+def test_edit_sends_the_edited_args_under_a_new_key(saver, provider) -> None:
+    graph = tool_node_graph(saver, provider, "ana")
+    original_key = start(graph)["__interrupt__"][0].value["key"]
+    result = review(graph, CONFIG).edit("c0", {"to": "bob"}).resume()
+    message = tool_messages(result)["c0"]
+    assert "arguments edited by reviewer" in message.content and "to bob" in message.content
+    [effect] = provider.effects()
+    assert effect["payload"] == {"to": "bob"} and effect["key"] != original_key
+    statuses = {r.key: r.status.value for r in saver.effects("t")}
+    assert statuses == {original_key: "skipped", effect["key"]: "applied"}
+
+
+def test_reject_sends_nothing_and_tells_the_model(saver, provider) -> None:
+    graph = tool_node_graph(saver, provider, "ana")
+    start(graph)
+    result = review(graph, CONFIG).reject("c0", "wrong customer").resume()
+    message = tool_messages(result)["c0"]
+    assert message.status == "error" and "wrong customer" in message.content
+    assert provider.count() == 0 and saver.effects("t")[0].status == "rejected"
+    assert result["messages"][-1].content == "done"
+
+
+def test_approval_predicate_decides_per_call(saver, provider) -> None:
+    graph = tool_node_graph(saver, provider, "ana", "boss",
+                            approval=lambda call: call["args"]["to"] == "boss")
+    result = start(graph)
+    assert [i.value["tool_call_id"] for i in result["__interrupt__"]] == ["c1"]
+    assert provider.count() == 1  # the call to ana went out
+
+
+@pytest.mark.parametrize("dispatch", sorted(BUILDERS))
+def test_three_parallel_approvals_decided_in_shuffled_order(saver, provider, dispatch) -> None:
+    graph = BUILDERS[dispatch](saver, provider, "a", "b", "c")
+    first = start(graph)
+    assert sorted(i.value["tool_call_id"] for i in first["__interrupt__"]) == CALL_IDS
+    pending = review(graph, CONFIG)
+    order = CALL_IDS[:]
+    random.Random(7).shuffle(order)
+    for tool_call_id in order:
+        if tool_call_id == "c1":
+            pending.reject(tool_call_id, "not b")
+        else:
+            pending.approve(tool_call_id)
+    result = pending.resume()
+    messages = tool_messages(result)
+    assert messages["c0"].content.endswith("to a") and messages["c2"].content.endswith("to c")
+    assert "not b" in messages["c1"].content
+    assert sorted(e["payload"]["to"] for e in provider.effects()) == ["a", "c"]
+
+
+@pytest.mark.parametrize("bad", [
+    {"c0": {"type": "approve"}, "c1": {"type": "approve"}},                 # c2 missing
+    {"c0": {"type": "approve"}, "c1": {"type": "approve"}, "c2": {"type": "applied",
+                                                                  "receipt": 1}},
+    {"c0": {"type": "approve"}, "c1": {"type": "approve"}, "c2": {"type": "approve"},
+     "c9": {"type": "approve"}},                                             # unknown id
+    {"c0": {"type": "edit", "edited_action": {"name": "send"}}, "c1": {"type": "approve"},
+     "c2": {"type": "approve"}},                                             # no args
+    {"type": "approve"},                                                     # bare, 3 pending
+])
+def test_invalid_decisions_leave_state_and_ledger_unchanged(saver, provider, bad) -> None:
+    graph = tool_node_graph(saver, provider, "a", "b", "c")
+    start(graph)
+    before = ([r.model_dump() for r in saver.effects()], [e.model_dump() for e in saver.events()],
+              [i.value for i in graph.get_state(CONFIG).interrupts])
+    with pytest.raises(InvalidDecision):
+        graph.invoke(Command(resume=bad), CONFIG, durability="sync")
+    after = ([r.model_dump() for r in saver.effects()], [e.model_dump() for e in saver.events()],
+             [i.value for i in graph.get_state(CONFIG).interrupts])
+    assert after == before and provider.count() == 0
+    result = graph.invoke(Command(resume={c: {"type": "approve"} for c in CALL_IDS}), CONFIG,
+                          durability="sync")
+    assert provider.count() == 3 and result["messages"][-1].content == "done"
+
+
+def test_review_refuses_decisions_it_cannot_take(saver, provider) -> None:
+    graph = tool_node_graph(saver, provider, "a", "b")
+    start(graph)
+    pending = review(graph, CONFIG)
+    with pytest.raises(InvalidDecision, match="c7"):
+        pending.approve("c7")
+    with pytest.raises(InvalidDecision, match="accepts"):
+        pending.retry("c0")
+    pending.approve("c0")
+    with pytest.raises(InvalidDecision, match="decide them too"):
+        pending.command()
+
+
+def test_review_html_escapes_values(saver, provider) -> None:
+    graph = tool_node_graph(saver, provider, "<script>alert(1)</script>")
+    start(graph)
+    page = review(graph, CONFIG)._repr_html_()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "<table>" in page and "c0" in page
