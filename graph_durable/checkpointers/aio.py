@@ -14,13 +14,20 @@ from typing import Any, TypeVar
 
 import aiosqlite
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import CheckpointTuple, SerializerProtocol
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    SerializerProtocol,
+)
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
 from graph_durable.checkpointers.sqlite import _statements
+from graph_durable.testing.faults import fault_point
 from graph_durable.ledger import (
     EffectEvent,
     EffectRecord,
@@ -161,6 +168,31 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             ]
 
         yield from self._sync(collect())
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Save a checkpoint (LangGraph's `aput`, between two fault points)."""
+        fault_point("before_put")
+        stored = await super().aput(config, checkpoint, metadata, new_versions)
+        fault_point("after_put")
+        return stored
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Save a task's pending writes (LangGraph's `aput_writes`, between fault points)."""
+        fault_point("before_put_writes")
+        await super().aput_writes(config, writes, task_id, task_path)
+        fault_point("after_put_writes")
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, writes, effects and journal events."""

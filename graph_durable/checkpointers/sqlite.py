@@ -33,6 +33,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
+from graph_durable.testing.faults import fault_point
 from graph_durable.ledger import (
     EffectEvent,
     EffectRecord,
@@ -143,6 +144,31 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         yield from [
             *super().list(config, filter=filter, before=before, limit=limit)
         ]
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Save a checkpoint (LangGraph's `put`, between two fault points)."""
+        fault_point("before_put")
+        stored = super().put(config, checkpoint, metadata, new_versions)
+        fault_point("after_put")
+        return stored
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Save a task's pending writes (LangGraph's `put_writes`, between fault points)."""
+        fault_point("before_put_writes")
+        super().put_writes(config, writes, task_id, task_path)
+        fault_point("after_put_writes")
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, writes, effects and journal events."""
