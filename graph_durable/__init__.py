@@ -22,7 +22,9 @@ from graph_durable.errors import (
 )
 from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
 from graph_durable.nodes import EffectGuardNode, current_effect
+from graph_durable.flow import flow_version_of
 from graph_durable.policy import Effect
+from graph_durable.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status
 from graph_durable.review import Review, areview, review
 
 __all__ = [
@@ -41,11 +43,16 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "NotApplied",
+    "RecoveryOutcome",
     "Retryable",
     "Review",
+    "ThreadStatus",
     "areview",
     "current_effect",
+    "flow_version_of",
+    "recover",
     "review",
+    "thread_status",
 ]
 
 

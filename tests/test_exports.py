@@ -18,11 +18,16 @@ EXPECTED = [
     "LeaseHeld",
     "LeaseLost",
     "NotApplied",
+    "RecoveryOutcome",
     "Retryable",
     "Review",
+    "ThreadStatus",
     "areview",
     "current_effect",
+    "flow_version_of",
+    "recover",
     "review",
+    "thread_status",
 ]
 
 

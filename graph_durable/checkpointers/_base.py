@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    Checkpoint,
+    CheckpointMetadata,
+    get_checkpoint_metadata,
+)
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from graph_durable.checkpointers import _sql
+from graph_durable.errors import FlowVersionMismatch
+from graph_durable.leases import (
+    OWNER_KEY,
+    TOKEN_KEY,
+    Lease,
+    check_fence,
+    check_lease_available,
+    register,
+    unregister,
+)
 from graph_durable.ledger import (
     _UNSET,
     IntentWrite,
@@ -19,22 +37,122 @@ from graph_durable.ledger import (
 
 __all__ = ["DurableSaverMixin", "actor_of"]
 
-LEASE_OWNER_KEY = "graph_durable_owner"
-LEASE_TOKEN_KEY = "graph_durable_fencing_token"
-
 
 def actor_of(config: RunnableConfig | None) -> tuple[str | None, int | None]:
     """The lease owner and fencing token a write was made with, if any."""
     if not config:
         return None, None
     conf = config.get("configurable", {})
-    return conf.get(LEASE_OWNER_KEY), conf.get(LEASE_TOKEN_KEY)
+    return conf.get(OWNER_KEY), conf.get(TOKEN_KEY)
 
 
 class DurableSaverMixin:
-    """Marks a durable saver, and builds the SQL plan of a ledger write (no I/O)."""
+    """Marks a durable saver; builds SQL plans and checks that need no I/O of their own."""
 
     serde: SerializerProtocol
+    flow_version: str | None
+    compatible_flow_versions: frozenset[str]
+
+    def _init_durable(
+        self, flow_version: str | None, compatible_flow_versions: Collection[str]
+    ) -> None:
+        self.flow_version = flow_version
+        self.compatible_flow_versions = frozenset(compatible_flow_versions)
+        # Threads whose pin this saver has already seen match: pins never change.
+        self._flow_checked: set[str] = set()
+
+    # -- write guards: fencing and flow-version pin (run inside the write's transaction) --
+
+    def _check_fence(self, row: Any, thread_id: str, config: RunnableConfig | None) -> None:
+        check_fence(None if row is None else tuple(row), thread_id, actor_of(config)[1],
+                    time.time())
+
+    def _needs_flow_check(self, thread_id: str) -> bool:
+        return self.flow_version is not None and thread_id not in self._flow_checked
+
+    def _flow_statements(self, row: Any, thread_id: str) -> list[_sql.Statement]:
+        """Pin a new thread to this saver's flow version, or refuse a mismatch."""
+        current = self.flow_version
+        assert current is not None
+        if row is None:
+            return [(_sql.INSERT_FLOW_VERSION, (thread_id, current, time.time()))]
+        pinned = row[0]
+        if pinned != current and pinned not in self.compatible_flow_versions:
+            raise FlowVersionMismatch(
+                f"Thread {thread_id!r} was started under flow version {pinned!r}; this "
+                f"graph is {current!r}. Nothing was written. Resume it with a worker "
+                f"running {pinned!r}, or declare the versions compatible with "
+                f"compatible_flow_versions={{{pinned!r}}} if the change is safe for "
+                "threads in flight.",
+                thread_id=thread_id, pinned=pinned, current=current,
+            )
+        self._flow_checked.add(thread_id)
+        return []
+
+    # -- checkpoint writes, as LangGraph's SQLite savers make them ----------------------
+
+    def _checkpoint_statement(
+        self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata
+    ) -> tuple[_sql.Statement, RunnableConfig]:
+        conf = config["configurable"]
+        type_, blob = self.serde.dumps_typed(checkpoint)
+        meta = json.dumps(get_checkpoint_metadata(config, metadata), ensure_ascii=False)
+        params = (str(conf["thread_id"]), conf["checkpoint_ns"], checkpoint["id"],
+                  conf.get("checkpoint_id"), type_, blob, meta.encode("utf-8", "ignore"))
+        stored = {"configurable": {"thread_id": conf["thread_id"],
+                                   "checkpoint_ns": conf["checkpoint_ns"],
+                                   "checkpoint_id": checkpoint["id"]}}
+        return (_sql.UPSERT_CHECKPOINT, params), stored
+
+    def _writes_statement(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+        task_path: str,
+    ) -> tuple[str, list[tuple[Any, ...]]]:
+        conf = config["configurable"]
+        sql = (_sql.REPLACE_WRITES if all(w[0] in WRITES_IDX_MAP for w in writes)
+               else _sql.IGNORE_WRITES)
+        rows = [
+            (str(conf["thread_id"]), str(conf["checkpoint_ns"]), str(conf["checkpoint_id"]),
+             task_id, task_path, WRITES_IDX_MAP.get(channel, idx), channel,
+             *self.serde.dumps_typed(value))
+            for idx, (channel, value) in enumerate(writes)
+        ]
+        return sql, rows
+
+    # -- leases --------------------------------------------------------------------------
+
+    @contextmanager
+    def lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Iterator[Lease]:
+        """Hold `thread_id` as `owner` while the block runs, renewing every `ttl / 3`.
+
+        Pass `lease.config` to `graph.invoke`: every write it makes presents the lease's
+        fencing token. (On an async saver, call this from another thread than its
+        event loop, or use `alease`.)
+
+        Raises:
+            LeaseHeld: another owner's lease on the thread is live.
+        """
+        lease = self.acquire_lease(thread_id, owner, ttl)  # type: ignore[attr-defined]
+        register(lease)
+        lease.start_renewing(self.renew_lease)  # type: ignore[attr-defined]
+        try:
+            yield lease
+        finally:
+            lease.stop_renewing()
+            unregister(lease)
+            self.release_lease(lease)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _new_lease(row: Any, thread_id: str, owner: str, ttl: float
+                   ) -> tuple[Lease, _sql.Statement]:
+        if ttl <= 0:
+            raise ValueError(f"lease ttl must be > 0 seconds, got {ttl}")
+        now = time.time()
+        token = check_lease_available(None if row is None else tuple(row), thread_id, owner,
+                                      now)
+        lease = Lease(thread_id=thread_id, owner=owner, token=token, ttl=ttl,
+                      expires_at=now + ttl)
+        return lease, (_sql.UPSERT_LEASE, (thread_id, owner, token, lease.expires_at, now))
 
     def _plan_intent(
         self, write: IntentWrite, actor: tuple[str | None, int | None]

@@ -54,4 +54,20 @@ MIGRATIONS: list[str] = [
     CREATE INDEX effect_events_thread ON effect_events (thread_id, seq);
     CREATE INDEX effect_events_key ON effect_events (key, seq);
     """,
+    # 1: one owner per thread (leases with fencing tokens) and flow-version pins.
+    # Lease rows are kept after release so tokens keep increasing.
+    """
+    CREATE TABLE thread_leases (
+        thread_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        token INTEGER NOT NULL,
+        expires_at REAL NOT NULL,
+        acquired_at REAL NOT NULL
+    );
+    CREATE TABLE thread_flow_versions (
+        thread_id TEXT PRIMARY KEY,
+        flow_version TEXT NOT NULL,
+        pinned_at REAL NOT NULL
+    );
+    """,
 ]

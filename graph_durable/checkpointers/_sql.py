@@ -54,6 +54,7 @@ DELETE_NULL_RESUME = (
 DELETE_THREAD_LEDGER: tuple[str, ...] = (
     "DELETE FROM effects WHERE thread_id = ?",
     "DELETE FROM effect_events WHERE thread_id = ?",
+    "DELETE FROM thread_flow_versions WHERE thread_id = ?",
 )
 # A copied thread shares its source's history, so it shares the effects of that history
 # under the same keys: a fork must replay a receipt, never send again under a new key.
@@ -96,6 +97,36 @@ DELETE_THREAD_CHECKPOINTS: tuple[str, ...] = (
     "DELETE FROM checkpoints WHERE thread_id = ?",
     "DELETE FROM writes WHERE thread_id = ?",
 )
+
+SELECT_LEASE = "SELECT owner, token, expires_at FROM thread_leases WHERE thread_id = ?"
+UPSERT_LEASE = (
+    "INSERT INTO thread_leases (thread_id, owner, token, expires_at, acquired_at) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET owner = excluded.owner, "
+    "token = excluded.token, expires_at = excluded.expires_at, "
+    "acquired_at = excluded.acquired_at"
+)
+# An expired lease is not revived: writes after expiry were already refused.
+RENEW_LEASE = (
+    "UPDATE thread_leases SET expires_at = ? WHERE thread_id = ? AND token = ? "
+    "AND expires_at > ?"
+)
+RELEASE_LEASE = "UPDATE thread_leases SET expires_at = 0 WHERE thread_id = ? AND token = ?"
+SELECT_LIVE_LEASES = "SELECT thread_id, owner, token, expires_at FROM thread_leases WHERE expires_at > ?"
+SELECT_FLOW_VERSION = "SELECT flow_version FROM thread_flow_versions WHERE thread_id = ?"
+INSERT_FLOW_VERSION = (
+    "INSERT INTO thread_flow_versions (thread_id, flow_version, pinned_at) VALUES (?, ?, ?)"
+)
+DELETE_FLOW_VERSION = "DELETE FROM thread_flow_versions WHERE thread_id = ?"
+SELECT_THREAD_IDS = "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_ns = '' ORDER BY thread_id"
+UPSERT_CHECKPOINT = (
+    "INSERT OR REPLACE INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
+    "parent_checkpoint_id, type, checkpoint, metadata) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+REPLACE_WRITES = (
+    "INSERT OR REPLACE INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
+    "task_path, idx, channel, type, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+IGNORE_WRITES = REPLACE_WRITES.replace("INSERT OR REPLACE", "INSERT OR IGNORE")
 
 INSERT_EVENT = (
     "INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token) "

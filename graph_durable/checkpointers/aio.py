@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -27,7 +27,7 @@ from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
 from graph_durable.checkpointers.sqlite import _statements
-from graph_durable.testing.faults import fault_point
+from graph_durable.leases import Lease, register, unregister
 from graph_durable.ledger import (
     EffectEvent,
     EffectRecord,
@@ -36,6 +36,7 @@ from graph_durable.ledger import (
     LedgerWrite,
     WriteBatch,
 )
+from graph_durable.testing.faults import fault_point
 
 __all__ = ["AsyncDurableSqliteSaver"]
 
@@ -48,7 +49,9 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     Args:
         conn: An `aiosqlite.Connection`.
         serde: Serializer for checkpoints and stored tool results.
-        flow_version: Version of the graph's flow this saver pins threads to.
+        flow_version: Version of the graph's flow: a thread's first write pins it, and a
+            thread pinned to another version is refused (`FlowVersionMismatch`).
+        compatible_flow_versions: Other pinned versions this graph may resume.
     """
 
     def __init__(
@@ -57,19 +60,22 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         *,
         serde: SerializerProtocol | None = None,
         flow_version: str | None = None,
+        compatible_flow_versions: Collection[str] = (),
     ) -> None:
         super().__init__(conn, serde=serde)
-        self.flow_version = flow_version
+        self._init_durable(flow_version, compatible_flow_versions)
         self._migrated = False
 
     @classmethod
     @asynccontextmanager
     async def from_conn_string(
-        cls, conn_string: str, *, flow_version: str | None = None
+        cls, conn_string: str, *, flow_version: str | None = None,
+        compatible_flow_versions: Collection[str] = (),
     ) -> AsyncIterator[AsyncDurableSqliteSaver]:
         """Open `conn_string` (a file path or `:memory:`) and yield a saver on it."""
         async with aiosqlite.connect(conn_string) as conn:
-            yield cls(conn, flow_version=flow_version)
+            yield cls(conn, flow_version=flow_version,
+                      compatible_flow_versions=compatible_flow_versions)
 
     async def setup(self) -> None:
         """Create LangGraph's tables and apply pending ledger migrations (safe to repeat)."""
@@ -102,12 +108,20 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             self._migrated = True
 
     @asynccontextmanager
-    async def _txn(self) -> AsyncIterator[aiosqlite.Cursor]:
-        """One write transaction, taken with `BEGIN IMMEDIATE` so reads in it are current."""
+    async def _txn(
+        self, thread_id: str | None = None, config: RunnableConfig | None = None
+    ) -> AsyncIterator[aiosqlite.Cursor]:
+        """One write transaction, taken with `BEGIN IMMEDIATE` so reads in it are current.
+
+        With `thread_id`, the write is fenced and flow-pinned first, in the same
+        transaction: a stale token or another flow version writes nothing.
+        """
         await self.setup()
         async with self.lock, self.conn.cursor() as cur:
             await cur.execute("BEGIN IMMEDIATE")
             try:
+                if thread_id is not None:
+                    await self._check_write_txn(cur, thread_id, config)
                 yield cur
             except BaseException:
                 await self.conn.rollback()
@@ -176,9 +190,11 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Save a checkpoint (LangGraph's `aput`, between two fault points)."""
+        """Save a checkpoint, fenced and flow-pinned in the same transaction."""
         fault_point("before_put")
-        stored = await super().aput(config, checkpoint, metadata, new_versions)
+        statement, stored = self._checkpoint_statement(config, checkpoint, metadata)
+        async with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
+            await cur.execute(*statement)
         fault_point("after_put")
         return stored
 
@@ -189,16 +205,19 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Save a task's pending writes (LangGraph's `aput_writes`, between fault points)."""
+        """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
         fault_point("before_put_writes")
-        await super().aput_writes(config, writes, task_id, task_path)
+        sql, rows = self._writes_statement(config, writes, task_id, task_path)
+        async with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
+            await cur.executemany(sql, rows)
         fault_point("after_put_writes")
 
     async def adelete_thread(self, thread_id: str) -> None:
-        """Delete the thread's checkpoints, writes, effects and journal events."""
+        """Delete the thread's checkpoints, writes, effects, events and flow pin."""
         async with self._txn() as cur:
             for statement in (*_sql.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
                 await cur.execute(statement, (str(thread_id),))
+        self._flow_checked.discard(str(thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
@@ -244,6 +263,90 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Sync `aprune`."""
         self._sync(self.aprune(thread_ids, strategy=strategy))
+
+    async def _check_write_txn(
+        self, cur: aiosqlite.Cursor, thread_id: str, config: RunnableConfig | None
+    ) -> None:
+        await cur.execute(_sql.SELECT_LEASE, (thread_id,))
+        self._check_fence(await cur.fetchone(), thread_id, config)
+        if self._needs_flow_check(thread_id):
+            await cur.execute(_sql.SELECT_FLOW_VERSION, (thread_id,))
+            for statement in self._flow_statements(await cur.fetchone(), thread_id):
+                await cur.execute(*statement)
+
+    # -- leases --------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def alease(
+        self, thread_id: str, owner: str, ttl: float = 30.0
+    ) -> AsyncIterator[Lease]:
+        """Hold `thread_id` as `owner` while the block runs, renewing every `ttl / 3`.
+
+        Raises:
+            LeaseHeld: another owner's lease on the thread is live.
+        """
+        lease = await self.aacquire_lease(thread_id, owner, ttl)
+        register(lease)
+        lease.start_renewing(self.renew_lease)
+        try:
+            yield lease
+        finally:
+            lease.stop_renewing()
+            unregister(lease)
+            await self.arelease_lease(lease)
+
+    async def aacquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
+        """Take the thread with a new, higher fencing token (see `alease`)."""
+        async with self._txn() as cur:
+            await cur.execute(_sql.SELECT_LEASE, (str(thread_id),))
+            lease, statement = self._new_lease(await cur.fetchone(), str(thread_id), owner, ttl)
+            await cur.execute(*statement)
+        return lease
+
+    async def arenew_lease(self, lease: Lease) -> bool:
+        """Extend a live lease by its ttl; `False` if it expired or was taken over."""
+        now = time.time()
+        expires_at = now + lease.ttl
+        async with self._txn() as cur:
+            await cur.execute(_sql.RENEW_LEASE, (expires_at, lease.thread_id, lease.token, now))
+            renewed = cur.rowcount == 1
+        if renewed:
+            lease.expires_at = expires_at
+        return renewed
+
+    async def arelease_lease(self, lease: Lease) -> None:
+        """End a lease now (a no-op if another owner has taken the thread since)."""
+        async with self._txn() as cur:
+            await cur.execute(_sql.RELEASE_LEASE, (lease.thread_id, lease.token))
+
+    async def alive_leases(self) -> dict[str, tuple[str, int, float]]:
+        """`{thread_id: (owner, token, expires_at)}` of every live lease."""
+        rows = await self._fetchall(_sql.SELECT_LIVE_LEASES, (time.time(),))
+        return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
+
+    async def athread_ids(self) -> list[str]:
+        """Every thread with a checkpoint, sorted."""
+        return [row[0] for row in await self._fetchall(_sql.SELECT_THREAD_IDS, ())]
+
+    def acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
+        """Sync `aacquire_lease`."""
+        return self._sync(self.aacquire_lease(thread_id, owner, ttl))
+
+    def renew_lease(self, lease: Lease) -> bool:
+        """Sync `arenew_lease`."""
+        return self._sync(self.arenew_lease(lease))
+
+    def release_lease(self, lease: Lease) -> None:
+        """Sync `arelease_lease`."""
+        self._sync(self.arelease_lease(lease))
+
+    def live_leases(self) -> dict[str, tuple[str, int, float]]:
+        """Sync `alive_leases`."""
+        return self._sync(self.alive_leases())
+
+    def thread_ids(self) -> list[str]:
+        """Sync `athread_ids`."""
+        return self._sync(self.athread_ids())
 
     # -- the ledger ----------------------------------------------------------------------
 
@@ -297,7 +400,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         """Apply one ledger write in one durable transaction; return the changed effects."""
         actor = actor_of(config)
         writes = write.writes if isinstance(write, WriteBatch) else (write,)
-        async with self._txn() as cur:
+        async with self._txn(write.thread_id, config) as cur:
             for one in writes:
                 if isinstance(one, IntentWrite):
                     plan = self._plan_intent(one, actor)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import Any
 
@@ -33,7 +33,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
-from graph_durable.testing.faults import fault_point
+from graph_durable.leases import Lease
 from graph_durable.ledger import (
     EffectEvent,
     EffectRecord,
@@ -42,6 +42,7 @@ from graph_durable.ledger import (
     LedgerWrite,
     WriteBatch,
 )
+from graph_durable.testing.faults import fault_point
 
 __all__ = ["DurableSqliteSaver"]
 
@@ -58,7 +59,9 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
     Args:
         conn: A `sqlite3.Connection` (opened with `check_same_thread=False`).
         serde: Serializer for checkpoints and stored tool results.
-        flow_version: Version of the graph's flow this saver pins threads to.
+        flow_version: Version of the graph's flow: a thread's first write pins it, and a
+            thread pinned to another version is refused (`FlowVersionMismatch`).
+        compatible_flow_versions: Other pinned versions this graph may resume.
     """
 
     def __init__(
@@ -67,18 +70,21 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         *,
         serde: SerializerProtocol | None = None,
         flow_version: str | None = None,
+        compatible_flow_versions: Collection[str] = (),
     ) -> None:
         super().__init__(conn, serde=serde)
-        self.flow_version = flow_version
+        self._init_durable(flow_version, compatible_flow_versions)
 
     @classmethod
     @contextmanager
     def from_conn_string(
-        cls, conn_string: str, *, flow_version: str | None = None
+        cls, conn_string: str, *, flow_version: str | None = None,
+        compatible_flow_versions: Collection[str] = (),
     ) -> Iterator[DurableSqliteSaver]:
         """Open `conn_string` (a file path or `:memory:`) and yield a saver on it."""
         with closing(sqlite3.connect(conn_string, check_same_thread=False)) as conn:
-            yield cls(conn, flow_version=flow_version)
+            yield cls(conn, flow_version=flow_version,
+                      compatible_flow_versions=compatible_flow_versions)
 
     # -- schema ------------------------------------------------------------------------
 
@@ -110,13 +116,21 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         self.is_setup = True
 
     @contextmanager
-    def _txn(self) -> Iterator[sqlite3.Cursor]:
-        """One write transaction, taken with `BEGIN IMMEDIATE` so reads in it are current."""
+    def _txn(
+        self, thread_id: str | None = None, config: RunnableConfig | None = None
+    ) -> Iterator[sqlite3.Cursor]:
+        """One write transaction, taken with `BEGIN IMMEDIATE` so reads in it are current.
+
+        With `thread_id`, the write is fenced and flow-pinned first, in the same
+        transaction: a stale token or another flow version writes nothing.
+        """
         with self.lock:
             self.setup()
             cur = self.conn.cursor()
             try:
                 cur.execute("BEGIN IMMEDIATE")
+                if thread_id is not None:
+                    self._check_write_txn(cur, thread_id, config)
                 yield cur
             except BaseException:
                 self.conn.rollback()
@@ -152,9 +166,11 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Save a checkpoint (LangGraph's `put`, between two fault points)."""
+        """Save a checkpoint, fenced and flow-pinned in the same transaction."""
         fault_point("before_put")
-        stored = super().put(config, checkpoint, metadata, new_versions)
+        statement, stored = self._checkpoint_statement(config, checkpoint, metadata)
+        with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
+            cur.execute(*statement)
         fault_point("after_put")
         return stored
 
@@ -165,16 +181,19 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Save a task's pending writes (LangGraph's `put_writes`, between fault points)."""
+        """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
         fault_point("before_put_writes")
-        super().put_writes(config, writes, task_id, task_path)
+        sql, rows = self._writes_statement(config, writes, task_id, task_path)
+        with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
+            cur.executemany(sql, rows)
         fault_point("after_put_writes")
 
     def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread's checkpoints, writes, effects and journal events."""
+        """Delete the thread's checkpoints, writes, effects, events and flow pin."""
         with self._txn() as cur:
             for statement in (*_sql.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
                 cur.execute(statement, (str(thread_id),))
+        self._flow_checked.discard(str(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
@@ -266,6 +285,53 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         """Async `prune`."""
         self.prune(thread_ids, strategy=strategy)
 
+    def _check_write_txn(
+        self, cur: sqlite3.Cursor, thread_id: str, config: RunnableConfig | None
+    ) -> None:
+        self._check_fence(cur.execute(_sql.SELECT_LEASE, (thread_id,)).fetchone(), thread_id,
+                          config)
+        if self._needs_flow_check(thread_id):
+            row = cur.execute(_sql.SELECT_FLOW_VERSION, (thread_id,)).fetchone()
+            for statement in self._flow_statements(row, thread_id):
+                cur.execute(*statement)
+
+    # -- leases --------------------------------------------------------------------------
+
+    def acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
+        """Take the thread with a new, higher fencing token (see `lease`)."""
+        with self._txn() as cur:
+            row = cur.execute(_sql.SELECT_LEASE, (str(thread_id),)).fetchone()
+            lease, statement = self._new_lease(row, str(thread_id), owner, ttl)
+            cur.execute(*statement)
+        return lease
+
+    def renew_lease(self, lease: Lease) -> bool:
+        """Extend a live lease by its ttl; `False` if it expired or was taken over."""
+        now = time.time()
+        expires_at = now + lease.ttl
+        with self._txn() as cur:
+            cur.execute(_sql.RENEW_LEASE, (expires_at, lease.thread_id, lease.token, now))
+            renewed = cur.rowcount == 1
+        if renewed:
+            lease.expires_at = expires_at
+        return renewed
+
+    def release_lease(self, lease: Lease) -> None:
+        """End a lease now (a no-op if another owner has taken the thread since)."""
+        with self._txn() as cur:
+            cur.execute(_sql.RELEASE_LEASE, (lease.thread_id, lease.token))
+
+    def live_leases(self) -> dict[str, tuple[str, int, float]]:
+        """`{thread_id: (owner, token, expires_at)}` of every live lease."""
+        with self.cursor(transaction=False) as cur:
+            rows = cur.execute(_sql.SELECT_LIVE_LEASES, (time.time(),)).fetchall()
+        return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
+
+    def thread_ids(self) -> list[str]:
+        """Every thread with a checkpoint, sorted."""
+        with self.cursor(transaction=False) as cur:
+            return [row[0] for row in cur.execute(_sql.SELECT_THREAD_IDS)]
+
     # -- the ledger: reads -------------------------------------------------------------
 
     def effect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
@@ -327,7 +393,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         it, in which case nothing is written.
         """
         actor = actor_of(config)
-        with self._txn() as cur:
+        with self._txn(write.thread_id, config) as cur:
             writes = write.writes if isinstance(write, WriteBatch) else (write,)
             for one in writes:
                 if isinstance(one, IntentWrite):

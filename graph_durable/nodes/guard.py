@@ -21,6 +21,7 @@ from langgraph.types import Command, Interrupt, _interrupt_id
 
 from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
 from graph_durable.errors import DurabilityError, NotDurableCheckpointer
+from graph_durable.leases import active_lease
 from graph_durable.ledger import TransitionWrite, WriteBatch
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions
@@ -243,6 +244,13 @@ class GuardCore:
         )
 
     @staticmethod
+    def _check_lease(task: _Task) -> None:
+        """Send nothing once this process knows its lease on the thread is gone."""
+        lease = active_lease(task.config)
+        if lease is not None:
+            lease.check()
+
+    @staticmethod
     def _edited(request: ToolCallRequest, op: CallTool) -> ToolCallRequest:
         if op.args is None or op.args == request.tool_call["args"]:
             return request
@@ -256,6 +264,7 @@ class GuardCore:
         execute: Callable[[ToolCallRequest], ToolResult],
         op: CallTool,
     ) -> Outcome:
+        self._check_lease(task)
         call_request = self._edited(request, op)
         effect = self._effect_context(task, op)
 
@@ -355,6 +364,7 @@ class GuardCore:
         execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
         op: CallTool,
     ) -> Outcome:
+        self._check_lease(task)
         call_request = self._edited(request, op)
         token = _CURRENT.set(self._effect_context(task, op))
         try:

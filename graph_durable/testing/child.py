@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE, FaultPlan
 
-__all__ = ["ChildResult", "load_factory", "run_child", "summarize"]
+__all__ = ["Child", "ChildResult", "load_factory", "run_child", "start_child", "summarize"]
 
-Action = Literal["start", "resume", "decide", "review"]
+Action = Literal["start", "resume", "decide", "review", "recover"]
 
 
 @dataclass
@@ -81,7 +81,15 @@ def summarize(state: Any) -> dict[str, Any]:
     }
 
 
-def run_child(
+def run_child(factory: str, kwargs: dict[str, Any], **options: Any) -> ChildResult:
+    """Run one invocation of the scenario's graph in a new process and wait for it.
+
+    Same arguments as `start_child`.
+    """
+    return start_child(factory, kwargs, **options).wait()
+
+
+def start_child(
     factory: str,
     kwargs: dict[str, Any],
     *,
@@ -91,9 +99,12 @@ def run_child(
     fault: FaultPlan | None = None,
     trace_path: str | None = None,
     hold: bool = False,
+    owner: str | None = None,
+    ttl: float = 30.0,
+    start_at: float | None = None,
     timeout: float = 120.0,
-) -> ChildResult:
-    """Run one invocation of the scenario's graph in a new Python process.
+) -> Child:
+    """Start one invocation of the scenario's graph in a new Python process.
 
     Args:
         factory: `module:attribute` of the scenario factory (an `async def` factory runs
@@ -101,14 +112,19 @@ def run_child(
         kwargs: JSON-serializable keyword arguments for the factory.
         thread_id: Thread to run.
         action: `start` (invoke the inputs), `resume` (invoke `None`: continue after a
-            crash), `decide` (invoke `Command(resume=resume)`), or `review` (load
+            crash), `decide` (invoke `Command(resume=resume)`), `review` (load
             `review(graph, config)` as a reviewer would, take the decisions in `resume`,
-            a mapping `{tool_call_id: decision}`, and resume through it).
+            a mapping `{tool_call_id: decision}`, and resume through it), or `recover`
+            (sweep with `recover(graph, saver, owner)`, reported as `recovered`).
         resume: The resume value for `decide`, the decisions for `review`.
-        fault: A plan that crashes the child (SIGKILL) at a fault point.
+        fault: A plan that crashes (or freezes) the child at a fault point.
         trace_path: File to which the child appends every fault point it reaches.
         hold: Keep the child alive after its run (as a waiting worker would be) and kill
             it with SIGKILL once it has reported.
+        owner: Run under `saver.lease(thread_id, owner, ttl)`; the summary then reports
+            `lease_held` or `lease_lost` instead of failing.
+        ttl: Lease time to live, in seconds.
+        start_at: Unix time at which the child starts its run (to line up several).
         timeout: Seconds before the child is killed and the run reported as an error.
     """
     env = {k: v for k, v in os.environ.items() if k not in (ENV_FAULTS, ENV_TRACE)}
@@ -117,46 +133,61 @@ def run_child(
     if trace_path is not None:
         env[ENV_TRACE] = trace_path
     spec = {"factory": factory, "kwargs": kwargs, "thread_id": thread_id, "action": action,
-            "resume": resume, "hold": hold}
-    with tempfile.TemporaryFile("w+") as stderr:
-        proc = subprocess.Popen(
+            "resume": resume, "hold": hold, "owner": owner, "ttl": ttl, "start_at": start_at}
+    return Child(spec, env, timeout)
+
+
+class Child:
+    """A running child process (see `start_child`)."""
+
+    def __init__(self, spec: dict[str, Any], env: dict[str, str], timeout: float) -> None:
+        self.spec = spec
+        self._stderr = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(
             [sys.executable, "-m", "graph_durable.testing.child", json.dumps(spec)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env=env,
         )
-        timed_out = threading.Event()
+        self._timed_out = threading.Event()
+        self._timer = threading.Timer(timeout, self._kill_on_timeout)
+        self._timer.start()
+        self.timeout = timeout
 
-        def kill_on_timeout() -> None:
-            timed_out.set()
-            proc.kill()
+    @property
+    def pid(self) -> int:
+        """The child's process id (to signal it: SIGSTOP, SIGCONT, SIGKILL)."""
+        return self.proc.pid
 
-        timer = threading.Timer(timeout, kill_on_timeout)
-        timer.start()
+    def _kill_on_timeout(self) -> None:
+        self._timed_out.set()
+        self.proc.kill()
+
+    def wait(self) -> ChildResult:
+        """Wait for the child to end (or to report, with `hold`) and return what it did."""
+        spec, proc = self.spec, self.proc
         try:
-            if hold:
+            if spec["hold"]:
                 out = proc.stdout.readline() if proc.stdout else ""
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
             else:
                 out, _ = proc.communicate()
         finally:
-            timer.cancel()
-        stderr.seek(0)
-        errors = stderr.read()
-    if timed_out.is_set():
-        raise TimeoutError(
-            f"child run of {factory} (thread {thread_id!r}, {action}) did not finish within "
-            f"{timeout} s and was killed:\n{errors[-4000:]}"
-        )
-    killed = proc.returncode == -signal.SIGKILL
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if (proc.returncode not in (0, -signal.SIGKILL)) or (hold and not lines):
-        raise RuntimeError(
-            f"child run of {factory} (thread {thread_id!r}, {action}) failed with exit code "
-            f"{proc.returncode}:\n{errors[-4000:]}"
-        )
-    summary: dict[str, Any] = json.loads(lines[-1]) if lines else {}
-    return ChildResult(proc.returncode, killed and not hold, summary, errors)
+            self._timer.cancel()
+        self._stderr.seek(0)
+        errors = self._stderr.read()
+        self._stderr.close()
+        where = f"child run of {spec['factory']} (thread {spec['thread_id']!r}, {spec['action']})"
+        if self._timed_out.is_set():
+            raise TimeoutError(f"{where} did not finish within {self.timeout} s and was "
+                               f"killed:\n{errors[-4000:]}")
+        killed = proc.returncode == -signal.SIGKILL
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if proc.returncode not in (0, -signal.SIGKILL) or (spec["hold"] and not lines):
+            raise RuntimeError(f"{where} failed with exit code {proc.returncode}:\n"
+                               f"{errors[-4000:]}")
+        summary: dict[str, Any] = json.loads(lines[-1]) if lines else {}
+        return ChildResult(proc.returncode, killed and not spec["hold"], summary, errors)
 
 
 def _graph_input(spec: dict[str, Any], scenario: Any, pending: Any) -> Any:
@@ -177,13 +208,32 @@ def _report(summary: dict[str, Any], hold: bool) -> None:
 
 
 def _main_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> None:
+    from graph_durable.errors import LeaseHeld, LeaseLost
+    from graph_durable.recovery import recover
     from graph_durable.review import review
 
     scenario = factory(**spec["kwargs"])
+    if spec["start_at"]:
+        time.sleep(max(0.0, spec["start_at"] - time.time()))
+    if spec["action"] == "recover":
+        outcomes = recover(scenario.graph, scenario.saver, spec["owner"], ttl=spec["ttl"])
+        _report({"recovered": [o.__dict__ for o in outcomes]}, spec["hold"])
+        return
+    extra: dict[str, Any] = {}
     pending = review(scenario.graph, config) if spec["action"] == "review" else None
-    scenario.graph.invoke(_graph_input(spec, scenario, pending), config, durability="sync")
+    graph_input = _graph_input(spec, scenario, pending)
+    try:
+        if spec["owner"]:
+            with scenario.saver.lease(spec["thread_id"], spec["owner"], spec["ttl"]) as lease:
+                scenario.graph.invoke(graph_input, lease.config, durability="sync")
+        else:
+            scenario.graph.invoke(graph_input, config, durability="sync")
+    except LeaseHeld as exc:
+        extra["lease_held"] = exc.holder
+    except LeaseLost as exc:
+        extra["lease_lost"] = str(exc)
     reviewed = [item.tool_call_id for item in pending.pending] if pending else []
-    _report({**summarize(scenario.graph.get_state(config)), "reviewed": reviewed},
+    _report({**summarize(scenario.graph.get_state(config)), "reviewed": reviewed, **extra},
             spec["hold"])
 
 

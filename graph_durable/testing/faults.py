@@ -3,14 +3,15 @@
 The guard and the saver call `fault_point(name, tool=...)` at the edges of every crash
 window. Unarmed, a fault point is one global check. Armed with a `FaultPlan` (in
 process with `arm()`, or in a child process through the `GRAPH_DURABLE_FAULTS`
-environment variable), the plan's point kills the process with SIGKILL (`action="kill"`)
-or raises `InjectedCrash` (`action="raise"`, for unit tests) at exactly the given
-occurrence. Setting `GRAPH_DURABLE_FAULT_TRACE` to a file path appends every point
-reached to that file, which is how a sweep learns the points of a scenario.
+environment variable), at exactly the given occurrence of its point the plan kills the
+process with SIGKILL (`action="kill"`), raises `InjectedCrash` (`action="raise"`, for
+unit tests), or freezes it with SIGSTOP until SIGCONT (`action="stop"`, a zombie
+worker). Setting `GRAPH_DURABLE_FAULT_TRACE` to a file path appends every point reached
+to that file, which is how a sweep learns the points of a scenario.
 
 Points: `before_intent`, `after_intent`, `after_decision`, `after_effect`,
-`after_receipt` (guard);
-`before_put`, `after_put`, `before_put_writes`, `after_put_writes` (saver).
+`after_receipt` (guard); `before_put`, `after_put`, `before_put_writes`,
+`after_put_writes` (saver).
 """
 
 from __future__ import annotations
@@ -60,15 +61,15 @@ class FaultPlan:
     point: str
     tool: str | None = None
     occurrence: int = 1
-    action: Literal["kill", "raise"] = "kill"
+    action: Literal["kill", "raise", "stop"] = "kill"
 
     def __post_init__(self) -> None:
         if self.point not in FAULT_POINTS:
             raise ValueError(f"Unknown fault point {self.point!r}; known: {FAULT_POINTS}")
         if self.occurrence < 1:
             raise ValueError("FaultPlan.occurrence counts from 1")
-        if self.action not in ("kill", "raise"):
-            raise ValueError("FaultPlan.action is 'kill' or 'raise'")
+        if self.action not in ("kill", "raise", "stop"):
+            raise ValueError("FaultPlan.action is 'kill', 'raise' or 'stop'")
 
     def to_env(self) -> dict[str, str]:
         """Environment that arms this plan in a child process."""
@@ -95,6 +96,10 @@ class _Armed:
                 if self.counts[counter] == plan.occurrence:
                     if plan.action == "kill":
                         os.kill(os.getpid(), signal.SIGKILL)
+                    if plan.action == "stop":
+                        # A zombie worker: frozen until someone sends SIGCONT.
+                        os.kill(os.getpid(), signal.SIGSTOP)
+                        return
                     raise InjectedCrash(f"injected crash at {point} (tool={tool})")
 
 

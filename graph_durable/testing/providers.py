@@ -53,6 +53,10 @@ CREATE TABLE IF NOT EXISTS requests (
     outcome TEXT NOT NULL,
     at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS fences (
+    key TEXT PRIMARY KEY,
+    token INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS faults (
     n INTEGER PRIMARY KEY AUTOINCREMENT,
     operation TEXT NOT NULL,
@@ -70,6 +74,8 @@ class FakeProvider:
         name: Prefix of the ids it hands out (`ticket` -> `ticket-1`, ...).
         slow_seconds: Delay of a `slow` fault.
         hang_seconds: Delay of a `hang` fault.
+        fencing: Reject a request whose fencing token is lower than the highest seen
+            for its key (`NotApplied`), as a provider that supports fencing does.
     """
 
     def __init__(
@@ -80,6 +86,7 @@ class FakeProvider:
         name: str = "effect",
         slow_seconds: float = 0.2,
         hang_seconds: float = 5.0,
+        fencing: bool = False,
     ) -> None:
         if mode not in ("dedupe", "lookup", "blind"):
             raise ValueError(f"FakeProvider mode is 'dedupe', 'lookup' or 'blind', not {mode!r}")
@@ -88,6 +95,7 @@ class FakeProvider:
         self.name = name
         self.slow_seconds = slow_seconds
         self.hang_seconds = hang_seconds
+        self.fencing = fencing
         with self._connect() as conn:
             conn.executescript(_SCHEMA)
 
@@ -101,13 +109,14 @@ class FakeProvider:
     # -- the provider's API --------------------------------------------------------------
 
     def apply(self, key: str, payload: dict[str, Any] | None = None,
-              *, operation: str = "apply") -> dict[str, Any]:
+              *, operation: str = "apply", fencing_token: int | None = None) -> dict[str, Any]:
         """Perform the effect for `key` and return its receipt.
 
         In `dedupe` mode a key already seen returns the first receipt and applies nothing.
 
         Raises:
             Retryable, NotApplied, ConnectionError: as scripted with `script_faults`.
+            NotApplied: with `fencing`, a token lower than one already seen for `key`.
         """
         fault = self._next_fault(operation)
         if fault == "slow":
@@ -122,15 +131,32 @@ class FakeProvider:
         elif fault == "permanent":
             self._log(key, operation, "permanent")
             raise NotApplied(f"{self.name}: request refused, nothing applied")
-        receipt = self._apply_txn(key, payload or {}, operation)
+        receipt = self._apply_txn(key, payload or {}, operation, fencing_token)
         if fault == "lost":
             raise ConnectionError(f"{self.name}: connection lost after the request was sent")
         return receipt
 
-    def _apply_txn(self, key: str, payload: dict[str, Any], operation: str) -> dict[str, Any]:
+    def _apply_txn(self, key: str, payload: dict[str, Any], operation: str,
+                   fencing_token: int | None) -> dict[str, Any]:
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
+                if self.fencing and fencing_token is not None:
+                    row = conn.execute("SELECT token FROM fences WHERE key = ?", (key,)).fetchone()
+                    if row is not None and fencing_token < row[0]:
+                        conn.execute(
+                            "INSERT INTO requests (key, operation, outcome, at) VALUES (?,?,?,?)",
+                            (key, operation, "fenced", time.time()),
+                        )
+                        conn.execute("COMMIT")
+                        raise NotApplied(
+                            f"{self.name}: fencing token {fencing_token} is older than "
+                            f"{row[0]} for key {key}; request refused")
+                    conn.execute(
+                        "INSERT INTO fences (key, token) VALUES (?, ?) ON CONFLICT (key) "
+                        "DO UPDATE SET token = MAX(token, excluded.token)",
+                        (key, fencing_token),
+                    )
                 if self.mode == "dedupe":
                     row = conn.execute(
                         "SELECT receipt FROM effects WHERE key = ? ORDER BY n LIMIT 1", (key,)
@@ -155,7 +181,8 @@ class FakeProvider:
                 conn.execute("COMMIT")
                 return receipt
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
 
     def find(self, key: str) -> dict[str, Any] | None:

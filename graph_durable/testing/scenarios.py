@@ -74,12 +74,14 @@ def _write_tool(provider: FakeProvider, delay: float) -> StructuredTool:
     def write(item: str) -> dict[str, Any]:
         if delay:
             time.sleep(delay)
-        return provider.apply(current_effect().key, {"item": item})
+        effect = current_effect()
+        return provider.apply(effect.key, {"item": item}, fencing_token=effect.fencing_token)
 
     async def awrite(item: str) -> dict[str, Any]:
         if delay:
             await asyncio.sleep(delay)
-        return provider.apply(current_effect().key, {"item": item})
+        effect = current_effect()
+        return provider.apply(effect.key, {"item": item}, fencing_token=effect.fencing_token)
 
     return StructuredTool.from_function(
         write, coroutine=awrite, name=provider.name,
@@ -94,6 +96,9 @@ def build_effects_agent(
     modes: dict[str, str],
     delays: dict[str, float] | None = None,
     approvals: list[str] | None = None,
+    fencing: list[str] | None = None,
+    flow_version: str | None = None,
+    compatible_flow_versions: list[str] | None = None,
 ) -> EffectsAgent:
     """Build the scenario agent on a `DurableSqliteSaver`.
 
@@ -104,9 +109,13 @@ def build_effects_agent(
         modes: Provider mode per tool name (`dedupe`, `lookup`, `blind`).
         delays: Seconds a tool sleeps before calling its provider.
         approvals: Tools that need a human's approval before sending.
+        fencing: Tools whose provider rejects stale fencing tokens.
+        flow_version, compatible_flow_versions: As for `DurableSqliteSaver`.
     """
-    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
-    return _assemble(saver, provider_dir, turns, modes, delays, approvals)
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
+                               flow_version=flow_version,
+                               compatible_flow_versions=compatible_flow_versions or ())
+    return _assemble(saver, provider_dir, turns, modes, delays, approvals, fencing)
 
 
 async def build_effects_agent_async(
@@ -116,10 +125,11 @@ async def build_effects_agent_async(
     modes: dict[str, str],
     delays: dict[str, float] | None = None,
     approvals: list[str] | None = None,
+    fencing: list[str] | None = None,
 ) -> EffectsAgent:
     """`build_effects_agent` on an `AsyncDurableSqliteSaver`, for `ainvoke` (same args)."""
     saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path))
-    return _assemble(saver, provider_dir, turns, modes, delays, approvals)
+    return _assemble(saver, provider_dir, turns, modes, delays, approvals, fencing)
 
 
 def _assemble(
@@ -129,10 +139,12 @@ def _assemble(
     modes: dict[str, str],
     delays: dict[str, float] | None,
     approvals: list[str] | None,
+    fencing: list[str] | None,
 ) -> EffectsAgent:
     os.makedirs(provider_dir, exist_ok=True)
     providers = {
-        name: FakeProvider(os.path.join(provider_dir, f"{name}.sqlite"), mode, name=name)  # type: ignore[arg-type]
+        name: FakeProvider(os.path.join(provider_dir, f"{name}.sqlite"), mode,  # type: ignore[arg-type]
+                           name=name, fencing=name in (fencing or []))
         for name, mode in modes.items()
     }
     delays = delays or {}

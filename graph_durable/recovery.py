@@ -1,0 +1,145 @@
+"""Thread status, and `recover()`: resume the threads whose worker died.
+
+    for outcome in recover(graph, saver, owner="worker-7"):
+        print(outcome.thread_id, outcome.outcome, outcome.status)
+
+A thread is *orphaned* when it has steps to run, no pending interrupt and no live
+lease: its worker crashed. `recover` takes a lease on each orphaned thread before
+resuming it and checks again once it holds the lease, so any number of processes can
+sweep the same database at once and each thread is resumed by exactly one of them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from graph_durable.errors import GraphDurableError, LeaseHeld
+from graph_durable.ledger import EffectStatus
+
+__all__ = ["RecoveryOutcome", "ThreadStatus", "recover", "thread_status"]
+
+Status = Literal["running", "waiting", "needs_human", "done", "failed", "orphaned"]
+
+INTERRUPT = "__interrupt__"
+ERROR = "__error__"
+TASKS = "__pregel_tasks"
+
+
+@dataclass(frozen=True)
+class ThreadStatus:
+    """Where a thread stands, and why."""
+
+    thread_id: str
+    status: Status
+    """`running`, `waiting`, `needs_human`, `done`, `failed` or `orphaned`."""
+    reason: str
+    """One sentence a person can act on."""
+    next: tuple[str, ...] = ()
+    """Nodes the thread would run next."""
+    pending: tuple[str, ...] = field(default=())
+    """tool_call_ids a human is asked about."""
+
+
+def _next_nodes(channel_values: dict[str, Any]) -> tuple[str, ...]:
+    nodes = [name.removeprefix("branch:to:") for name in channel_values
+             if name.startswith("branch:to:")]
+    if channel_values.get(TASKS):
+        nodes.append("(sent tasks)")
+    return tuple(sorted(nodes))
+
+
+def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
+                  ) -> ThreadStatus:
+    """Classify a thread from its latest checkpoint, its ledger and its lease.
+
+    Args:
+        saver: A durable saver.
+        thread_id: The thread.
+        ignore_owner: Do not count this owner's own lease as `running`.
+
+    Raises:
+        GraphDurableError: the thread has no checkpoint.
+    """
+    thread_id = str(thread_id)
+    latest = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+    if latest is None:
+        raise GraphDurableError(f"Thread {thread_id!r} has no checkpoint in this database.",
+                                thread_id=thread_id)
+    nxt = _next_nodes(latest.checkpoint["channel_values"])
+    lease = saver.live_leases().get(thread_id)
+    if lease is not None and lease[0] != ignore_owner:
+        return ThreadStatus(thread_id, "running",
+                            f"{lease[0]!r} holds a live lease for {lease[2] - time.time():.1f} s",
+                            nxt)
+    asked = [r for r in saver.effects(thread_id) if r.asked]
+    unknown = tuple(r.tool_call_id for r in asked if r.status is EffectStatus.UNKNOWN)
+    if unknown:
+        return ThreadStatus(thread_id, "needs_human",
+                            f"outcome unknown for tool calls {list(unknown)}: decide applied, "
+                            "retry or skip", nxt, unknown)
+    approvals = tuple(r.tool_call_id for r in asked)
+    interrupts = [w for w in latest.pending_writes if w[1] == INTERRUPT]
+    if approvals or interrupts:
+        return ThreadStatus(thread_id, "waiting",
+                            f"waiting for approval of {list(approvals)}" if approvals
+                            else "waiting for input to an interrupt", nxt, approvals)
+    errors = [w[2] for w in latest.pending_writes if w[1] == ERROR]
+    if errors:
+        return ThreadStatus(thread_id, "failed", f"a step raised: {errors[-1]!r}", nxt)
+    if nxt:
+        return ThreadStatus(thread_id, "orphaned",
+                            f"has next steps {list(nxt)}, no pending interrupt and no live "
+                            "lease: its worker stopped; resume it (recover)", nxt)
+    return ThreadStatus(thread_id, "done", "ran to its end")
+
+
+@dataclass(frozen=True)
+class RecoveryOutcome:
+    """What `recover` did with one orphaned thread."""
+
+    thread_id: str
+    outcome: Literal["resumed", "held_elsewhere", "no_longer_orphaned", "error"]
+    """`resumed` by this process; `held_elsewhere` (another worker has it);
+    `no_longer_orphaned` (another worker finished it first); `error`."""
+    status: Status | None = None
+    """The thread's status afterwards (for `resumed`)."""
+    error: str | None = None
+    """What went wrong (for `error`)."""
+
+
+def recover(
+    graph: Any,
+    saver: Any,
+    owner: str,
+    limit: int | None = None,
+    *,
+    ttl: float = 30.0,
+) -> list[RecoveryOutcome]:
+    """Resume every orphaned thread of `saver` (at most `limit`) under a lease.
+
+    Safe to run from many processes at once. Each thread is resumed with
+    `durability="sync"` until it finishes or pauses again.
+    """
+    outcomes: list[RecoveryOutcome] = []
+    for thread_id in saver.thread_ids():
+        if limit is not None and len(outcomes) >= limit:
+            break
+        if thread_status(saver, thread_id).status != "orphaned":
+            continue
+        try:
+            with saver.lease(thread_id, owner, ttl) as lease:
+                if thread_status(saver, thread_id, ignore_owner=owner).status != "orphaned":
+                    outcomes.append(RecoveryOutcome(thread_id, "no_longer_orphaned"))
+                    continue
+                graph.invoke(None, lease.config, durability="sync")
+        except LeaseHeld:
+            outcomes.append(RecoveryOutcome(thread_id, "held_elsewhere"))
+            continue
+        except Exception as exc:
+            outcomes.append(RecoveryOutcome(thread_id, "error", error=f"{type(exc).__name__}: {exc}"))
+            continue
+        outcomes.append(RecoveryOutcome(thread_id, "resumed",
+                                        status=thread_status(saver, thread_id).status))
+    return outcomes

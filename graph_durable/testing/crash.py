@@ -1,0 +1,406 @@
+"""`crash_matrix`: kill a scenario at every fault point, in real processes, and compare.
+
+    report = crash_matrix("graph_durable.demo.ticket:build_ticket_agent",
+                          {"ticket_mode": "blind", "email_mode": "blind"}, pairs=True)
+    assert report.ok, report.failures()
+    print(report)                      # one row per crash point (or pair)
+
+How a sweep works. The scenario first runs without faults, in child processes that
+record every fault point they reach (`CrashPoint`: point, tool, occurrence, and the
+phase, i.e. how many pauses had been resolved). Then, for each point, the scenario runs
+again in a fresh directory: the child is SIGKILLed at that point, new children resume
+until the thread finishes or pauses, and pauses are answered by the resolver. With
+`pairs`, every crash is also followed by a second one at each point the first resuming
+process reaches (a crash during recovery). Each run is compared with the fault-free one:
+
+- final graph state: messages as `child.summarize` shows them, with effect keys
+  (`gd-...`) and provider receipt ids renamed by order of appearance, since keys hash
+  time-based task ids;
+- ledger: final status per tool_call_id;
+- provider effects: per provider file and operation, the number of effects, and no key
+  applied more often than in the fault-free run (a duplicate).
+
+Scenario protocol. `scenario` is `"module:attribute"`: a module-level factory (sync or
+`async def`) called as `factory(db_path=..., provider_dir=..., **kwargs)` with JSON
+kwargs, returning an object with `.graph` (compiled with a durable SQLite saver on
+`db_path`) and `.inputs`. Every `FakeProvider` it uses keeps its file in `provider_dir`
+as `<name>.sqlite`: the sweep counts effects there, and the resolver looks keys up there.
+
+Resolver. `resolver(question, providers) -> decision` answers one interrupt value, with
+`providers` mapping file names to the scenario's `FakeProvider`s. `default_resolver`
+approves every `effect_approval`; for an `effect_unknown` it checks the provider's own
+records (as a human would on the provider's dashboard): `applied` with the stored
+receipt if the key is there, else `retry` (same key).
+
+Provider faults (`FakeProvider.script_faults`) and what the guard makes of them; they
+are shown in `tests/testing/test_provider_faults.py`:
+
+| fault | provider mode | `Effect` | outcome |
+|---|---|---|---|
+| slow (answers under `timeout`) | any | `timeout=t` | `applied`, one effect |
+| permanent (`NotApplied`) | any | any | `failed`, error ToolMessage, no effect |
+| hang (no answer within `timeout`) | blind | `timeout=t` | `unknown` -> `effect_unknown` interrupt |
+| hang | lookup / dedupe | `timeout=t` | `unknown`, lookup finds nothing / re-send with the same key -> `applied` |
+| transient (`Retryable`) | any | `retries>=1` | retried with the same key -> `applied` |
+| transient | any | `retries=0` | `failed` (certainly not applied) |
+| lost (applied, then the connection drops) | lookup | any | `unknown` -> found by lookup -> `applied`, one effect |
+| lost | dedupe | `idempotent` | `unknown` -> re-sent, deduplicated -> `applied`, one effect |
+| lost | blind | default | `unknown` -> `effect_unknown` interrupt, one effect |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from graph_durable.testing.child import run_child
+from graph_durable.testing.crash_report import (
+    CrashPoint,
+    CrashReport,
+    CrashRow,
+    Progress,
+    Reference,
+    Snapshot,
+    compare,
+    normalize,
+)
+from graph_durable.testing.faults import FAULT_POINTS
+from graph_durable.testing.providers import FakeProvider
+
+__all__ = [
+    "GUARD_POINTS",
+    "SAVER_POINTS",
+    "CrashPoint",
+    "CrashReport",
+    "CrashRow",
+    "Reference",
+    "Resolver",
+    "crash_matrix",
+    "default_resolver",
+    "reference_run",
+    "run_schedule",
+]
+
+GUARD_POINTS = FAULT_POINTS[:5]
+"""Fault points of the effect guard (around intents, decisions, effects, receipts)."""
+SAVER_POINTS = FAULT_POINTS[5:]
+"""Fault points of the durable saver (around checkpoint and pending-write puts)."""
+
+Resolver = Callable[[dict[str, Any], Mapping[str, FakeProvider]], dict[str, Any]]
+"""`resolver(interrupt_value, providers) -> decision`: how a sweep answers a pause."""
+
+PointFilter = Iterable[str] | Callable[[CrashPoint], bool] | None
+PairFilter = bool | Callable[[CrashPoint, CrashPoint], bool]
+
+
+def default_resolver(question: dict[str, Any],
+                     providers: Mapping[str, FakeProvider]) -> dict[str, Any]:
+    """Approve approvals; settle an unknown outcome from the provider's own records.
+
+    `effect_unknown` -> `applied` with the stored receipt if some provider holds an
+    effect under the question's key, else `retry` (nothing was applied, re-send).
+    """
+    kind = question.get("type") if isinstance(question, dict) else None
+    if kind == "effect_approval":
+        return {"type": "approve"}
+    if kind == "effect_unknown":
+        for provider in providers.values():
+            for effect in provider.effects():
+                if effect["key"] == question["key"]:
+                    return {"type": "applied", "receipt": effect["receipt"]}
+        return {"type": "retry"}
+    raise ValueError(f"default_resolver cannot answer interrupt {question!r}; pass resolver=")
+
+
+# -- running one schedule ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Case:
+    scenario: str
+    kwargs: dict[str, Any]
+    directory: str
+    thread_id: str
+    resolver: Resolver
+    timeout: float
+    max_runs: int
+
+    @property
+    def provider_dir(self) -> str:
+        return self.kwargs["provider_dir"]
+
+
+@dataclass
+class _Run:
+    summary: dict[str, Any] = field(default_factory=dict)
+    pauses: list[str] = field(default_factory=list)
+    fired: int = 0
+    processes: list[tuple[bool, list[CrashPoint]]] = field(default_factory=list)
+
+
+def _case(scenario: str, kwargs: Mapping[str, Any] | None, directory: str, thread_id: str,
+          resolver: Resolver, timeout: float, max_runs: int) -> _Case:
+    os.makedirs(directory, exist_ok=True)
+    paths = {"db_path": os.path.join(directory, "agent.sqlite"),
+             "provider_dir": os.path.join(directory, "providers")}
+    return _Case(scenario, {**(kwargs or {}), **paths}, directory, thread_id, resolver,
+                 timeout, max_runs)
+
+
+def _providers(provider_dir: str) -> dict[str, FakeProvider]:
+    if not os.path.isdir(provider_dir):
+        return {}
+    # Opened for reading only; "lookup" lets a resolver call find() whatever the real mode.
+    return {name[:-len(".sqlite")]: FakeProvider(os.path.join(provider_dir, name), "lookup",
+                                                  name=name[:-len(".sqlite")])
+            for name in sorted(os.listdir(provider_dir)) if name.endswith(".sqlite")}
+
+
+def _trace_points(path: str, phase: int) -> list[CrashPoint]:
+    """Points of a trace file, with occurrences counted as `FaultPlan` counts them."""
+    if not os.path.exists(path):
+        return []
+    seen: dict[tuple[str, str | None], int] = {}
+    points = []
+    with open(path, encoding="utf-8") as trace:
+        for line in trace:
+            entry = json.loads(line)
+            point, tool = entry["point"], entry["tool"]
+            # A plan without a tool counts every tool's visits; a plan with one, its own.
+            for counter in {(point, None), (point, tool)}:
+                seen[counter] = seen.get(counter, 0) + 1
+            points.append(CrashPoint(point, tool, seen[(point, tool)], phase))
+    return points
+
+
+def _drive(case: _Case, schedule: Sequence[CrashPoint], run: _Run) -> None:
+    """Run the scenario to its end, crashing as scheduled and answering every pause.
+
+    The head of `schedule` is armed in every process from its phase on until it fires;
+    the next crash is then armed from the first resuming process on.
+    """
+    pending = list(schedule)
+    action, decisions, phase = "start", None, 0
+    for n in range(case.max_runs):
+        armed = pending[0] if pending and phase >= pending[0].phase else None
+        trace = os.path.join(case.directory, f"trace-{n}.jsonl")
+        result = run_child(case.scenario, case.kwargs, thread_id=case.thread_id,
+                           action=action, resume=decisions,  # type: ignore[arg-type]
+                           fault=armed.plan() if armed else None, trace_path=trace,
+                           timeout=case.timeout)
+        run.processes.append((result.killed, _trace_points(trace, phase)))
+        if result.killed:
+            if armed is None:
+                raise RuntimeError(f"child {n} was SIGKILLed, but no crash was armed")
+            pending.pop(0)
+            run.fired += 1
+            action, decisions = _next_after_crash(case), None
+        elif result.interrupts:
+            providers = _providers(case.provider_dir)
+            decisions = {q["tool_call_id"]: case.resolver(q, providers)
+                         for q in result.interrupts}
+            run.pauses.extend(q.get("type", "?") for q in result.interrupts)
+            action, phase = "review", phase + 1
+        else:
+            run.summary = result.summary
+            return
+    raise RuntimeError(
+        f"thread {case.thread_id!r} of {case.scenario} did not finish within {case.max_runs} "
+        f"processes (pauses answered: {run.pauses}); check the resolver's decisions")
+
+
+@contextmanager
+def _saver(db_path: str) -> Iterator[Any]:
+    # Imported here: the saver module imports graph_durable.testing.faults, which loads
+    # this package, so a module-level import would be circular.
+    from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+
+    with closing(sqlite3.connect(db_path, check_same_thread=False)) as conn:
+        yield DurableSqliteSaver(conn)
+
+
+def _next_after_crash(case: _Case) -> str:
+    """`resume`, or `start` again if the crash came before the input was checkpointed.
+
+    A client whose request was never acknowledged sends it again; resuming a thread
+    with no checkpoint has nothing to resume.
+    """
+    with _saver(case.kwargs["db_path"]) as saver:
+        config = {"configurable": {"thread_id": case.thread_id}}
+        return "resume" if saver.get_tuple(config) is not None else "start"
+
+
+def _ledger(db_path: str, thread_id: str) -> dict[str, str]:
+    statuses: dict[str, list[str]] = {}
+    with _saver(db_path) as saver:
+        for record in saver.effects(thread_id):
+            statuses.setdefault(record.tool_call_id, []).append(record.status.value)
+    return {call: "/".join(found) for call, found in sorted(statuses.items())}
+
+
+def _effects(provider_dir: str) -> tuple[dict[str, dict[str, dict[str, int]]], list[str]]:
+    """Effects per provider, operation and key; and every receipt id handed out."""
+    counts: dict[str, dict[str, dict[str, int]]] = {}
+    receipt_ids: list[str] = []
+    for name, provider in _providers(provider_dir).items():
+        ops = counts.setdefault(name, {})
+        for effect in provider.effects():
+            keys = ops.setdefault(effect["operation"], {})
+            keys[effect["key"]] = keys.get(effect["key"], 0) + 1
+            receipt = effect["receipt"]
+            if isinstance(receipt, dict) and isinstance(receipt.get("id"), str):
+                receipt_ids.append(receipt["id"])
+    return counts, receipt_ids
+
+
+def _snapshot(case: _Case, summary: Mapping[str, Any]) -> Snapshot:
+    counts, receipt_ids = _effects(case.provider_dir)
+    state = {k: summary.get(k) for k in ("messages", "next", "interrupts")}
+    return Snapshot(normalize(state, receipt_ids),
+                    _ledger(case.kwargs["db_path"], case.thread_id), counts)
+
+
+def reference_run(scenario: str, kwargs: Mapping[str, Any] | None = None, *, directory: str,
+                  thread_id: str = "t", resolver: Resolver = default_resolver,
+                  timeout: float = 60.0, max_runs: int = 12) -> Reference:
+    """Run `scenario` without faults (pauses answered by `resolver`), recording its points.
+
+    Raises:
+        RuntimeError, TimeoutError: the fault-free run itself fails.
+    """
+    started = time.monotonic()
+    case = _case(scenario, kwargs, directory, thread_id, resolver, timeout, max_runs)
+    run = _Run()
+    _drive(case, (), run)
+    points = tuple(p for _, reached in run.processes for p in reached)
+    return Reference(_snapshot(case, run.summary), points, tuple(run.pauses),
+                     time.monotonic() - started)
+
+
+def run_schedule(scenario: str, schedule: Sequence[CrashPoint],
+                 kwargs: Mapping[str, Any] | None = None, *, reference: Reference,
+                 directory: str, thread_id: str = "t", resolver: Resolver = default_resolver,
+                 timeout: float = 60.0, max_runs: int = 12) -> CrashRow:
+    """Run `scenario` in a fresh `directory`, crashing as `schedule` says; compare.
+
+    The first crash fires in the process of its phase; each further crash is armed from
+    the process that resumes after the previous one. Never raises for a failing run: the
+    row's outcome is `error` and `diff` says why.
+    """
+    started = time.monotonic()
+    case = _case(scenario, kwargs, directory, thread_id, resolver, timeout, max_runs)
+    run = _Run()
+    row = CrashRow(tuple(schedule), "ok")
+    try:
+        _drive(case, schedule, run)
+        snapshot = _snapshot(case, run.summary)
+    except Exception as exc:  # a failing run is a row of the report, not an abort
+        row.outcome, row.diff = "error", f"{type(exc).__name__}: {exc}"
+        # Still count duplicates: a run may fail after having repeated an effect.
+        snapshot = replace(reference.snapshot, counts=_effects(case.provider_dir)[0])
+    lines, row.duplicates = compare(reference.snapshot, snapshot)
+    if row.outcome == "ok" and lines:
+        row.outcome, row.diff = "mismatch", "\n".join(lines)
+    elif row.duplicates:
+        row.diff += "\n" + "\n".join(line for line in lines if line.startswith("DUPLICATE"))
+    row.effects = snapshot.totals()
+    killed = [i for i, (was_killed, _) in enumerate(run.processes) if was_killed]
+    if killed and killed[0] + 1 < len(run.processes):
+        row.recovery = tuple(run.processes[killed[0] + 1][1])
+    row.pauses, row.runs, row.fired = run.pauses, len(run.processes), run.fired
+    row.duration = time.monotonic() - started
+    return row
+
+
+# -- the sweep -----------------------------------------------------------------------------
+
+
+def _wanted(point: CrashPoint, points: PointFilter) -> bool:
+    if points is None:
+        return True
+    if callable(points):
+        return bool(points(point))
+    return point.point in set(points)
+
+
+def crash_matrix(
+    scenario: str,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    points: PointFilter = None,
+    pairs: PairFilter = False,
+    resolver: Resolver = default_resolver,
+    thread_id: str = "t",
+    directory: str | os.PathLike[str] | None = None,
+    workers: int = 1,
+    timeout: float = 60.0,
+    max_runs: int = 12,
+    progress: bool = True,
+) -> CrashReport:
+    """Crash `scenario` at every fault point it reaches (and pairs of them); compare.
+
+    Args:
+        scenario: `module:attribute` of the scenario factory (see the module docstring).
+        kwargs: JSON keyword arguments for the factory, besides `db_path`/`provider_dir`.
+        points: Which points to crash at: fault point names, or a predicate on
+            `CrashPoint`; every point reached by default.
+        pairs: Also crash a second time, at each point the first resuming process
+            reaches: `True` for every such pair (both points passing `points`), or a
+            predicate `(first, second) -> bool`.
+        resolver: Answers pauses (see `default_resolver`).
+        thread_id: Thread the scenario runs in.
+        directory: Where each run gets its own folder; a temporary folder, removed if
+            the sweep passes, by default.
+        workers: Runs at once (each is its own process and folder).
+        timeout: Seconds one child process may take.
+        max_runs: Child processes one run may start before it counts as an error.
+        progress: Draw a progress bar on stderr.
+
+    Raises:
+        RuntimeError, TimeoutError: the fault-free run itself fails.
+    """
+    started = time.monotonic()
+    base = os.fspath(directory) if directory is not None else tempfile.mkdtemp(
+        prefix="crash-matrix-")
+    options = {"thread_id": thread_id, "resolver": resolver, "timeout": timeout,
+               "max_runs": max_runs}
+    reference = reference_run(scenario, kwargs, directory=os.path.join(base, "reference"),
+                              **options)  # type: ignore[arg-type]
+    bar = Progress(0, progress)
+    numbered = iter(range(1, 1_000_000))
+
+    def sweep(schedules: list[tuple[CrashPoint, ...]]) -> list[CrashRow]:
+        bar.total += len(schedules)
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            futures = {pool.submit(run_schedule, scenario, schedule, kwargs,
+                                   reference=reference,
+                                   directory=os.path.join(base, f"{next(numbered):04d}"),
+                                   **options): i  # type: ignore[arg-type]
+                       for i, schedule in enumerate(schedules)}
+            rows: list[CrashRow | None] = [None] * len(schedules)
+            for future in as_completed(futures):
+                rows[futures[future]] = row = future.result()
+                bar.step(row)
+        return [row for row in rows if row is not None]
+
+    rows = sweep([(p,) for p in reference.points if _wanted(p, points)])
+    if pairs:
+        rows += sweep([
+            (row.schedule[0], second) for row in list(rows) for second in row.recovery
+            if _wanted(second, points) and (pairs is True or pairs(row.schedule[0], second))
+        ])
+    bar.close()
+    report = CrashReport(scenario, reference, rows, time.monotonic() - started, base)
+    if directory is None and report.ok:
+        shutil.rmtree(base, ignore_errors=True)
+        report.directory = None
+    return report

@@ -1,0 +1,75 @@
+"""More scenarios for crash sweeps: LangChain's `create_agent` guarded by the middleware.
+
+`build_effects_agent` (in `scenarios`) dispatches every call of a step in one
+`ToolNode` task. `create_agent` dispatches one `Send` per tool call, so each call is its
+own task, with its own checkpoint namespace, pending writes and interrupt. A sweep over
+both shows the guard holds under either dispatch. Arguments are JSON, as for every
+scenario factory (see `graph_durable.testing.crash`).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Any
+
+from langchain_core.messages import HumanMessage
+from langchain_core.tools import StructuredTool
+
+from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+from graph_durable.nodes import current_effect
+from graph_durable.testing.models import ScriptedChatModel
+from graph_durable.testing.providers import FakeProvider
+from graph_durable.testing.scenarios import EffectsAgent, policy_for_mode, script_of
+
+__all__ = ["build_create_agent"]
+
+
+def _provider_tool(provider: FakeProvider) -> StructuredTool:
+    def write(item: str) -> dict[str, Any]:
+        return provider.apply(current_effect().key, {"item": item})
+
+    return StructuredTool.from_function(
+        write, name=provider.name, description=f"Write one item to {provider.name}."
+    )
+
+
+def build_create_agent(
+    db_path: str,
+    provider_dir: str,
+    turns: list[list[list[str]]],
+    modes: dict[str, str],
+    approvals: list[str] | None = None,
+) -> EffectsAgent:
+    """A `create_agent` agent whose tools write to `FakeProvider`s through the middleware.
+
+    Args:
+        db_path: The agent's SQLite database (checkpoints and ledger).
+        provider_dir: Folder of the providers' own databases (`<tool>.sqlite`).
+        turns: Per model turn, the `[tool, item]` calls of its AIMessage.
+        modes: Provider mode per tool name (`dedupe`, `lookup`, `blind`).
+        approvals: Tools that need a human's approval before sending.
+    """
+    # langchain is the optional `agents` extra: import it only for this scenario.
+    from langchain.agents import create_agent
+
+    from graph_durable.nodes.middleware import EffectGuardMiddleware
+
+    os.makedirs(provider_dir, exist_ok=True)
+    providers = {
+        name: FakeProvider(os.path.join(provider_dir, f"{name}.sqlite"), mode, name=name)  # type: ignore[arg-type]
+        for name, mode in modes.items()
+    }
+    approvals = approvals or []
+    effects = {
+        name: policy_for_mode(p, approval=name in approvals) for name, p in providers.items()
+    }
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    graph = create_agent(
+        ScriptedChatModel(script=script_of(turns)),
+        tools=[_provider_tool(p) for p in providers.values()],
+        middleware=[EffectGuardMiddleware(effects)],
+        checkpointer=saver,
+    )
+    return EffectsAgent(graph=graph, saver=saver, providers=providers,
+                        inputs={"messages": [HumanMessage("Go.")]})

@@ -1,0 +1,260 @@
+"""One owner per thread: leases, fencing, flow versions, thread status and recover().
+
+Process-level tests start real workers; unit tests at the bottom use one process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from graph_durable import (
+    DurableSqliteSaver,
+    FlowVersionMismatch,
+    LeaseHeld,
+    LeaseLost,
+    flow_version_of,
+    thread_status,
+)
+from graph_durable.testing import FakeProvider, FaultPlan
+from graph_durable.testing.child import run_child, start_child
+from graph_durable.testing.scenarios import build_effects_agent
+
+EFFECTS = "graph_durable.testing.scenarios:build_effects_agent"
+
+
+def scenario(tmp_path: Path, mode: str = "lookup", **extra: Any) -> dict[str, Any]:
+    return {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+            "turns": [[["pay", "42"]]], "modes": {"pay": mode}, **extra}
+
+
+def open_saver(tmp_path: Path) -> DurableSqliteSaver:
+    return DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite",
+                                              check_same_thread=False))
+
+
+def orphan(tmp_path: Path, kwargs: dict[str, Any], thread_id: str, point: str) -> None:
+    assert run_child(EFFECTS, kwargs, thread_id=thread_id,
+                     fault=FaultPlan(point, tool="pay")).killed
+
+
+def orphan_in_process(kwargs: dict[str, Any], thread_ids: list[str],
+                      plans: list[FaultPlan]) -> None:
+    """Leave threads orphaned as a crash would (setup only; the races use real processes)."""
+    from graph_durable.testing import InjectedCrash, arm, disarm
+
+    agent = build_effects_agent(**kwargs)
+    for n, thread_id in enumerate(thread_ids):
+        arm(plans[n % len(plans)])
+        try:
+            with pytest.raises(InjectedCrash):
+                agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": thread_id}},
+                                   durability="sync")
+        finally:
+            disarm()
+    assert {thread_status(agent.saver, t).status for t in thread_ids} == {"orphaned"}
+
+
+def race_worker(kwargs_json: str, owner: str, schedule_json: str) -> None:
+    """Run in a worker process: at each scheduled time, try to resume that thread."""
+    import json
+
+    agent = build_effects_agent(**json.loads(kwargs_json))
+    for thread_id, start_at in json.loads(schedule_json):
+        time.sleep(max(0.0, start_at - time.time()))
+        try:
+            with agent.saver.lease(thread_id, owner, ttl=10) as lease:
+                agent.graph.invoke(None, lease.config, durability="sync")
+            print(json.dumps([thread_id, "resumed"]), flush=True)
+        except LeaseHeld:
+            print(json.dumps([thread_id, "held"]), flush=True)
+
+
+@pytest.mark.crash
+def test_two_workers_resume_one_orphan_at_once_fifty_times(tmp_path: Path) -> None:
+    """Two worker processes try each of 50 orphans at the same instant."""
+    import json
+    import subprocess
+    import sys
+
+    kwargs = scenario(tmp_path, "lookup", delays={"pay": 0.3})
+    threads = [f"t{i:02d}" for i in range(50)]
+    orphan_in_process(kwargs, threads, [FaultPlan("after_intent", action="raise"),
+                                        FaultPlan("after_effect", action="raise")])
+    base = time.time() + 4.0  # both workers are up and built by then
+    schedule = json.dumps([[t, base + 1.0 * n] for n, t in enumerate(threads)])
+    code = ("import sys; from tests.test_leases import race_worker; "
+            "race_worker(sys.argv[1], sys.argv[2], sys.argv[3])")
+    root = Path(__file__).resolve().parent.parent
+    workers = [subprocess.Popen([sys.executable, "-c", code, json.dumps(kwargs), owner,
+                                 schedule], cwd=root, stdout=subprocess.PIPE, text=True)
+               for owner in ("w1", "w2")]
+    outputs = [worker.communicate(timeout=180)[0] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0]
+    outcomes: dict[str, list[str]] = {}
+    for output in outputs:
+        for line in output.splitlines():
+            thread_id, outcome = json.loads(line)
+            outcomes.setdefault(thread_id, []).append(outcome)
+    assert {t: sorted(o) for t, o in outcomes.items()} == {
+        t: ["held", "resumed"] for t in threads}
+    saver = open_saver(tmp_path)
+    assert {thread_status(saver, t).status for t in threads} == {"done"}
+    pay = FakeProvider(str(tmp_path / "pay.sqlite"), "lookup")
+    assert pay.count() == 50 and set(pay.counts().values()) == {1}
+
+
+@pytest.mark.crash
+def test_zombie_worker_is_fenced_out(tmp_path: Path) -> None:
+    """A is frozen inside the tool past its ttl; B takes over; A's late writes are refused."""
+    kwargs = scenario(tmp_path, "lookup", delays={"pay": 1.0}, fencing=["pay"])
+    saver = open_saver(tmp_path)
+    zombie = start_child(EFFECTS, kwargs, thread_id="t", owner="A", ttl=1.0)
+    deadline = time.time() + 30
+    while not any(r.status.value == "in_flight" for r in saver.effects("t")):
+        assert time.time() < deadline, "worker A never started its effect"
+        time.sleep(0.02)
+    os.kill(zombie.pid, signal.SIGSTOP)  # inside the tool's 1 s call
+    try:
+        time.sleep(1.5)  # past A's ttl: its lease expires unrenewed
+        taker = run_child(EFFECTS, kwargs, thread_id="t", action="resume", owner="B", ttl=10)
+        assert taker.done, taker.summary
+    finally:
+        os.kill(zombie.pid, signal.SIGCONT)
+    late = zombie.wait()
+    assert "lease_lost" in late.summary, late.summary
+
+    pay = FakeProvider(str(tmp_path / "pay.sqlite"), "lookup")
+    assert pay.count() == 1
+    assert [r["outcome"] for r in pay.requests()] == ["applied", "fenced"]
+    assert [r.status.value for r in saver.effects("t")] == ["applied"]
+    owners = {e.owner for e in saver.events("t") if e.kind == "receipt"}
+    assert owners == {"B"}
+    assert late.summary["messages"] == taker.summary["messages"]
+    assert late.summary["messages"][-1]["content"] == "All done."
+
+
+@pytest.mark.crash
+def test_recover_from_three_processes_finishes_sixty_orphans_once(tmp_path: Path) -> None:
+    points = ["before_intent", "after_intent", "after_effect", "after_receipt"]
+    modes = {"pay": "lookup", "ship": "dedupe"}
+    kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+              "turns": [[["pay", "p"]], [["ship", "s"]]], "modes": modes}
+    threads = [f"t{i:02d}" for i in range(60)]
+    # Occurrence 1 crashes around the first effect (pay), 2 around the second (ship).
+    plans = [FaultPlan(point, occurrence=occurrence, action="raise")
+             for point in points for occurrence in (1, 2)]
+    orphan_in_process(kwargs, threads, plans)
+    saver = open_saver(tmp_path)
+    assert {thread_status(saver, t).status for t in threads} == {"orphaned"}
+
+    start_at = time.time() + 1.0
+    sweepers = [start_child(EFFECTS, kwargs, thread_id="-", action="recover",
+                            owner=f"sweeper-{n}", start_at=start_at, timeout=300)
+                for n in range(3)]
+    outcomes = [o for s in sweepers for o in s.wait().summary["recovered"]]
+    resumed = [o["thread_id"] for o in outcomes if o["outcome"] == "resumed"]
+    assert sorted(resumed) == threads  # each exactly once
+    assert not [o for o in outcomes if o["outcome"] == "error"]
+    assert {thread_status(saver, t).status for t in threads} == {"done"}
+    for name, mode in modes.items():
+        provider = FakeProvider(str(tmp_path / f"{name}.sqlite"), mode)
+        assert provider.count() == 60 and set(provider.counts().values()) == {1}
+
+
+@pytest.mark.crash
+def test_a_slow_but_alive_tool_keeps_its_lease(tmp_path: Path) -> None:
+    kwargs = scenario(tmp_path, "lookup", delays={"pay": 2.5})
+    worker = start_child(EFFECTS, kwargs, thread_id="t", owner="A", ttl=1.0)
+    time.sleep(1.8)  # past one ttl: only renewal keeps the lease alive
+    rival = run_child(EFFECTS, kwargs, thread_id="t", action="resume", owner="B", ttl=1.0)
+    assert rival.summary.get("lease_held") == "A"
+    result = worker.wait()
+    assert result.done and "lease_lost" not in result.summary
+    assert FakeProvider(str(tmp_path / "pay.sqlite"), "lookup").count() == 1
+
+
+def test_flow_version_mismatch_writes_nothing(tmp_path: Path) -> None:
+    from graph_durable.testing import InjectedCrash, arm, disarm
+
+    version = flow_version_of(build_effects_agent(**scenario(tmp_path)).graph)
+    agent = build_effects_agent(**scenario(tmp_path), flow_version=version)
+    config = {"configurable": {"thread_id": "t"}}
+    arm(FaultPlan("after_intent", action="raise"))
+    try:
+        with pytest.raises(InjectedCrash):
+            agent.graph.invoke(agent.inputs, config, durability="sync")
+    finally:
+        disarm()
+
+    def dump() -> list[Any]:
+        conn = sqlite3.connect(tmp_path / "agent.sqlite")
+        tables = ["checkpoints", "writes", "effects", "effect_events", "thread_flow_versions"]
+        return [conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in tables]
+
+    before = dump()
+    assert before[-1][0][:2] == ("t", version)
+    newer = build_effects_agent(**scenario(tmp_path), flow_version="fv-new")
+    with pytest.raises(FlowVersionMismatch) as info:
+        newer.graph.invoke(None, config, durability="sync")
+    assert (info.value.pinned, info.value.current) == (version, "fv-new")
+    assert dump() == before
+
+    allowed = build_effects_agent(**scenario(tmp_path), flow_version="fv-new",
+                                  compatible_flow_versions=[version])
+    result = allowed.graph.invoke(None, config, durability="sync")
+    assert result["messages"][-1].content == "All done."
+
+
+def test_flow_version_changes_with_the_tools(tmp_path: Path) -> None:
+    one = build_effects_agent(**scenario(tmp_path))
+    same = build_effects_agent(**scenario(tmp_path))
+    other = build_effects_agent(**{**scenario(tmp_path), "modes": {"pay": "lookup",
+                                                                   "ship": "dedupe"}})
+    assert flow_version_of(one.graph) == flow_version_of(same.graph)
+    assert flow_version_of(one.graph) != flow_version_of(other.graph)
+
+
+def test_lease_tokens_increase_and_stale_tokens_are_refused(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path)
+    with saver.lease("t", "a", ttl=5) as first:
+        with pytest.raises(LeaseHeld) as held:
+            saver.acquire_lease("t", "b")
+        assert held.value.holder == "a"
+    with saver.lease("t", "b", ttl=5) as second:
+        assert second.token == first.token + 1
+        agent = build_effects_agent(**scenario(tmp_path))
+        with pytest.raises(LeaseLost):
+            agent.graph.invoke(agent.inputs, first.config, durability="sync")
+        with pytest.raises(LeaseLost):  # no token at all while b holds it
+            agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": "t"}},
+                               durability="sync")
+    assert saver.effects("t") == []
+
+
+def test_thread_status_names_each_state(tmp_path: Path) -> None:
+    from graph_durable.testing import InjectedCrash, arm, disarm
+    from langgraph.types import Command
+
+    agent = build_effects_agent(**scenario(tmp_path, "blind"))
+    config = {"configurable": {"thread_id": "t"}}
+    arm(FaultPlan("after_effect", action="raise"))
+    try:
+        with pytest.raises(InjectedCrash):
+            agent.graph.invoke(agent.inputs, config, durability="sync")
+    finally:
+        disarm()
+    assert thread_status(agent.saver, "t").status == "orphaned"
+    with agent.saver.lease("t", "me", ttl=5):
+        assert thread_status(agent.saver, "t").status == "running"
+    agent.graph.invoke(None, config, durability="sync")
+    status = thread_status(agent.saver, "t")
+    assert status.status == "needs_human" and status.pending == ("call_0_0",)
+    agent.graph.invoke(Command(resume={"type": "skip"}), config, durability="sync")
+    assert thread_status(agent.saver, "t").status == "done"

@@ -1,0 +1,97 @@
+"""Crash sweeps: SIGKILL real processes at every fault point of a scenario, resume, compare.
+
+Each sweep first runs its scenario without faults, then once per point it reached, killed
+there, resumed by new processes, pauses answered by `default_resolver`. Every row must end
+with the fault-free run's final state and ledger, and no provider may hold a duplicate.
+
+Which sweeps (a child process costs about a second): every point for the ticket agent
+with blind providers, where each crash window shows; the effect-guard points for the
+dedupe and lookup providers, since saver points only decide whether LangGraph replays a
+step, which does not depend on the provider; pairs (a second crash in the first
+resuming process) for the lookup providers; every point for three parallel calls with an
+approval, and for `create_agent` with the middleware (one task per call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from graph_durable.testing.crash import GUARD_POINTS, CrashPoint, CrashReport, crash_matrix
+
+pytestmark = pytest.mark.crash
+
+TICKET = "graph_durable.demo.ticket:build_ticket_agent"
+EFFECTS = "graph_durable.testing.scenarios:build_effects_agent"
+CREATE_AGENT = "graph_durable.testing.scenarios_extra:build_create_agent"
+WORKERS = 2
+
+
+def ticket(mode: str) -> dict[str, str]:
+    return {"ticket_mode": mode, "email_mode": mode}
+
+
+def assert_clean(report: CrashReport) -> None:
+    """No row differs from the fault-free run, no duplicate, every crash really happened."""
+    print(report)  # the table, shown with -s or when a test fails
+    assert report.ok, report.render()
+    assert report.duplicates == 0
+    assert report.rows and all(row.fired == len(row.schedule) for row in report.rows)
+    assert all(row.effects == report.reference.snapshot.totals() for row in report.rows)
+
+
+def test_ticket_blind_every_point_pauses_instead_of_duplicating(
+        crash_matrix: Callable[..., CrashReport]) -> None:
+    # Dogfoods the pytest plugin's fixture (which fails the test on a report not ok).
+    report = crash_matrix(TICKET, ticket("blind"), workers=WORKERS)
+    assert_clean(report)
+    assert len(report.rows) == len(report.reference.points) >= 30
+    # An intent without a receipt, at a provider that can neither dedupe nor be asked,
+    # is unknown: the thread pauses. Everywhere else nothing is ambiguous.
+    paused = {row.label: row.pauses for row in report.rows if row.pauses}
+    assert paused == {
+        f"{point}({tool})#1": ["effect_unknown"]
+        for tool in ("create_ticket", "send_email") for point in ("after_intent", "after_effect")
+    }
+
+
+def test_ticket_dedupe_every_guard_point() -> None:
+    report = crash_matrix(TICKET, ticket("dedupe"), points=GUARD_POINTS, workers=WORKERS)
+    assert_clean(report)
+    assert len(report.rows) == 8 and not any(row.pauses for row in report.rows)
+
+
+def test_ticket_lookup_every_guard_point_and_pair() -> None:
+    report = crash_matrix(TICKET, ticket("lookup"), points=GUARD_POINTS, pairs=True,
+                          workers=WORKERS)
+    assert_clean(report)
+    pairs = [row for row in report.rows if len(row.schedule) == 2]
+    assert len(report.rows) - len(pairs) == 8
+    # The recovering process itself dies after re-sending the ticket it looked up in vain.
+    assert (CrashPoint("after_intent", "create_ticket"),
+            CrashPoint("after_effect", "create_ticket")) in {row.schedule for row in pairs}
+    assert not any(row.pauses for row in report.rows)
+
+
+def test_three_parallel_calls_one_needing_approval() -> None:
+    kwargs = {"turns": [[["alpha", "a"], ["beta", "b"], ["gamma", "c"]]],
+              "modes": {"alpha": "dedupe", "beta": "lookup", "gamma": "blind"},
+              "approvals": ["gamma"]}
+    report = crash_matrix(EFFECTS, kwargs, workers=WORKERS)
+    assert_clean(report)
+    assert report.reference.pauses == ("effect_approval",)
+    assert {p.phase for p in report.reference.points} == {0, 1}  # before and after approval
+    assert all("effect_approval" in row.pauses for row in report.rows)
+    # gamma is blind: killed between its approved intent and its receipt, it pauses again.
+    assert report.rows[[row.label for row in report.rows].index(
+        "p1:after_intent(gamma)#1")].pauses == ["effect_approval", "effect_unknown"]
+
+
+def test_create_agent_with_the_middleware_one_task_per_call() -> None:
+    kwargs = {"turns": [[["alpha", "a"], ["beta", "b"]]],
+              "modes": {"alpha": "lookup", "beta": "blind"}, "approvals": ["beta"]}
+    report = crash_matrix(CREATE_AGENT, kwargs, workers=WORKERS)
+    assert_clean(report)
+    assert report.reference.pauses == ("effect_approval",)
+    assert report.reference.snapshot.ledger == {"call_0_0": "applied", "call_0_1": "applied"}
