@@ -1,0 +1,161 @@
+"""`graph-durable`: inspect and recover threads from a shell (a thin layer over the API).
+
+    graph-durable status   --db agent.sqlite [--thread T]
+    graph-durable effects  --db agent.sqlite [--thread T] [--status unknown]
+    graph-durable events   --db agent.sqlite [--thread T]
+    graph-durable pending  --db agent.sqlite --graph app.agent:graph --thread T
+    graph-durable decide   --db agent.sqlite --graph app.agent:graph --thread T \\
+                           --decisions '{"call_1": {"type": "approve"}}'
+    graph-durable recover  --db agent.sqlite --graph app.agent:graph --owner worker-7
+
+Every command prints a table, or JSON with `--json`. `--graph module:attribute` names a
+compiled graph, a `StateGraph` builder (compiled here on `--db`), or a callable that
+takes the saver and returns a compiled graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sqlite3
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+from graph_durable.errors import GraphDurableError
+from graph_durable.recovery import recover, thread_status
+from graph_durable.review import review
+
+__all__ = ["main"]
+
+
+def _saver(db: str) -> DurableSqliteSaver:
+    return DurableSqliteSaver(sqlite3.connect(db, check_same_thread=False))
+
+
+def _graph(spec: str, saver: DurableSqliteSaver) -> Any:
+    module_name, _, attribute = spec.partition(":")
+    if not attribute:
+        raise SystemExit(f"--graph must be module:attribute, got {spec!r}")
+    target = getattr(importlib.import_module(module_name), attribute)
+    if hasattr(target, "compile") and not hasattr(target, "invoke"):
+        return target.compile(checkpointer=saver)
+    if hasattr(target, "invoke"):
+        return target
+    return target(saver)
+
+
+def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    if not rows:
+        print("(nothing)")
+        return
+    columns = list(rows[0])
+    cells = [[str(row.get(c, "")) if row.get(c) is not None else "" for c in columns]
+             for row in rows]
+    widths = [min(max(len(c), *(len(r[i]) for r in cells)), 60)
+              for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in cells:
+        print("  ".join(v[:w].ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def _cmd_status(args: argparse.Namespace) -> list[dict[str, Any]]:
+    saver = _saver(args.db)
+    threads = [args.thread] if args.thread else saver.thread_ids()
+    return [{"thread": s.thread_id, "status": s.status, "reason": s.reason}
+            for s in (thread_status(saver, t) for t in threads)]
+
+
+def _cmd_effects(args: argparse.Namespace) -> list[dict[str, Any]]:
+    records = _saver(args.db).effects(args.thread, args.status)
+    return [{"thread": r.thread_id, "tool_call_id": r.tool_call_id, "tool": r.tool,
+             "status": r.status.value, "attempts": r.attempts, "key": r.key,
+             "receipt": json.dumps(r.receipt, default=str) if r.receipt is not None else None,
+             "error": r.error} for r in records]
+
+
+def _cmd_events(args: argparse.Namespace) -> list[dict[str, Any]]:
+    return [{"seq": e.seq, "thread": e.thread_id, "key": e.key, "kind": e.kind,
+             "data": json.dumps(e.data, default=str), "owner": e.owner,
+             "token": e.fencing_token} for e in _saver(args.db).events(args.thread)]
+
+
+def _cmd_pending(args: argparse.Namespace) -> list[dict[str, Any]]:
+    saver = _saver(args.db)
+    pending = review(_graph(args.graph, saver), {"configurable": {"thread_id": args.thread}})
+    return [{"tool_call_id": i.tool_call_id, "kind": i.kind, "tool": i.tool,
+             "args": json.dumps(i.args), "attempts": i.attempts, "error": i.error,
+             "allowed": ",".join(i.allowed_decisions)} for i in pending.pending]
+
+
+def _cmd_decide(args: argparse.Namespace) -> list[dict[str, Any]]:
+    saver = _saver(args.db)
+    pending = review(_graph(args.graph, saver), {"configurable": {"thread_id": args.thread}})
+    for tool_call_id, decision in json.loads(args.decisions).items():
+        pending._decide(tool_call_id, dict(decision), args.reviewer)
+    pending.resume()
+    status = thread_status(saver, args.thread)
+    return [{"thread": status.thread_id, "status": status.status, "reason": status.reason}]
+
+
+def _cmd_recover(args: argparse.Namespace) -> list[dict[str, Any]]:
+    saver = _saver(args.db)
+    outcomes = recover(_graph(args.graph, saver), saver, args.owner, args.limit, ttl=args.ttl)
+    return [{"thread": o.thread_id, "outcome": o.outcome, "status": o.status,
+             "error": o.error} for o in outcomes]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="graph-durable", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help_text: str, *, graph: bool = False, thread: str = "optional"
+                ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--db", required=True, help="SQLite file of the durable saver")
+        sub.add_argument("--json", action="store_true", help="print JSON")
+        if thread != "none":
+            sub.add_argument("--thread", required=thread == "required")
+        if graph:
+            sub.add_argument("--graph", required=True, help="module:attribute of the graph")
+        return sub
+
+    command("status", "status of one or every thread")
+    command("effects", "effect ledger").add_argument("--status")
+    command("events", "the append-only journal")
+    command("pending", "decisions a thread waits for", graph=True, thread="required")
+    decide = command("decide", "answer pending decisions and resume", graph=True,
+                     thread="required")
+    decide.add_argument("--decisions", required=True, help='{"tool_call_id": decision}')
+    decide.add_argument("--reviewer")
+    sweep = command("recover", "resume orphaned threads under leases", graph=True,
+                    thread="none")
+    sweep.add_argument("--owner", required=True)
+    sweep.add_argument("--limit", type=int)
+    sweep.add_argument("--ttl", type=float, default=30.0)
+    return parser
+
+
+_COMMANDS = {"status": _cmd_status, "effects": _cmd_effects, "events": _cmd_events,
+             "pending": _cmd_pending, "decide": _cmd_decide, "recover": _cmd_recover}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `graph-durable` command."""
+    args = _parser().parse_args(argv)
+    try:
+        rows = _COMMANDS[args.command](args)
+    except GraphDurableError as exc:
+        print(f"graph-durable: {exc}", file=sys.stderr)
+        return 2
+    _print(rows, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
