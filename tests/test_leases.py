@@ -70,6 +70,10 @@ def race_worker(kwargs_json: str, owner: str, schedule_json: str) -> None:
         time.sleep(max(0.0, start_at - time.time()))
         try:
             with agent.saver.lease(thread_id, owner, ttl=10) as lease:
+                status = thread_status(agent.saver, thread_id, ignore_owner=owner).status
+                if status != "orphaned":  # came late: the other worker already finished it
+                    print(json.dumps([thread_id, "late"]), flush=True)
+                    continue
                 agent.graph.invoke(None, lease.config, durability="sync")
             print(json.dumps([thread_id, "resumed"]), flush=True)
         except LeaseHeld:
@@ -102,8 +106,13 @@ def test_two_workers_resume_one_orphan_at_once_fifty_times(tmp_path: Path) -> No
         for line in output.splitlines():
             thread_id, outcome = json.loads(line)
             outcomes.setdefault(thread_id, []).append(outcome)
-    assert {t: sorted(o) for t, o in outcomes.items()} == {
-        t: ["held", "resumed"] for t in threads}
+    # Exactly one worker advances each thread; the other finds it held (the race) or,
+    # if it started late on a loaded machine, already finished.
+    assert sorted(outcomes) == threads
+    assert all(sorted(o) in (["held", "resumed"], ["late", "resumed"])
+               for o in outcomes.values()), outcomes
+    races = sum(o.count("held") for o in outcomes.values())
+    assert races >= 25, f"only {races} of 50 attempts overlapped; the test did not race"
     saver = open_saver(tmp_path)
     assert {thread_status(saver, t).status for t in threads} == {"done"}
     pay = FakeProvider(str(tmp_path / "pay.sqlite"), "lookup")

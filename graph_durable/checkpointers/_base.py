@@ -30,6 +30,7 @@ from graph_durable.leases import (
 )
 from graph_durable.ledger import (
     _UNSET,
+    EffectRecord,
     IntentWrite,
     TransitionWrite,
     canonical_json,
@@ -156,7 +157,7 @@ class DurableSaverMixin:
 
     def _plan_intent(
         self, write: IntentWrite, actor: tuple[str | None, int | None]
-    ) -> list[_sql.Statement]:
+    ) -> tuple[list[_sql.Statement], EffectRecord]:
         return _sql.plan_intent(
             key=write.key,
             thread_id=write.thread_id,
@@ -174,20 +175,25 @@ class DurableSaverMixin:
         row: Sequence[Any] | None,
         write: TransitionWrite,
         actor: tuple[str | None, int | None],
-    ) -> list[_sql.Statement]:
+    ) -> tuple[list[_sql.Statement], EffectRecord]:
         columns: dict[str, Any] = {}
+        fields: dict[str, Any] = {}
         if write.error is not _UNSET:
-            columns["error"] = write.error
+            columns["error"] = fields["error"] = write.error
         if write.receipt is not _UNSET:
             columns["receipt"] = _sql.to_json(write.receipt)
+            fields["receipt"] = json.loads(columns["receipt"])
         if write.result is not _UNSET:
             columns["result_type"], columns["result"] = self.serde.dumps_typed(write.result)
         if write.decision is not _UNSET:
             columns["decision"] = (
                 None if write.decision is None else _sql.to_json(write.decision)
             )
+            fields["decision"] = None if write.decision is None else json.loads(
+                columns["decision"])
         if write.asked is not _UNSET:
             columns["asked"] = int(write.asked)
+            fields["asked"] = bool(write.asked)
         return _sql.plan_transition(
             row,
             thread_id=write.thread_id,
@@ -198,6 +204,7 @@ class DurableSaverMixin:
             now=time.time(),
             actor=actor,
             columns=columns,
+            fields=fields,
             bump_attempts=write.bump_attempts,
         )
 

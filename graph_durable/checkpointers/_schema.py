@@ -40,7 +40,6 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX effects_key ON effects (key);
     CREATE INDEX effects_thread_status ON effects (thread_id, status);
-    CREATE INDEX effects_thread_call ON effects (thread_id, tool_call_id);
     CREATE TABLE effect_events (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         key TEXT NOT NULL,

@@ -214,9 +214,14 @@ def plan_intent(
     status: EffectStatus,
     now: float,
     actor: tuple[str | None, int | None],
-) -> list[Statement]:
-    """Insert a new effect row (the intent) and its `intent` event."""
+) -> tuple[list[Statement], EffectRecord]:
+    """Insert a new effect row (the intent) and its `intent` event; return the record."""
     attempts = 1 if status is EffectStatus.IN_FLIGHT else 0
+    record = EffectRecord(
+        key=key, thread_id=thread_id, checkpoint_ns=checkpoint_ns, tool_call_id=tool_call_id,
+        tool=tool, args=json.loads(args_json), status=status, attempts=attempts,
+        created_at=now, updated_at=now,
+    )
     return [
         (
             "INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args, "
@@ -230,7 +235,7 @@ def plan_intent(
                                                  "tool_call_id": tool_call_id}),
              now, *actor),
         ),
-    ]
+    ], record
 
 
 def plan_transition(
@@ -244,11 +249,14 @@ def plan_transition(
     now: float,
     actor: tuple[str | None, int | None],
     columns: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None,
     bump_attempts: bool = False,
-) -> list[Statement]:
+) -> tuple[list[Statement], EffectRecord]:
     """Move an effect to status `to`, setting `columns`, and journal it as `kind`.
 
-    `bump_attempts` counts one more call of the tool (a new attempt with the same key).
+    `columns` are the encoded column values, `fields` the same values as the record
+    holds them; the updated record is returned with the plan. `bump_attempts` counts
+    one more call of the tool (a new attempt with the same key).
 
     Raises:
         IllegalTransition: no such effect, or the lifecycle forbids the move.
@@ -268,8 +276,9 @@ def plan_transition(
             tool_call_id=record.tool_call_id,
         )
     assignments = {"status": to.value, "updated_at": now, **(columns or {})}
+    updated = {"status": to, "updated_at": now, **(fields or {})}
     if bump_attempts:
-        assignments["attempts"] = record.attempts + 1
+        assignments["attempts"] = updated["attempts"] = record.attempts + 1
         data = {**data, "attempt": record.attempts + 1}
     sets = ", ".join(f"{name} = ?" for name in assignments)
     return [
@@ -281,4 +290,4 @@ def plan_transition(
             INSERT_EVENT,
             (key, thread_id, kind, to_json({"status": to.value, **data}), now, *actor),
         ),
-    ]
+    ], record.model_copy(update=updated)

@@ -401,20 +401,18 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         actor = actor_of(config)
         writes = write.writes if isinstance(write, WriteBatch) else (write,)
         async with self._txn(write.thread_id, config) as cur:
-            for one in writes:
-                if isinstance(one, IntentWrite):
-                    plan = self._plan_intent(one, actor)
-                else:
-                    await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-                    plan = self._plan_transition(await cur.fetchone(), one, actor)
-                for sql, params in plan:
-                    await cur.execute(sql, params)
-            if isinstance(write, WriteBatch) and write.resume_at is not None:
-                await cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
             changed = []
             for one in writes:
-                await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-                changed.append(_sql.effect_from_row(await cur.fetchone()))
+                if isinstance(one, IntentWrite):
+                    plan, record = self._plan_intent(one, actor)
+                else:
+                    await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
+                    plan, record = self._plan_transition(await cur.fetchone(), one, actor)
+                for sql, params in plan:
+                    await cur.execute(sql, params)
+                changed.append(record)
+            if isinstance(write, WriteBatch) and write.resume_at is not None:
+                await cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
             return changed
 
     def effect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:

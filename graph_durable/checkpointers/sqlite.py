@@ -15,6 +15,7 @@ Retention and the ledger:
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from contextlib import closing, contextmanager
@@ -47,6 +48,19 @@ from graph_durable.testing.faults import fault_point
 __all__ = ["DurableSqliteSaver"]
 
 
+class _QueuedWrite:
+    """A ledger write waiting for the group commit that will hold it."""
+
+    __slots__ = ("write", "config", "result", "error", "done")
+
+    def __init__(self, write: LedgerWrite, config: RunnableConfig | None) -> None:
+        self.write = write
+        self.config = config
+        self.result: list[EffectRecord] = []
+        self.error: BaseException | None = None
+        self.done = False
+
+
 def _statements(script: str) -> list[str]:
     return [part.strip() for part in script.split(";") if part.strip()]
 
@@ -74,6 +88,8 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
     ) -> None:
         super().__init__(conn, serde=serde)
         self._init_durable(flow_version, compatible_flow_versions)
+        self._queue: list[_QueuedWrite] = []
+        self._queue_lock = threading.Lock()
 
     @classmethod
     @contextmanager
@@ -387,30 +403,72 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
     def apply(
         self, write: LedgerWrite, config: RunnableConfig | None = None
     ) -> list[EffectRecord]:
-        """Apply one ledger write in one durable transaction; return the changed effects.
+        """Apply one ledger write durably; return the changed effects.
 
         Called by the effect guard. Raises `IllegalTransition` if the lifecycle forbids
-        it, in which case nothing is written.
+        it, `LeaseLost` or `FlowVersionMismatch` if the write is fenced out; in each
+        case nothing of this write is stored.
+
+        Writes arriving from parallel tool calls while a commit is under way are
+        committed together (group commit): each caller still returns only after the
+        commit holding its write, but several writes share one fsync.
         """
+        item = _QueuedWrite(write, config)
+        with self._queue_lock:
+            self._queue.append(item)
+        with self.lock:
+            if not item.done:
+                self._commit_queue()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _commit_queue(self) -> None:
+        """Commit every queued write in one transaction (the caller holds `self.lock`)."""
+        with self._queue_lock:
+            batch, self._queue = self._queue, []
+        self.setup()
+        cur = self.conn.cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            for item in batch:
+                # A savepoint per write: one refused write must not undo its neighbours.
+                cur.execute("SAVEPOINT ledger_write")
+                try:
+                    item.result = self._apply_txn(cur, item.write, item.config)
+                except BaseException as exc:
+                    cur.execute("ROLLBACK TO ledger_write")
+                    item.error = exc
+                cur.execute("RELEASE ledger_write")
+            self.conn.commit()
+        except BaseException as exc:
+            self.conn.rollback()
+            for item in batch:
+                item.error = item.error or exc
+        finally:
+            cur.close()
+            for item in batch:
+                item.done = True
+
+    def _apply_txn(
+        self, cur: sqlite3.Cursor, write: LedgerWrite, config: RunnableConfig | None
+    ) -> list[EffectRecord]:
+        self._check_write_txn(cur, write.thread_id, config)
         actor = actor_of(config)
-        with self._txn(write.thread_id, config) as cur:
-            writes = write.writes if isinstance(write, WriteBatch) else (write,)
-            for one in writes:
-                if isinstance(one, IntentWrite):
-                    plan = self._plan_intent(one, actor)
-                else:
-                    row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                    plan = self._plan_transition(row, one, actor)
-                for sql, params in plan:
-                    cur.execute(sql, params)
-            if isinstance(write, WriteBatch) and write.resume_at is not None:
-                cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
-            return [
-                _sql.effect_from_row(
-                    cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                )
-                for one in writes
-            ]
+        writes = write.writes if isinstance(write, WriteBatch) else (write,)
+        changed = []
+        for one in writes:
+            if isinstance(one, IntentWrite):
+                plan, record = self._plan_intent(one, actor)
+            else:
+                row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+                plan, record = self._plan_transition(row, one, actor)
+            for sql, params in plan:
+                cur.execute(sql, params)
+            changed.append(record)
+        if isinstance(write, WriteBatch) and write.resume_at is not None:
+            cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
+        return changed
 
     # Async twins of the ledger methods, so the guard runs under ainvoke too.
 

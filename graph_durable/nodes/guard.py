@@ -156,6 +156,7 @@ class GuardCore:
     ) -> None:
         self.effects = dict(effects or {})
         self.default = default or Effect()
+        self._durable_checkpoints: set[tuple[str, str, str]] = set()
         for name, policy in self.effects.items():
             if not isinstance(policy, Effect):
                 raise TypeError(f"effects[{name!r}] must be an Effect, got {policy!r}")
@@ -233,8 +234,17 @@ class GuardCore:
         self, task: _Task, request: ToolCallRequest, exists: Callable[..., bool]
     ) -> None:
         where = task.requesting_checkpoint()
-        if where is not None and not exists(*where):
+        if where is None or where in self._durable_checkpoints:
+            return
+        if not exists(*where):
             raise task.not_durable(request.tool_call, "its checkpoint is not in the database")
+        self._remember_durable(where)
+
+    def _remember_durable(self, where: tuple[str, str, str]) -> None:
+        # A stored checkpoint stays stored; the calls of one step share it, so ask once.
+        if len(self._durable_checkpoints) >= 1024:
+            self._durable_checkpoints.clear()
+        self._durable_checkpoints.add(where)
 
     def _effect_context(self, task: _Task, op: CallTool) -> EffectContext:
         record = op.record
@@ -334,8 +344,11 @@ class GuardCore:
             return await execute(request)
         task, ctx = prepared
         where = task.requesting_checkpoint()
-        if where is not None and not await task.saver.acheckpoint_exists(*where):
-            raise task.not_durable(request.tool_call, "its checkpoint is not in the database")
+        if where is not None and where not in self._durable_checkpoints:
+            if not await task.saver.acheckpoint_exists(*where):
+                raise task.not_durable(request.tool_call,
+                                       "its checkpoint is not in the database")
+            self._remember_durable(where)
         protocol = run_call(ctx)
         value: Any = None
         while True:
