@@ -199,6 +199,10 @@ class TransitionWrite:
 
     `result` (a ToolMessage or Command) is stored for replay; `receipt` and `decision`
     are stored as JSON; `asked` flags an effect a pending interrupt asks about.
+    `defer` lets the saver commit the write with the thread's next write (at the latest
+    the step's own writes) instead of on its own: for receipts of effects that reconcile
+    without a human (idempotent or looked up), whose loss in a crash costs a lookup or a
+    deduplicated re-send, never a duplicate.
     """
 
     thread_id: str
@@ -212,6 +216,7 @@ class TransitionWrite:
     result: Any | _Unset = _UNSET
     decision: dict[str, Any] | None | _Unset = _UNSET
     asked: bool | _Unset = _UNSET
+    defer: bool = False
 
 
 @dataclass(frozen=True)

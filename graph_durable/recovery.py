@@ -73,15 +73,17 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
         return ThreadStatus(thread_id, "running",
                             f"{lease[0]!r} holds a live lease for {lease[2] - time.time():.1f} s",
                             nxt)
-    asked = [r for r in saver.effects(thread_id) if r.asked]
+    # Only an interrupt the checkpoint holds is pending: a worker killed between asking
+    # (ledger) and interrupting (checkpoint) left an orphan that must be resumed to ask.
+    interrupts = [w for w in latest.pending_writes if w[1] == INTERRUPT]
+    asked = [r for r in saver.effects(thread_id) if r.asked] if interrupts else []
     unknown = tuple(r.tool_call_id for r in asked if r.status is EffectStatus.UNKNOWN)
     if unknown:
         return ThreadStatus(thread_id, "needs_human",
                             f"outcome unknown for tool calls {list(unknown)}: decide applied, "
                             "retry or skip", nxt, unknown)
     approvals = tuple(r.tool_call_id for r in asked)
-    interrupts = [w for w in latest.pending_writes if w[1] == INTERRUPT]
-    if approvals or interrupts:
+    if interrupts:
         return ThreadStatus(thread_id, "waiting",
                             f"waiting for approval of {list(approvals)}" if approvals
                             else "waiting for input to an interrupt", nxt, approvals)

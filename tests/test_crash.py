@@ -137,16 +137,21 @@ def test_two_parallel_calls_one_applied_before_the_crash(tmp_path: Path, mode: s
         "modes": {"fast": mode, "slow": mode},
         "delays": {"slow": 0.5},
     }
+    fast = FakeProvider(str(tmp_path / "fast.sqlite"), mode)
+    slow = FakeProvider(str(tmp_path / "slow.sqlite"), mode)
     assert run_child(EFFECTS, kwargs, thread_id="t",
                      fault=FaultPlan("after_effect", tool="slow")).killed
-    assert ledger(tmp_path) == {"fast": "applied", "slow": "in_flight"}
+    assert fast.count() == 1 and slow.count() == 1  # both reached the provider
+    # The receipts of reconcilable effects ride on the step's commit, which never came.
+    assert ledger(tmp_path) == {"fast": "in_flight", "slow": "in_flight"}
 
     resumed = run_child(EFFECTS, kwargs, thread_id="t", action="resume")
     assert resumed.done
-    fast = FakeProvider(str(tmp_path / "fast.sqlite"), mode)
-    slow = FakeProvider(str(tmp_path / "slow.sqlite"), mode)
     assert fast.count() == 1 and slow.count() == 1
-    assert len(fast.requests()) == 1  # the applied call was replayed, not re-sent
+    outcomes = [r["outcome"] for r in fast.requests()]
+    # lookup finds the effect (no new request); dedupe sees the same key again.
+    assert outcomes == (["applied"] if mode == "lookup" else ["applied", "deduplicated"])
+    assert len({r["key"] for r in fast.requests()}) == 1
     tool_messages = [m for m in resumed.summary["messages"] if m["type"] == "tool"]
     assert [m["tool_call_id"] for m in tool_messages] == ["call_0_0", "call_0_1"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -61,6 +62,22 @@ class DurableSaverMixin:
         self.compatible_flow_versions = frozenset(compatible_flow_versions)
         # Threads whose pin this saver has already seen match: pins never change.
         self._flow_checked: set[str] = set()
+        self._deferred: dict[str, list[tuple[TransitionWrite, RunnableConfig | None]]] = {}
+        self._deferred_lock = threading.Lock()
+
+    # -- deferred receipts: committed with the thread's next write -----------------------
+
+    def _defer(self, write: Any, config: RunnableConfig | None) -> bool:
+        """Keep a deferrable write for the thread's next transaction; `False` if not one."""
+        if not (isinstance(write, TransitionWrite) and write.defer):
+            return False
+        with self._deferred_lock:
+            self._deferred.setdefault(write.thread_id, []).append((write, config))
+        return True
+
+    def _take_deferred(self, thread_id: str) -> list[tuple[TransitionWrite, RunnableConfig | None]]:
+        with self._deferred_lock:
+            return self._deferred.pop(thread_id, [])
 
     # -- write guards: fencing and flow-version pin (run inside the write's transaction) --
 

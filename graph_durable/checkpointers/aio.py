@@ -34,6 +34,7 @@ from graph_durable.ledger import (
     EffectStatus,
     IntentWrite,
     LedgerWrite,
+    TransitionWrite,
     WriteBatch,
 )
 from graph_durable.testing.faults import fault_point
@@ -273,6 +274,21 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             await cur.execute(_sql.SELECT_FLOW_VERSION, (thread_id,))
             for statement in self._flow_statements(await cur.fetchone(), thread_id):
                 await cur.execute(*statement)
+        for write, write_config in self._take_deferred(thread_id):
+            await self._apply_one_txn(cur, write, actor_of(write_config))
+
+    async def _apply_one_txn(
+        self, cur: aiosqlite.Cursor, one: IntentWrite | TransitionWrite,
+        actor: tuple[str | None, int | None],
+    ) -> EffectRecord:
+        if isinstance(one, IntentWrite):
+            plan, record = self._plan_intent(one, actor)
+        else:
+            await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
+            plan, record = self._plan_transition(await cur.fetchone(), one, actor)
+        for sql, params in plan:
+            await cur.execute(sql, params)
+        return record
 
     # -- leases --------------------------------------------------------------------------
 
@@ -397,20 +413,17 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     async def aapply(
         self, write: LedgerWrite, config: RunnableConfig | None = None
     ) -> list[EffectRecord]:
-        """Apply one ledger write in one durable transaction; return the changed effects."""
+        """Apply one ledger write in one durable transaction; return the changed effects.
+
+        A write marked `defer` returns at once and is committed with the thread's next
+        write.
+        """
+        if self._defer(write, config):
+            return []
         actor = actor_of(config)
         writes = write.writes if isinstance(write, WriteBatch) else (write,)
         async with self._txn(write.thread_id, config) as cur:
-            changed = []
-            for one in writes:
-                if isinstance(one, IntentWrite):
-                    plan, record = self._plan_intent(one, actor)
-                else:
-                    await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-                    plan, record = self._plan_transition(await cur.fetchone(), one, actor)
-                for sql, params in plan:
-                    await cur.execute(sql, params)
-                changed.append(record)
+            changed = [await self._apply_one_txn(cur, one, actor) for one in writes]
             if isinstance(write, WriteBatch) and write.resume_at is not None:
                 await cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
             return changed

@@ -41,6 +41,7 @@ from graph_durable.ledger import (
     EffectStatus,
     IntentWrite,
     LedgerWrite,
+    TransitionWrite,
     WriteBatch,
 )
 from graph_durable.testing.faults import fault_point
@@ -304,12 +305,28 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
     def _check_write_txn(
         self, cur: sqlite3.Cursor, thread_id: str, config: RunnableConfig | None
     ) -> None:
+        """Fence, pin, and commit the thread's deferred receipts with this write."""
         self._check_fence(cur.execute(_sql.SELECT_LEASE, (thread_id,)).fetchone(), thread_id,
                           config)
         if self._needs_flow_check(thread_id):
             row = cur.execute(_sql.SELECT_FLOW_VERSION, (thread_id,)).fetchone()
             for statement in self._flow_statements(row, thread_id):
                 cur.execute(*statement)
+        for write, write_config in self._take_deferred(thread_id):
+            self._apply_one_txn(cur, write, actor_of(write_config))
+
+    def _apply_one_txn(
+        self, cur: sqlite3.Cursor, one: IntentWrite | TransitionWrite,
+        actor: tuple[str | None, int | None],
+    ) -> EffectRecord:
+        if isinstance(one, IntentWrite):
+            plan, record = self._plan_intent(one, actor)
+        else:
+            row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+            plan, record = self._plan_transition(row, one, actor)
+        for sql, params in plan:
+            cur.execute(sql, params)
+        return record
 
     # -- leases --------------------------------------------------------------------------
 
@@ -411,8 +428,11 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
 
         Writes arriving from parallel tool calls while a commit is under way are
         committed together (group commit): each caller still returns only after the
-        commit holding its write, but several writes share one fsync.
+        commit holding its write, but several writes share one fsync. A write marked
+        `defer` returns at once and is committed with the thread's next write.
         """
+        if self._defer(write, config):
+            return []
         item = _QueuedWrite(write, config)
         with self._queue_lock:
             self._queue.append(item)
@@ -456,16 +476,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         self._check_write_txn(cur, write.thread_id, config)
         actor = actor_of(config)
         writes = write.writes if isinstance(write, WriteBatch) else (write,)
-        changed = []
-        for one in writes:
-            if isinstance(one, IntentWrite):
-                plan, record = self._plan_intent(one, actor)
-            else:
-                row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                plan, record = self._plan_transition(row, one, actor)
-            for sql, params in plan:
-                cur.execute(sql, params)
-            changed.append(record)
+        changed = [self._apply_one_txn(cur, one, actor) for one in writes]
         if isinstance(write, WriteBatch) and write.resume_at is not None:
             cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
         return changed

@@ -236,8 +236,12 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
             fault_point("after_effect", tool=ctx.tool)
             if record.args != ctx.tool_call["args"]:
                 result = _note_edit(result, record.args)
-            yield Write(ctx.transition(record, S.APPLIED, "receipt", receipt=receipt_of(result),
-                                       result=result, data={"source": "tool"}))
+            # A receipt that a lookup or a same-key re-send could recover rides on the
+            # step's own commit; one only a human could recover is committed now.
+            policy = ctx.policy
+            yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None, receipt=receipt_of(result),
+                                       result=result, data={"source": "tool"},
+                                       defer=policy.idempotent or policy.lookup is not None))
             fault_point("after_receipt", tool=ctx.tool)
             return result
         if isinstance(error, NotApplied | ToolInvocationError):
@@ -269,7 +273,7 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> P
         found = yield Lookup(record.key)
         if found.error is None and found.value is not None:
             message = ctx.message(found.value)
-            yield Write(ctx.transition(record, S.APPLIED, "receipt", receipt=found.value,
+            yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None, receipt=found.value,
                                        result=message, data={"source": "lookup"}))
             return message
         if found.error is None and may_resend:
@@ -315,7 +319,7 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
         return (yield from _send(ctx, record, may_resend=False))
     if kind == "applied":
         message = ctx.message(decision["receipt"])
-        yield Write(ctx.transition(record, S.APPLIED, "receipt", receipt=decision["receipt"],
+        yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None, receipt=decision["receipt"],
                                    result=message, decision=None,
                                    data={**data, "source": "human"}))
         return message

@@ -144,7 +144,9 @@ class Child:
         self.spec = spec
         self._stderr = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "graph_durable.testing.child", json.dumps(spec)],
+            # Not `-m`: the package imports this module, and runpy warns about that.
+            [sys.executable, "-c", "from graph_durable.testing.child import _main; _main()",
+             json.dumps(spec)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env=env,
         )
@@ -254,7 +256,7 @@ async def _main_async(spec: dict[str, Any], factory: Any, config: dict[str, Any]
 
 
 def _main() -> None:
-    spec = json.loads(sys.argv[1])
+    spec = json.loads(sys.argv[-1])
     factory = load_factory(spec["factory"])
     config = {"configurable": {"thread_id": spec["thread_id"]}}
     if inspect.iscoroutinefunction(factory):
