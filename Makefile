@@ -18,7 +18,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# Benchmark-only packages (dbos, matplotlib, psutil); if they cannot be installed, the
+# benchmarks that need them are skipped with a message.
 bench: $(STAMP)
+	-$(PY) -m pip install --quiet -r benchmarks/requirements.txt
 	$(PY) -m benchmarks
 
 clean:

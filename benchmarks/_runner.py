@@ -4,6 +4,12 @@ A benchmark compares a *stock* and a *guarded* variant of the same workload. It 
 one zero-argument callable per variant, lets `measure_interleaved` time them in
 alternation (A B A B ...), wraps the medians in `Comparison`s, then calls `report`,
 which prints a table and appends one markdown row per comparison to `results.md`.
+
+Not every benchmark is stock vs guarded: a `Comparison` names its two sides
+(`labels`, e.g. DBOS step vs ledger effect, or 10 vs 10,000 earlier turns) and its
+`unit` (ms, bytes, MB). `report(..., benchmark=name)` also records the results in
+`latest.json`, which `python -m benchmarks plot` draws. A benchmark that needs a package
+which is not installed calls `require(...)`, and `run_modules` skips it with a message.
 """
 
 from __future__ import annotations
@@ -11,21 +17,33 @@ from __future__ import annotations
 import gc
 import importlib
 import importlib.metadata
+import importlib.util
+import json
 import os
 import platform
+import sqlite3
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 __all__ = [
+    "LATEST_PATH",
+    "REQUIREMENTS_PATH",
     "RESULTS_PATH",
+    "BenchmarkSkipped",
     "Comparison",
     "MachineInfo",
     "append_results",
+    "commit_latency_ms",
+    "missing_packages",
+    "record_latest",
+    "require",
+    "run_main",
     "machine_info",
     "measure_interleaved",
     "median_ms",
@@ -37,6 +55,8 @@ __all__ = [
 ]
 
 RESULTS_PATH = Path(__file__).with_name("results.md")
+LATEST_PATH = Path(__file__).with_name("latest.json")
+REQUIREMENTS_PATH = Path(__file__).with_name("requirements.txt")
 
 _RESULTS_HEADER = (
     "# Benchmark results\n"
@@ -47,6 +67,28 @@ _RESULTS_HEADER = (
     "| date | machine | cpus | python | langgraph | graph_durable | scenario "
     "| stock ms | guarded ms | ratio |\n"
     "|---|---|---|---|---|---|---|---:|---:|---:|\n"
+)
+
+# Every benchmark's rows, whatever it measures: each side is named in its cell, with
+# its unit. Appended after the first table (whose rows are kept as they were).
+_TABLE_HEADER = (
+    "| date | machine | cpus | python | langgraph | graph_durable | context "
+    "| benchmark | scenario | baseline | measured | ratio | target | verdict |\n"
+)
+_RESULTS_SECTION = (
+    "\n"
+    "## All benchmarks\n"
+    "\n"
+    "One row per scenario and run. `baseline` and `measured` name the two sides compared\n"
+    "and their unit (medians over repetitions unless the scenario says otherwise);\n"
+    "`ratio` is measured / baseline, and `target` is the ratio it should stay at or\n"
+    "below (printed and recorded, not asserted). `context` has the versions not in a\n"
+    "column of their own and `commit`, the median time of one durable SQLite commit\n"
+    "(WAL, synchronous=FULL) measured when the row was written: the disk's fsync\n"
+    "latency, which decides most of these numbers and varies with other load.\n"
+    "\n"
+    + _TABLE_HEADER
+    + "|---|---|---|---|---|---|---|---|---|---:|---:|---:|---:|---|\n"
 )
 
 
@@ -139,10 +181,54 @@ class MachineInfo:
     python: str
     langgraph: str
     graph_durable: str
+    sqlite: str = sqlite3.sqlite_version
+    extra: Mapping[str, str] = field(default_factory=dict)
+    """Versions of other packages a benchmark compares against (e.g. `dbos`)."""
+    commit_ms: float | None = None
+    """Median durable SQLite commit time when the info was taken (see `commit_latency_ms`)."""
+
+    @property
+    def other_versions(self) -> str:
+        """`sqlite 3.x, dbos 3.y, commit 0.31 ms`: versions without a column, disk latency."""
+        parts = [f"{name} {version}" for name, version in
+                 {"sqlite": self.sqlite, **self.extra}.items()]
+        if self.commit_ms is not None:
+            parts.append(f"commit {self.commit_ms:.2f} ms")
+        return ", ".join(parts)
 
 
-def machine_info() -> MachineInfo:
-    """Describe this machine, interpreter and the versions under test."""
+def commit_latency_ms(commits: int = 25) -> float:
+    """Median time of one durable commit to a SQLite file (WAL, synchronous=FULL), in ms.
+
+    One small INSERT per commit, in a temporary file beside the other benchmark files:
+    what one fsync costs on this disk right now. Other processes writing to the same
+    disk (a test suite, another benchmark) raise it, and with it every durable number.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="graph-durable-probe-") as workdir:
+        conn = sqlite3.connect(os.path.join(workdir, "probe.sqlite"), isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("CREATE TABLE t (x INTEGER)")
+            samples = []
+            for i in range(commits):
+                start = time.perf_counter()
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("INSERT INTO t VALUES (?)", (i,))
+                conn.execute("COMMIT")
+                samples.append(time.perf_counter() - start)
+        finally:
+            conn.close()
+    return median_ms(samples)
+
+
+def machine_info(extra: Mapping[str, str] | None = None, *, probe: bool = True) -> MachineInfo:
+    """Describe this machine, interpreter and the versions under test.
+
+    With `probe`, the disk's durable commit latency is measured now (~25 commits).
+    """
     return MachineInfo(
         date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         machine=platform.platform(),
@@ -150,7 +236,33 @@ def machine_info() -> MachineInfo:
         python=platform.python_version(),
         langgraph=package_version("langgraph"),
         graph_durable=package_version("graph-durable"),
+        extra=dict(extra or {}),
+        commit_ms=commit_latency_ms() if probe else None,
     )
+
+
+# -- optional packages -----------------------------------------------------------------
+
+
+class BenchmarkSkipped(Exception):
+    """Raised by a benchmark that cannot run here; the message says why and what to do."""
+
+
+def missing_packages(*modules: str) -> list[str]:
+    """The modules of `modules` that cannot be imported here."""
+    return [name for name in modules if importlib.util.find_spec(name) is None]
+
+
+def require(*modules: str, why: str = "") -> None:
+    """Raise `BenchmarkSkipped` unless every module of `modules` is importable."""
+    missing = missing_packages(*modules)
+    if missing:
+        raise BenchmarkSkipped(
+            f"{'package' if len(missing) == 1 else 'packages'} {', '.join(missing)} not "
+            f"installed{f' ({why})' if why else ''}. Install the benchmarks' requirements "
+            f"into this environment with `{sys.executable} -m pip install -r "
+            f"{REQUIREMENTS_PATH}` (or `make bench`, which does)"
+        )
 
 
 # -- results ---------------------------------------------------------------------------
@@ -158,33 +270,83 @@ def machine_info() -> MachineInfo:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Median per-turn time of the stock and guarded variants of one scenario."""
+    """Two measured sides of one scenario: a baseline and what is measured against it.
+
+    The field names come from the first benchmark (stock vs guarded turn, in ms); other
+    benchmarks name their sides with `labels` and their unit with `unit`.
+    """
 
     scenario: str
     stock_ms: float
+    """The baseline's value (in `unit`)."""
     guarded_ms: float
+    """The measured side's value (in `unit`)."""
     target: float | None = None
-    """Ratio guarded/stock the scenario should stay at or below (reported, not asserted)."""
+    """Ratio measured/baseline the scenario should stay at or below (reported, not asserted)."""
     stock_samples_ms: Sequence[float] = field(default=(), compare=False)
     guarded_samples_ms: Sequence[float] = field(default=(), compare=False)
+    labels: tuple[str, str] = ("stock", "guarded")
+    """Names of the baseline and the measured side."""
+    unit: str = "ms"
+    verdict_text: str | None = None
+    """A verdict computed by the benchmark itself (e.g. `BELOW NOISE`), overriding the target's."""
+    note: str = ""
+    """One line printed under the table (not written to results.md)."""
+    details: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """Anything else worth keeping in `latest.json` (per-phase times, sizes, ...)."""
 
     @property
     def ratio(self) -> float:
-        """Guarded time over stock time."""
+        """Measured over baseline (guarded time over stock time)."""
         return self.guarded_ms / self.stock_ms
 
     @property
     def verdict(self) -> str:
-        """`PASS`, `ABOVE TARGET`, or `-` when the scenario has no target."""
+        """`PASS`, `ABOVE TARGET`, the benchmark's own verdict, or `-` with no target."""
+        if self.verdict_text is not None:
+            return self.verdict_text
         if self.target is None:
             return "-"
         return "PASS" if self.ratio <= self.target else "ABOVE TARGET"
+
+    def side(self, which: int) -> str:
+        """`stock 7.30 ms`: one side's label, value and unit."""
+        value = (self.stock_ms, self.guarded_ms)[which]
+        return f"{self.labels[which]} {_fmt(value)} {self.unit}"
+
+    def as_json(self) -> dict[str, Any]:
+        """Plain data for `latest.json`."""
+        return {
+            "scenario": self.scenario,
+            "labels": list(self.labels),
+            "unit": self.unit,
+            "baseline": self.stock_ms,
+            "measured": self.guarded_ms,
+            "ratio": self.ratio,
+            "target": self.target,
+            "verdict": self.verdict,
+            "baseline_samples": list(self.stock_samples_ms),
+            "measured_samples": list(self.guarded_samples_ms),
+            "details": dict(self.details),
+        }
+
+
+def _fmt(value: float) -> str:
+    """A value with as many decimals as its size deserves."""
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    if magnitude >= 0.1:
+        return f"{value:.2f}"
+    return f"{value:.4f}"
 
 
 def _spread(samples_ms: Sequence[float]) -> str:
     if not samples_ms:
         return ""
-    return f"[{min(samples_ms):.2f}..{max(samples_ms):.2f}]"
+    return f"[{_fmt(min(samples_ms))}..{_fmt(max(samples_ms))}]"
 
 
 def print_table(title: str, comparisons: Sequence[Comparison], info: MachineInfo) -> None:
@@ -193,53 +355,107 @@ def print_table(title: str, comparisons: Sequence[Comparison], info: MachineInfo
     print(title)
     print(
         f"{info.machine} | {info.cpus} cpus | python {info.python} | "
-        f"langgraph {info.langgraph} | graph_durable {info.graph_durable}"
+        f"langgraph {info.langgraph} | graph_durable {info.graph_durable} | "
+        f"{info.other_versions}"
     )
+    width = max([len("scenario"), *(len(c.scenario) for c in comparisons)])
+    base_w = max([len("baseline"), *(len(c.side(0)) for c in comparisons)])
+    meas_w = max([len("measured"), *(len(c.side(1)) for c in comparisons)])
     header = (
-        f"{'scenario':<24} {'stock ms':>9} {'guarded ms':>10} {'ratio':>6} "
-        f"{'target':>6}  verdict"
+        f"{'scenario':<{width}}  {'baseline':>{base_w}}  {'measured':>{meas_w}}  "
+        f"{'ratio':>6}  {'target':>6}  verdict"
     )
     print(header)
     print("-" * len(header))
     for c in comparisons:
         target = "-" if c.target is None else f"{c.target:.2f}"
         print(
-            f"{c.scenario:<24} {c.stock_ms:>9.2f} {c.guarded_ms:>10.2f} {c.ratio:>6.3f} "
-            f"{target:>6}  {c.verdict}"
+            f"{c.scenario:<{width}}  {c.side(0):>{base_w}}  {c.side(1):>{meas_w}}  "
+            f"{c.ratio:>6.3f}  {target:>6}  {c.verdict}"
         )
     for c in comparisons:
         if c.stock_samples_ms and len(c.stock_samples_ms) == len(c.guarded_samples_ms):
             ratios = [g / s for s, g in zip(c.stock_samples_ms, c.guarded_samples_ms)]
             print(
-                f"  {c.scenario}: stock min..max {_spread(c.stock_samples_ms)} ms, "
-                f"guarded min..max {_spread(c.guarded_samples_ms)} ms, "
+                f"  {c.scenario}: {c.labels[0]} min..max {_spread(c.stock_samples_ms)} "
+                f"{c.unit}, {c.labels[1]} min..max {_spread(c.guarded_samples_ms)} {c.unit}, "
                 f"ratio per repetition {_spread(ratios)}"
             )
+        if c.note:
+            print(f"  {c.scenario}: {c.note}")
 
 
 def append_results(
-    comparisons: Sequence[Comparison], info: MachineInfo, path: Path = RESULTS_PATH
+    comparisons: Sequence[Comparison],
+    info: MachineInfo,
+    path: Path = RESULTS_PATH,
+    *,
+    benchmark: str = "",
 ) -> None:
-    """Append one markdown row per comparison to `path` (created with a header if new)."""
+    """Append one markdown row per comparison to the table `## All benchmarks` of `path`.
+
+    The table is added (after any rows of the first table, which are kept) when the file
+    does not have it yet, and the file is created with its header when new.
+    """
     rows = [
         f"| {info.date} | {info.machine} | {info.cpus} | {info.python} | {info.langgraph} "
-        f"| {info.graph_durable} | {c.scenario} | {c.stock_ms:.2f} | {c.guarded_ms:.2f} "
-        f"| {c.ratio:.3f} |\n"
+        f"| {info.graph_durable} | {info.other_versions} | {benchmark or '-'} "
+        f"| {c.scenario} | {c.side(0)} | {c.side(1)} | {c.ratio:.3f} "
+        f"| {'-' if c.target is None else f'{c.target:.2f}'} | {c.verdict} |\n"
         for c in comparisons
     ]
-    new = not path.exists() or path.stat().st_size == 0
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
     with path.open("a", encoding="utf-8") as out:
-        if new:
+        if not text:
             out.write(_RESULTS_HEADER)
+        if _TABLE_HEADER not in text:
+            out.write(_RESULTS_SECTION)
+        elif not text.endswith("\n"):
+            out.write("\n")
         out.writelines(rows)
 
 
-def report(title: str, comparisons: Sequence[Comparison]) -> MachineInfo:
-    """Print the table and append the rows to `results.md`; return the machine info."""
-    info = machine_info()
+def record_latest(
+    benchmark: str,
+    title: str,
+    comparisons: Sequence[Comparison],
+    info: MachineInfo,
+    path: Path = LATEST_PATH,
+) -> None:
+    """Store this run of `benchmark` in `latest.json` (other benchmarks' entries are kept)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except ValueError:
+        data = {}
+    data[benchmark] = {
+        "title": title,
+        "machine": {**asdict(info), "extra": dict(info.extra)},
+        "comparisons": [c.as_json() for c in comparisons],
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def report(
+    title: str,
+    comparisons: Sequence[Comparison],
+    *,
+    benchmark: str = "",
+    extra_versions: Mapping[str, str] | None = None,
+) -> MachineInfo:
+    """Print the table, append the rows to `results.md` and record them in `latest.json`.
+
+    `extra_versions` names the versions of other packages compared against (e.g. dbos).
+    Returns the machine info.
+    """
+    info = machine_info(extra_versions)
     print_table(title, comparisons, info)
-    append_results(comparisons, info)
+    append_results(comparisons, info, benchmark=benchmark)
     print(f"appended {len(comparisons)} row(s) to {RESULTS_PATH}")
+    if benchmark:
+        record_latest(benchmark, title, comparisons, info)
+        print(f"recorded {benchmark} in {LATEST_PATH}")
     return info
 
 
@@ -247,13 +463,36 @@ def report(title: str, comparisons: Sequence[Comparison]) -> MachineInfo:
 
 
 def run_modules(names: Sequence[str]) -> dict[str, list[Comparison]]:
-    """Import `benchmarks.<name>` for each name and call its `main()`."""
+    """Import `benchmarks.<name>` for each name and call its `main()`.
+
+    A benchmark that raises `BenchmarkSkipped` (a package it needs is missing, or what
+    it compares against cannot be set up here) is reported as skipped, and the others
+    still run. Skipped benchmarks are listed again at the end.
+    """
     results: dict[str, list[Comparison]] = {}
+    skipped: dict[str, str] = {}
     for name in names:
-        module = importlib.import_module(f"benchmarks.{name}")
         print(f"== {name} ==", flush=True)
         started = time.perf_counter()
-        results[name] = module.main()
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+            results[name] = module.main()
+        except BenchmarkSkipped as exc:
+            skipped[name] = str(exc)
+            print(f"SKIPPED {name}: {exc}", flush=True)
         print(f"== {name}: {time.perf_counter() - started:.1f} s ==", flush=True)
+    if skipped:
+        print()
+        for name, why in skipped.items():
+            print(f"SKIPPED {name}: {why}")
     sys.stdout.flush()
     return results
+
+
+def run_main(main: Callable[[], object]) -> int:
+    """Run one benchmark's `main()` as a script: a skip is printed, exit status 0."""
+    try:
+        main()
+    except BenchmarkSkipped as exc:
+        print(f"SKIPPED: {exc}", flush=True)
+    return 0

@@ -221,7 +221,8 @@ def main() -> list[Comparison]:
                   flush=True)
             comparisons.append(measure_scenario(workdir, n_calls, target=target))
     report("turn overhead: guarded (EffectGuardNode + DurableSqliteSaver) vs stock "
-           "(ToolNode + SqliteSaver), durability='sync'", comparisons)
+           "(ToolNode + SqliteSaver), durability='sync'", comparisons,
+           benchmark="turn_overhead")
     return comparisons
 
 
