@@ -1,55 +1,65 @@
 """`crash_matrix`: kill a scenario at every fault point, in real processes, and compare.
 
     report = crash_matrix("graph_durable.demo.ticket:build_ticket_agent",
-                          {"ticket_mode": "blind", "email_mode": "blind"}, pairs=True)
+                          {"ticket_mode": "blind", "email_mode": "blind"})
     assert report.ok, report.failures()
-    print(report)                      # one row per crash point (or pair)
+    print(report)                      # one row per crash point: outcome, effects, pauses
 
 How a sweep works. The scenario first runs without faults, in child processes that
-record every fault point they reach (`CrashPoint`: point, tool, occurrence, and the
-phase, i.e. how many pauses had been resolved). Then, for each point, the scenario runs
-again in a fresh directory: the child is SIGKILLed at that point, new children resume
-until the thread finishes or pauses, and pauses are answered by the resolver. With
-`pairs`, every crash is also followed by a second one at each point the first resuming
-process reaches (a crash during recovery). Each run is compared with the fault-free one:
+record every fault point they reach: a `CrashPoint` is a point, its tool, its occurrence
+within the process, and its phase (how many pauses had been answered). Then, for each
+point, the scenario runs again in a fresh folder: the child is SIGKILLed there, new
+children resume until the thread finishes or pauses, and the resolver answers pauses.
+A crash before the input's first checkpoint starts the thread again, as a client whose
+request was never acknowledged sends it again. With `pairs`, each crash is also
+followed by a second one at each point the first resuming process reaches: a crash
+during recovery. Every run is compared with the fault-free one:
 
-- final graph state: messages as `child.summarize` shows them, with effect keys
-  (`gd-...`) and provider receipt ids renamed by order of appearance, since keys hash
-  time-based task ids;
+- final graph state: messages as `child.summarize` shows them, JSON contents with
+  sorted keys, effect keys (`gd-...`) and receipt ids renamed by order of appearance
+  (keys hash task ids, which LangGraph derives from time-based checkpoint ids);
 - ledger: final status per tool_call_id;
-- provider effects: per provider file and operation, the number of effects, and no key
-  applied more often than in the fault-free run (a duplicate).
+- provider effects: per provider and operation, as many as in the fault-free run, and
+  no key applied more often than there (else: a duplicate).
 
 Scenario protocol. `scenario` is `"module:attribute"`: a module-level factory (sync or
 `async def`) called as `factory(db_path=..., provider_dir=..., **kwargs)` with JSON
 kwargs, returning an object with `.graph` (compiled with a durable SQLite saver on
 `db_path`) and `.inputs`. Every `FakeProvider` it uses keeps its file in `provider_dir`
-as `<name>.sqlite`: the sweep counts effects there, and the resolver looks keys up there.
+as `<name>.sqlite`: the sweep counts effects there, and resolvers look keys up there.
+`demo.ticket.build_ticket_agent`, `testing.scenarios.build_effects_agent` and
+`testing.scenarios_extra.build_create_agent` follow it.
 
-Resolver. `resolver(question, providers) -> decision` answers one interrupt value, with
-`providers` mapping file names to the scenario's `FakeProvider`s. `default_resolver`
-approves every `effect_approval`; for an `effect_unknown` it checks the provider's own
-records (as a human would on the provider's dashboard): `applied` with the stored
-receipt if the key is there, else `retry` (same key).
+Resolver. `resolver(question, providers) -> decision` answers one interrupt value;
+`providers` maps file names to the scenario's providers (opened to read). The default,
+`default_resolver`, approves every `effect_approval` and settles an `effect_unknown`
+from the provider's own records, as a human would on the provider's dashboard:
+`applied` with the stored receipt if the key is there, else `retry` (same key).
 
-Provider faults (`FakeProvider.script_faults`) and what the guard makes of them; they
-are shown in `tests/testing/test_provider_faults.py`:
+Provider faults (`FakeProvider.script_faults`) through the guard, with `Effect(timeout=t)`;
+each row is a test in `tests/testing/test_provider_faults.py`:
 
-| fault | provider mode | `Effect` | outcome |
-|---|---|---|---|
-| slow (answers under `timeout`) | any | `timeout=t` | `applied`, one effect |
-| permanent (`NotApplied`) | any | any | `failed`, error ToolMessage, no effect |
-| hang (no answer within `timeout`) | blind | `timeout=t` | `unknown` -> `effect_unknown` interrupt |
-| hang | lookup / dedupe | `timeout=t` | `unknown`, lookup finds nothing / re-send with the same key -> `applied` |
-| transient (`Retryable`) | any | `retries>=1` | retried with the same key -> `applied` |
-| transient | any | `retries=0` | `failed` (certainly not applied) |
-| lost (applied, then the connection drops) | lookup | any | `unknown` -> found by lookup -> `applied`, one effect |
-| lost | dedupe | `idempotent` | `unknown` -> re-sent, deduplicated -> `applied`, one effect |
-| lost | blind | default | `unknown` -> `effect_unknown` interrupt, one effect |
+| fault                            | provider         | outcome                               |
+|----------------------------------|------------------|---------------------------------------|
+| slow, answers within `t`         | any              | `applied`, one effect                 |
+| permanent (`NotApplied`)         | any              | `failed`, error ToolMessage, none     |
+| hang, no answer within `t`       | blind            | `unknown`: `effect_unknown` interrupt |
+| hang                             | lookup / dedupe  | `unknown`, then lookup finds nothing  |
+|                                  |                  | / re-send, same key: `applied`        |
+| transient (`Retryable`)          | any, `retries>0` | retried, same key: `applied`          |
+| transient, more than `retries`   | any              | `failed` (certainly not applied)      |
+| lost: applied, answer lost       | lookup           | `unknown`, found by lookup: `applied` |
+| lost                             | dedupe           | `unknown`, re-sent, deduplicated:     |
+|                                  |                  | `applied`, one effect                 |
+| lost                             | blind            | `unknown`: `effect_unknown` interrupt |
+
+A slow answer, a permanent failure and a timeout thus end `applied`, `failed` and
+`unknown`: only the first surely happened, only the second surely did not.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -90,9 +100,10 @@ __all__ = [
     "run_schedule",
 ]
 
-GUARD_POINTS = FAULT_POINTS[:5]
+GUARD_POINTS = ("before_intent", "after_intent", "after_decision", "after_effect",
+                "after_receipt")
 """Fault points of the effect guard (around intents, decisions, effects, receipts)."""
-SAVER_POINTS = FAULT_POINTS[5:]
+SAVER_POINTS = tuple(point for point in FAULT_POINTS if point not in GUARD_POINTS)
 """Fault points of the durable saver (around checkpoint and pending-write puts)."""
 
 Resolver = Callable[[dict[str, Any], Mapping[str, FakeProvider]], dict[str, Any]]
@@ -142,7 +153,7 @@ class _Case:
 @dataclass
 class _Run:
     summary: dict[str, Any] = field(default_factory=dict)
-    pauses: list[str] = field(default_factory=list)
+    questions: list[Any] = field(default_factory=list)
     fired: int = 0
     processes: list[tuple[bool, list[CrashPoint]]] = field(default_factory=list)
 
@@ -159,10 +170,11 @@ def _case(scenario: str, kwargs: Mapping[str, Any] | None, directory: str, threa
 def _providers(provider_dir: str) -> dict[str, FakeProvider]:
     if not os.path.isdir(provider_dir):
         return {}
-    # Opened for reading only; "lookup" lets a resolver call find() whatever the real mode.
-    return {name[:-len(".sqlite")]: FakeProvider(os.path.join(provider_dir, name), "lookup",
-                                                  name=name[:-len(".sqlite")])
-            for name in sorted(os.listdir(provider_dir)) if name.endswith(".sqlite")}
+    stems = sorted(n.removesuffix(".sqlite") for n in os.listdir(provider_dir)
+                   if n.endswith(".sqlite"))
+    # Opened to read; "lookup" lets a resolver call find() whatever the scenario's mode.
+    return {stem: FakeProvider(os.path.join(provider_dir, f"{stem}.sqlite"), "lookup",
+                               name=stem) for stem in stems}
 
 
 def _trace_points(path: str, phase: int) -> list[CrashPoint]:
@@ -208,14 +220,14 @@ def _drive(case: _Case, schedule: Sequence[CrashPoint], run: _Run) -> None:
             providers = _providers(case.provider_dir)
             decisions = {q["tool_call_id"]: case.resolver(q, providers)
                          for q in result.interrupts}
-            run.pauses.extend(q.get("type", "?") for q in result.interrupts)
+            run.questions.extend(result.interrupts)
             action, phase = "review", phase + 1
         else:
             run.summary = result.summary
             return
     raise RuntimeError(
         f"thread {case.thread_id!r} of {case.scenario} did not finish within {case.max_runs} "
-        f"processes (pauses answered: {run.pauses}); check the resolver's decisions")
+        f"processes (questions answered: {run.questions}); check the resolver's decisions")
 
 
 @contextmanager
@@ -282,7 +294,8 @@ def reference_run(scenario: str, kwargs: Mapping[str, Any] | None = None, *, dir
     run = _Run()
     _drive(case, (), run)
     points = tuple(p for _, reached in run.processes for p in reached)
-    return Reference(_snapshot(case, run.summary), points, tuple(run.pauses),
+    pauses = tuple(q.get("type", "?") if isinstance(q, dict) else "?" for q in run.questions)
+    return Reference(_snapshot(case, run.summary), points, pauses,
                      time.monotonic() - started)
 
 
@@ -316,7 +329,7 @@ def run_schedule(scenario: str, schedule: Sequence[CrashPoint],
     killed = [i for i, (was_killed, _) in enumerate(run.processes) if was_killed]
     if killed and killed[0] + 1 < len(run.processes):
         row.recovery = tuple(run.processes[killed[0] + 1][1])
-    row.pauses, row.runs, row.fired = run.pauses, len(run.processes), run.fired
+    row.questions, row.runs, row.fired = run.questions, len(run.processes), run.fired
     row.duration = time.monotonic() - started
     return row
 
@@ -354,8 +367,9 @@ def crash_matrix(
         points: Which points to crash at: fault point names, or a predicate on
             `CrashPoint`; every point reached by default.
         pairs: Also crash a second time, at each point the first resuming process
-            reaches: `True` for every such pair (both points passing `points`), or a
-            predicate `(first, second) -> bool`.
+            reaches: `True` for every such pair, or a predicate `(first, second) ->
+            bool`; the second point must pass `points` too. Pairs multiply the cost
+            (a resumed run reaches about as many points as the rest of the run).
         resolver: Answers pauses (see `default_resolver`).
         thread_id: Thread the scenario runs in.
         directory: Where each run gets its own folder; a temporary folder, removed if
@@ -376,7 +390,7 @@ def crash_matrix(
     reference = reference_run(scenario, kwargs, directory=os.path.join(base, "reference"),
                               **options)  # type: ignore[arg-type]
     bar = Progress(0, progress)
-    numbered = iter(range(1, 1_000_000))
+    numbered = itertools.count(1)
 
     def sweep(schedules: list[tuple[CrashPoint, ...]]) -> list[CrashRow]:
         bar.total += len(schedules)

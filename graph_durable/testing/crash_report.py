@@ -93,8 +93,8 @@ class CrashRow:
     """Effects applied per provider."""
     duplicates: int = 0
     """Effects applied beyond what the fault-free run applied for the same key."""
-    pauses: list[str] = field(default_factory=list)
-    """Interrupt types answered by the resolver, in order."""
+    questions: list[Any] = field(default_factory=list)
+    """Interrupt values the resolver answered, in order."""
     runs: int = 0
     """Child processes started."""
     fired: int = 0
@@ -105,6 +105,11 @@ class CrashRow:
     """Why the row is not ok, in words."""
     recovery: tuple[CrashPoint, ...] = ()
     """Points reached by the first process after the first crash (for pairs)."""
+
+    @property
+    def pauses(self) -> list[str]:
+        """Types of the interrupts answered (`effect_approval`, `effect_unknown`), in order."""
+        return [q.get("type", "?") if isinstance(q, dict) else "?" for q in self.questions]
 
     @property
     def label(self) -> str:
@@ -171,10 +176,11 @@ def compare(reference: Snapshot, got: Snapshot) -> tuple[list[str], int]:
             lines.append(f"ledger     {call}: {got.ledger.get(call)} "
                          f"(fault-free run: {reference.ledger.get(call)})")
     if reference.state != got.state:
-        lines.append("state      final graph state differs (- fault-free, + this run):")
-        lines.extend("  " + line.rstrip("\n") for line in difflib.unified_diff(
+        lines.append("state      final graph state differs:")
+        lines.extend("  " + line for line in difflib.unified_diff(
             json.dumps(reference.state, indent=1).splitlines(),
-            json.dumps(got.state, indent=1).splitlines(), lineterm="", n=2))
+            json.dumps(got.state, indent=1).splitlines(),
+            "fault-free run", "this run", lineterm="", n=2))
     return lines, duplicates
 
 

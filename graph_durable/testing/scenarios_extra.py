@@ -57,7 +57,8 @@ def build_create_agent(
 
     os.makedirs(provider_dir, exist_ok=True)
     providers = {
-        name: FakeProvider(os.path.join(provider_dir, f"{name}.sqlite"), mode, name=name)  # type: ignore[arg-type]
+        name: FakeProvider(os.path.join(provider_dir, f"{name}.sqlite"),
+                           mode, name=name)  # type: ignore[arg-type]
         for name, mode in modes.items()
     }
     approvals = approvals or []
