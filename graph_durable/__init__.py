@@ -4,28 +4,15 @@ A durable checkpointer keeps an effect ledger beside the checkpoints; an effect 
 records the intent and idempotency key of every external write before the call and its
 receipt after, replays receipts on resume, and pauses for a human when an outcome is
 unknown or a write needs approval.
+
+Names are imported on first use, so importing the package (as the pytest plugin does)
+does not load LangGraph until something needs it.
 """
 
-from typing import Any
+from __future__ import annotations
 
-from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
-from graph_durable.checkpointers.sqlite import DurableSqliteSaver
-from graph_durable.errors import (
-    DurabilityError,
-    FlowVersionMismatch,
-    GraphDurableError,
-    InvalidDecision,
-    LeaseHeld,
-    LeaseLost,
-    NotApplied,
-    Retryable,
-)
-from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
-from graph_durable.nodes import EffectGuardNode, current_effect
-from graph_durable.flow import flow_version_of
-from graph_durable.policy import Effect
-from graph_durable.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status
-from graph_durable.review import Review, areview, review
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "AsyncDurableSqliteSaver",
@@ -55,11 +42,61 @@ __all__ = [
     "thread_status",
 ]
 
+_HOMES = {
+    "AsyncDurableSqliteSaver": "graph_durable.checkpointers.aio",
+    "DurableSqliteSaver": "graph_durable.checkpointers.sqlite",
+    "Effect": "graph_durable.policy",
+    "EffectEvent": "graph_durable.ledger",
+    "EffectGuardMiddleware": "graph_durable.nodes.middleware",
+    "EffectGuardNode": "graph_durable.nodes.node",
+    "EffectRecord": "graph_durable.ledger",
+    "EffectStatus": "graph_durable.ledger",
+    "RecoveryOutcome": "graph_durable.recovery",
+    "Review": "graph_durable.review",
+    "ThreadStatus": "graph_durable.recovery",
+    "areview": "graph_durable.review",
+    "current_effect": "graph_durable.nodes.context",
+    "flow_version_of": "graph_durable.flow",
+    "recover": "graph_durable.recovery",
+    "review": "graph_durable.review",
+    "thread_status": "graph_durable.recovery",
+    **{name: "graph_durable.errors" for name in (
+        "DurabilityError", "FlowVersionMismatch", "GraphDurableError", "InvalidDecision",
+        "LeaseHeld", "LeaseLost", "NotApplied", "Retryable")},
+}
+
 
 def __getattr__(name: str) -> Any:
-    # The middleware needs `langchain` (extra `agents`); import it only when asked for.
-    if name == "EffectGuardMiddleware":
-        from graph_durable.nodes.middleware import EffectGuardMiddleware
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
 
-        return EffectGuardMiddleware
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+    from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+    from graph_durable.errors import (
+        DurabilityError,
+        FlowVersionMismatch,
+        GraphDurableError,
+        InvalidDecision,
+        LeaseHeld,
+        LeaseLost,
+        NotApplied,
+        Retryable,
+    )
+    from graph_durable.flow import flow_version_of
+    from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
+    from graph_durable.nodes.context import current_effect
+    from graph_durable.nodes.middleware import EffectGuardMiddleware
+    from graph_durable.nodes.node import EffectGuardNode
+    from graph_durable.policy import Effect
+    from graph_durable.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status
+    from graph_durable.review import Review, areview, review

@@ -39,3 +39,14 @@ def test_all_is_sorted_and_pinned() -> None:
 def test_every_export_resolves() -> None:
     for name in graph_durable.__all__:
         assert getattr(graph_durable, name) is not None
+
+
+def test_importing_the_package_does_not_load_langgraph() -> None:
+    """The pytest plugin imports the package in every test run of every user project."""
+    import subprocess
+    import sys
+
+    code = ("import sys, graph_durable, graph_durable.testing.plugin; "
+            "print('langgraph' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr

@@ -224,8 +224,8 @@ def plan_intent(
     )
     return [
         (
-            "INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args, "
-            "status, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR IGNORE INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, "
+            "args, status, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (thread_id, key, checkpoint_ns, tool_call_id, tool, args_json, status.value,
              attempts, now, now),
         ),

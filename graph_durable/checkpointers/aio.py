@@ -26,7 +26,8 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
-from graph_durable.checkpointers.sqlite import _statements
+from graph_durable.checkpointers.sqlite import _Exists, _statements
+from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease, register, unregister
 from graph_durable.ledger import (
     EffectEvent,
@@ -283,9 +284,15 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     ) -> EffectRecord:
         if isinstance(one, IntentWrite):
             plan, record = self._plan_intent(one, actor)
-        else:
-            await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-            plan, record = self._plan_transition(await cur.fetchone(), one, actor)
+            (insert, params), event = plan
+            await cur.execute(insert, params)
+            if cur.rowcount == 0:
+                await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
+                raise _Exists(_sql.effect_from_row(await cur.fetchone()))
+            await cur.execute(*event)
+            return record
+        await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
+        plan, record = self._plan_transition(await cur.fetchone(), one, actor)
         for sql, params in plan:
             await cur.execute(sql, params)
         return record
@@ -420,6 +427,34 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         """
         if self._defer(write, config):
             return []
+        try:
+            return await self._aapply_txn(write, config)
+        except _Exists as exists:
+            raise IllegalTransition(
+                f"Effect {exists.record.key!r} of thread {write.thread_id!r} is already "
+                f"recorded ({exists.record.status.value}); aclaim() reports its state.",
+                thread_id=write.thread_id,
+            ) from None
+
+    async def aclaim(
+        self, intent: IntentWrite, config: RunnableConfig | None = None
+    ) -> tuple[EffectRecord, bool]:
+        """Record `intent` unless its key is already known; return it and whether new."""
+        try:
+            [record] = await self._aapply_txn(intent, config)
+        except _Exists as exists:
+            return exists.record, False
+        return record, True
+
+    def claim(
+        self, intent: IntentWrite, config: RunnableConfig | None = None
+    ) -> tuple[EffectRecord, bool]:
+        """Sync `aclaim`."""
+        return self._sync(self.aclaim(intent, config))
+
+    async def _aapply_txn(
+        self, write: LedgerWrite, config: RunnableConfig | None
+    ) -> list[EffectRecord]:
         actor = actor_of(config)
         writes = write.writes if isinstance(write, WriteBatch) else (write,)
         async with self._txn(write.thread_id, config) as cur:

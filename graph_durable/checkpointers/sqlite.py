@@ -34,6 +34,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
+from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
     EffectEvent,
@@ -47,6 +48,14 @@ from graph_durable.ledger import (
 from graph_durable.testing.faults import fault_point
 
 __all__ = ["DurableSqliteSaver"]
+
+
+class _Exists(Exception):
+    """An intent whose key is already recorded (rolled back to its savepoint)."""
+
+    def __init__(self, record: EffectRecord) -> None:
+        super().__init__(record.key)
+        self.record = record
 
 
 class _QueuedWrite:
@@ -321,6 +330,13 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
     ) -> EffectRecord:
         if isinstance(one, IntentWrite):
             plan, record = self._plan_intent(one, actor)
+            (insert, params), event = plan
+            if cur.execute(insert, params).rowcount == 0:
+                # The key is already known: the intent stands, report what is recorded.
+                row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+                raise _Exists(_sql.effect_from_row(row))
+            cur.execute(*event)
+            return record
         else:
             row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
             plan, record = self._plan_transition(row, one, actor)
@@ -433,15 +449,43 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         """
         if self._defer(write, config):
             return []
+        item = self._commit_with_group(write, config)
+        if isinstance(item.error, _Exists):
+            raise IllegalTransition(
+                f"Effect {item.error.record.key!r} of thread {write.thread_id!r} is already "
+                f"recorded ({item.error.record.status.value}); claim() reports its state.",
+                thread_id=write.thread_id,
+            )
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def claim(
+        self, intent: IntentWrite, config: RunnableConfig | None = None
+    ) -> tuple[EffectRecord, bool]:
+        """Record `intent` unless its key is already known, in one durable write.
+
+        Returns the record and whether this call created it. The guard claims a call
+        instead of reading and then writing, so the parallel calls of a step reach the
+        group commit together, and an intent is never recorded twice.
+        """
+        item = self._commit_with_group(intent, config)
+        if isinstance(item.error, _Exists):
+            return item.error.record, False
+        if item.error is not None:
+            raise item.error
+        return item.result[0], True
+
+    def _commit_with_group(
+        self, write: LedgerWrite, config: RunnableConfig | None
+    ) -> _QueuedWrite:
         item = _QueuedWrite(write, config)
         with self._queue_lock:
             self._queue.append(item)
         with self.lock:
             if not item.done:
                 self._commit_queue()
-        if item.error is not None:
-            raise item.error
-        return item.result
+        return item
 
     def _commit_queue(self) -> None:
         """Commit every queued write in one transaction (the caller holds `self.lock`)."""
@@ -518,3 +562,9 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
     ) -> list[EffectRecord]:
         """Async `apply`."""
         return self.apply(write, config)
+
+    async def aclaim(
+        self, intent: IntentWrite, config: RunnableConfig | None = None
+    ) -> tuple[EffectRecord, bool]:
+        """Async `claim`."""
+        return self.claim(intent, config)

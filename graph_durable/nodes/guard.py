@@ -28,6 +28,7 @@ from graph_durable.nodes.decisions import match_decisions
 from graph_durable.nodes.protocol import (
     Ask,
     CallContext,
+    Claim,
     CallTool,
     Lookup,
     Outcome,
@@ -219,6 +220,8 @@ class GuardCore:
                 return done.value
             if isinstance(op, Read):
                 value = getattr(task.saver, op.name)(*op.args)
+            elif isinstance(op, Claim):
+                value = task.saver.claim(op.intent, task.config)
             elif isinstance(op, Write):
                 value = task.saver.apply(op.write, task.config)
             elif isinstance(op, CallTool):
@@ -358,6 +361,8 @@ class GuardCore:
                 return done.value
             if isinstance(op, Read):
                 value = await getattr(task.saver, "a" + op.name)(*op.args)
+            elif isinstance(op, Claim):
+                value = await task.saver.aclaim(op.intent, task.config)
             elif isinstance(op, Write):
                 value = await task.saver.aapply(op.write, task.config)
             elif isinstance(op, CallTool):

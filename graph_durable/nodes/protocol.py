@@ -36,6 +36,7 @@ from graph_durable.testing.faults import fault_point
 __all__ = [
     "Ask",
     "CallContext",
+    "Claim",
     "CallTool",
     "Lookup",
     "Outcome",
@@ -61,6 +62,14 @@ class Write:
     """Operation: apply a ledger write; the result is the list of changed records."""
 
     write: LedgerWrite
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Operation: record an intent unless its key is known; the result is
+    `(record, created)`."""
+
+    intent: IntentWrite
 
 
 @dataclass(frozen=True)
@@ -179,14 +188,13 @@ def _error_text(outcome: Outcome, timeout: float | None) -> str:
 
 def run_call(ctx: CallContext) -> Protocol:
     """The whole protocol for one guarded tool call; returns its ToolMessage or Command."""
-    found = yield Read("effect", (ctx.key, ctx.thread_id))
-    if found is not None:
-        return (yield from _resume(ctx, found))
+    approval = ctx.policy.needs_approval(ctx.tool_call)
     fault_point("before_intent", tool=ctx.tool)
-    if ctx.policy.needs_approval(ctx.tool_call):
-        [record] = yield Write(_intent(ctx, S.AWAITING_APPROVAL))
+    record, created = yield Claim(_intent(ctx, S.AWAITING_APPROVAL if approval else S.IN_FLIGHT))
+    if not created:
+        return (yield from _resume(ctx, record))
+    if approval:
         return (yield from _ask(ctx, record))
-    [record] = yield Write(_intent(ctx, S.IN_FLIGHT))
     fault_point("after_intent", tool=ctx.tool)
     return (yield from _send(ctx, record, may_resend=True))
 
