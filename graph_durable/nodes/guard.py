@@ -133,6 +133,20 @@ class _Task:
         return None if checkpoint_id is None else ("", checkpoint_id)
 
 
+def _task_with_resume(config: Mapping[str, Any]) -> _Task | None:
+    """The task, if a resume value is offered to it and its graph keeps a ledger.
+
+    A resume value meant for another node of a graph without a durable saver is none of
+    the guard's business: only a durable saver can hold the questions it answers.
+    """
+    conf = config.get("configurable", {})
+    if _peek_resume(conf) is None:
+        return None
+    if not isinstance(conf.get(CONFIG_KEY_CHECKPOINTER), DurableSaverMixin):
+        return None
+    return _Task(config, {})
+
+
 def _decision_batch(task: _Task, asked: list[Any], resume: Any) -> WriteBatch:
     decisions = match_decisions(resume, asked, task.thread_id)
     return WriteBatch(
@@ -177,10 +191,10 @@ class GuardCore:
 
     def resolve_decisions(self, config: Mapping[str, Any]) -> None:
         """Journal the decisions a resume value carries for this task, if any."""
-        resume = _peek_resume(config.get("configurable", {}))
-        if resume is None:
+        task = _task_with_resume(config)
+        if task is None:
             return
-        task = _Task(config, {})
+        resume = _peek_resume(task.conf)
         asked = task.saver.asked_in_task(task.thread_id, task.checkpoint_ns)
         if asked:
             task.saver.apply(_decision_batch(task, asked, resume), task.config)
@@ -188,10 +202,10 @@ class GuardCore:
 
     async def aresolve_decisions(self, config: Mapping[str, Any]) -> None:
         """Async `resolve_decisions`."""
-        resume = _peek_resume(config.get("configurable", {}))
-        if resume is None:
+        task = _task_with_resume(config)
+        if task is None:
             return
-        task = _Task(config, {})
+        resume = _peek_resume(task.conf)
         asked = await task.saver.aasked_in_task(task.thread_id, task.checkpoint_ns)
         if asked:
             await task.saver.aapply(_decision_batch(task, asked, resume), task.config)
