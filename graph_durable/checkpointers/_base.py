@@ -37,7 +37,19 @@ from graph_durable.ledger import (
     canonical_json,
 )
 
-__all__ = ["DurableSaverMixin", "actor_of"]
+__all__ = ["DurableSaverMixin", "IntentExists", "actor_of"]
+
+
+class IntentExists(Exception):
+    """An intent whose key is already recorded; carries the recorded effect.
+
+    Raised inside a write transaction (and rolled back to its savepoint) so `claim`
+    can report the existing record instead of writing a second intent.
+    """
+
+    def __init__(self, record: EffectRecord) -> None:
+        super().__init__(record.key)
+        self.record = record
 
 
 def actor_of(config: RunnableConfig | None) -> tuple[str | None, int | None]:

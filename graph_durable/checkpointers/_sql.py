@@ -116,7 +116,6 @@ SELECT_FLOW_VERSION = "SELECT flow_version FROM thread_flow_versions WHERE threa
 INSERT_FLOW_VERSION = (
     "INSERT INTO thread_flow_versions (thread_id, flow_version, pinned_at) VALUES (?, ?, ?)"
 )
-DELETE_FLOW_VERSION = "DELETE FROM thread_flow_versions WHERE thread_id = ?"
 SELECT_THREAD_IDS = "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_ns = '' ORDER BY thread_id"
 UPSERT_CHECKPOINT = (
     "INSERT OR REPLACE INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, "

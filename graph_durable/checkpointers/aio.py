@@ -24,9 +24,9 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from graph_durable.checkpointers import _sql
-from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
+from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
-from graph_durable.checkpointers.sqlite import _Exists, _statements
+from graph_durable.checkpointers.sqlite import _statements
 from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease, register, unregister
 from graph_durable.ledger import (
@@ -288,7 +288,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             await cur.execute(insert, params)
             if cur.rowcount == 0:
                 await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-                raise _Exists(_sql.effect_from_row(await cur.fetchone()))
+                raise IntentExists(_sql.effect_from_row(await cur.fetchone()))
             await cur.execute(*event)
             return record
         await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
@@ -429,7 +429,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             return []
         try:
             return await self._aapply_txn(write, config)
-        except _Exists as exists:
+        except IntentExists as exists:
             raise IllegalTransition(
                 f"Effect {exists.record.key!r} of thread {write.thread_id!r} is already "
                 f"recorded ({exists.record.status.value}); aclaim() reports its state.",
@@ -442,7 +442,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         """Record `intent` unless its key is already known; return it and whether new."""
         try:
             [record] = await self._aapply_txn(intent, config)
-        except _Exists as exists:
+        except IntentExists as exists:
             return exists.record, False
         return record, True
 

@@ -32,7 +32,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from graph_durable.checkpointers import _sql
-from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
+from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
 from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
@@ -48,14 +48,6 @@ from graph_durable.ledger import (
 from graph_durable.testing.faults import fault_point
 
 __all__ = ["DurableSqliteSaver"]
-
-
-class _Exists(Exception):
-    """An intent whose key is already recorded (rolled back to its savepoint)."""
-
-    def __init__(self, record: EffectRecord) -> None:
-        super().__init__(record.key)
-        self.record = record
 
 
 class _QueuedWrite:
@@ -334,7 +326,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
             if cur.execute(insert, params).rowcount == 0:
                 # The key is already known: the intent stands, report what is recorded.
                 row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                raise _Exists(_sql.effect_from_row(row))
+                raise IntentExists(_sql.effect_from_row(row))
             cur.execute(*event)
             return record
         else:
@@ -450,7 +442,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         if self._defer(write, config):
             return []
         item = self._commit_with_group(write, config)
-        if isinstance(item.error, _Exists):
+        if isinstance(item.error, IntentExists):
             raise IllegalTransition(
                 f"Effect {item.error.record.key!r} of thread {write.thread_id!r} is already "
                 f"recorded ({item.error.record.status.value}); claim() reports its state.",
@@ -470,7 +462,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         group commit together, and an intent is never recorded twice.
         """
         item = self._commit_with_group(intent, config)
-        if isinstance(item.error, _Exists):
+        if isinstance(item.error, IntentExists):
             return item.error.record, False
         if item.error is not None:
             raise item.error

@@ -7,6 +7,7 @@ can build the same agent on the same database and providers after a crash.
 from __future__ import annotations
 
 import os
+import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,8 +90,6 @@ def build_ticket_agent(
 
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
-
-    import sqlite3
 
     saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
     builder = StateGraph(MessagesState)
