@@ -166,8 +166,18 @@ def derive_key(
     Raises:
         UnkeyableToolCall: the arguments are not JSON-encodable.
     """
+    encoded_args = encode_args(args, thread_id=thread_id, tool_call_id=tool_call_id, tool=tool)
+    return key_of_encoded(thread_id, checkpoint_ns, tool_call_id, tool, encoded_args)
+
+
+def encode_args(args: dict[str, Any], *, thread_id: str, tool_call_id: str, tool: str) -> str:
+    """The canonical JSON of a call's arguments, as keys and intents store them.
+
+    Raises:
+        UnkeyableToolCall: the arguments are not JSON-encodable.
+    """
     try:
-        encoded_args = canonical_json(args)
+        return canonical_json(args)
     except (TypeError, ValueError) as exc:
         raise UnkeyableToolCall(
             f"Tool call {tool_call_id!r} to {tool!r} in thread {thread_id!r} has arguments "
@@ -176,6 +186,12 @@ def derive_key(
             thread_id=thread_id,
             tool_call_id=tool_call_id,
         ) from exc
+
+
+def key_of_encoded(
+    thread_id: str, checkpoint_ns: str, tool_call_id: str, tool: str, encoded_args: str
+) -> str:
+    """`derive_key` for arguments already encoded by `encode_args`."""
     material = canonical_json([thread_id, checkpoint_ns, tool_call_id, tool, encoded_args])
     return "gd-" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:40]
 
@@ -191,6 +207,8 @@ class IntentWrite:
     tool: str
     args: dict[str, Any]
     status: EffectStatus
+    args_json: str | None = None
+    """`args` as `encode_args` encodes them, when the caller has it already."""
 
 
 @dataclass(frozen=True)

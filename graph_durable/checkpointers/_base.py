@@ -76,6 +76,24 @@ class DurableSaverMixin:
         self._flow_checked: set[str] = set()
         self._deferred: dict[str, list[tuple[TransitionWrite, RunnableConfig | None]]] = {}
         self._deferred_lock = threading.Lock()
+        # Checkpoints this saver committed lately: the guard asks whether the checkpoint
+        # a tool call comes from is stored, and it usually is one of these.
+        self._stored: dict[tuple[str, str, str], None] = {}
+
+    # -- checkpoints this saver stored ---------------------------------------------------
+
+    def _remember_stored(self, stored: RunnableConfig) -> None:
+        conf = stored["configurable"]
+        if len(self._stored) >= 1024:
+            self._stored.clear()
+        self._stored[(str(conf["thread_id"]), conf["checkpoint_ns"], conf["checkpoint_id"])] = None
+
+    def _known_stored(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
+        return (str(thread_id), checkpoint_ns, checkpoint_id) in self._stored
+
+    def _forget_stored(self) -> None:
+        """Forget what was stored: checkpoints are being deleted."""
+        self._stored.clear()
 
     # -- deferred receipts: committed with the thread's next write -----------------------
 
@@ -187,16 +205,51 @@ class DurableSaverMixin:
     def _plan_intent(
         self, write: IntentWrite, actor: tuple[str | None, int | None]
     ) -> tuple[list[_sql.Statement], EffectRecord]:
+        args_json = write.args_json
         return _sql.plan_intent(
             key=write.key,
             thread_id=write.thread_id,
             checkpoint_ns=write.checkpoint_ns,
             tool_call_id=write.tool_call_id,
             tool=write.tool,
-            args_json=canonical_json(write.args),
+            args_json=canonical_json(write.args) if args_json is None else args_json,
             status=write.status,
             now=time.time(),
             actor=actor,
+        )
+
+    def _transition_columns(self, write: TransitionWrite) -> dict[str, Any]:
+        """The encoded column values a transition sets (besides status and time)."""
+        columns: dict[str, Any] = {}
+        if write.error is not _UNSET:
+            columns["error"] = write.error
+        if write.receipt is not _UNSET:
+            columns["receipt"] = _sql.to_json(write.receipt)
+        if write.result is not _UNSET:
+            columns["result_type"], columns["result"] = self.serde.dumps_typed(write.result)
+        if write.decision is not _UNSET:
+            columns["decision"] = (
+                None if write.decision is None else _sql.to_json(write.decision)
+            )
+        if write.asked is not _UNSET:
+            columns["asked"] = int(write.asked)
+        return columns
+
+    def _plan_deferred(
+        self, write: TransitionWrite, actor: tuple[str | None, int | None]
+    ) -> tuple[_sql.Statement, _sql.Statement] | None:
+        """A deferred write as a conditional update and its event, without a read first.
+
+        The update only matches a row the lifecycle lets become `write.to`; when it
+        matches nothing, the caller applies the write the ordinary way, which explains
+        the refusal. `None` for writes that need the row (a bumped attempt count).
+        """
+        if write.bump_attempts:
+            return None
+        return _sql.plan_blind_transition(
+            thread_id=write.thread_id, key=write.key, to=write.to, kind=write.kind,
+            data=write.data, now=time.time(), actor=actor,
+            columns=self._transition_columns(write),
         )
 
     def _plan_transition(
@@ -205,24 +258,16 @@ class DurableSaverMixin:
         write: TransitionWrite,
         actor: tuple[str | None, int | None],
     ) -> tuple[list[_sql.Statement], EffectRecord]:
-        columns: dict[str, Any] = {}
+        columns = self._transition_columns(write)
         fields: dict[str, Any] = {}
-        if write.error is not _UNSET:
-            columns["error"] = fields["error"] = write.error
-        if write.receipt is not _UNSET:
-            columns["receipt"] = _sql.to_json(write.receipt)
+        if "error" in columns:
+            fields["error"] = columns["error"]
+        if "receipt" in columns:
             fields["receipt"] = json.loads(columns["receipt"])
-        if write.result is not _UNSET:
-            columns["result_type"], columns["result"] = self.serde.dumps_typed(write.result)
-        if write.decision is not _UNSET:
-            columns["decision"] = (
-                None if write.decision is None else _sql.to_json(write.decision)
-            )
-            fields["decision"] = None if write.decision is None else json.loads(
-                columns["decision"])
-        if write.asked is not _UNSET:
-            columns["asked"] = int(write.asked)
-            fields["asked"] = bool(write.asked)
+        if "decision" in columns:
+            fields["decision"] = _sql.from_json(columns["decision"])
+        if "asked" in columns:
+            fields["asked"] = bool(columns["asked"])
         return _sql.plan_transition(
             row,
             thread_id=write.thread_id,

@@ -162,7 +162,8 @@ def select_events(thread_id: str | None, key: str | None) -> Statement:
     return f"SELECT {EVENT_COLUMNS} FROM effect_events {where} ORDER BY seq", tuple(params)
 
 
-def _loads(text: str | None) -> Any:
+def from_json(text: str | None) -> Any:
+    """Decode a JSON column (`None` stays `None`)."""
     return None if text is None else json.loads(text)
 
 
@@ -175,7 +176,8 @@ def effect_from_row(row: Sequence[Any]) -> EffectRecord:
     """Build an `EffectRecord` from a row selected with `EFFECT_COLUMNS`."""
     (key, thread_id, ns, tcid, tool, args, status, receipt, error, attempts, decision,
      asked, created_at, updated_at) = row
-    return EffectRecord(
+    # The columns hold what the ledger wrote; build the record without re-validating it.
+    return EffectRecord.model_construct(
         key=key,
         thread_id=thread_id,
         checkpoint_ns=ns,
@@ -183,10 +185,10 @@ def effect_from_row(row: Sequence[Any]) -> EffectRecord:
         tool=tool,
         args=json.loads(args),
         status=EffectStatus(status),
-        receipt=_loads(receipt),
+        receipt=from_json(receipt),
         error=error,
         attempts=attempts,
-        decision=_loads(decision),
+        decision=from_json(decision),
         asked=bool(asked),
         created_at=created_at,
         updated_at=updated_at,
@@ -216,7 +218,7 @@ def plan_intent(
 ) -> tuple[list[Statement], EffectRecord]:
     """Insert a new effect row (the intent) and its `intent` event; return the record."""
     attempts = 1 if status is EffectStatus.IN_FLIGHT else 0
-    record = EffectRecord(
+    record = EffectRecord.model_construct(
         key=key, thread_id=thread_id, checkpoint_ns=checkpoint_ns, tool_call_id=tool_call_id,
         tool=tool, args=json.loads(args_json), status=status, attempts=attempts,
         created_at=now, updated_at=now,
@@ -290,3 +292,42 @@ def plan_transition(
             (key, thread_id, kind, to_json({"status": to.value, **data}), now, *actor),
         ),
     ], record.model_copy(update=updated)
+
+
+_SOURCES: dict[EffectStatus, tuple[str, ...]] = {
+    to: tuple(sorted(status.value for status in EffectStatus if status.can_become(to)))
+    for to in EffectStatus
+}
+"""The statuses an effect may leave for each status."""
+
+
+def plan_blind_transition(
+    *,
+    thread_id: str,
+    key: str,
+    to: EffectStatus,
+    kind: str,
+    data: dict[str, Any],
+    now: float,
+    actor: tuple[str | None, int | None],
+    columns: dict[str, Any],
+) -> tuple[Statement, Statement]:
+    """Move an effect to `to` only if its current status allows it, without reading it.
+
+    Returns the conditional update and the event to insert once the update changed a
+    row. An update that changes nothing means no such effect or a forbidden move.
+    """
+    sources = _SOURCES[to]
+    assignments = {"status": to.value, "updated_at": now, **columns}
+    sets = ", ".join(f"{name} = ?" for name in assignments)
+    marks = ", ".join("?" for _ in sources)
+    return (
+        (
+            f"UPDATE effects SET {sets} WHERE thread_id = ? AND key = ? AND status IN ({marks})",
+            (*assignments.values(), thread_id, key, *sources),
+        ),
+        (
+            INSERT_EVENT,
+            (key, thread_id, kind, to_json({"status": to.value, **data}), now, *actor),
+        ),
+    )

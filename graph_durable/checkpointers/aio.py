@@ -197,6 +197,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         statement, stored = self._checkpoint_statement(config, checkpoint, metadata)
         async with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
             await cur.execute(*statement)
+        self._remember_stored(stored)
         fault_point("after_put")
         return stored
 
@@ -216,6 +217,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, writes, effects, events and flow pin."""
+        self._forget_stored()
         async with self._txn() as cur:
             for statement in (*_sql.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
                 await cur.execute(statement, (str(thread_id),))
@@ -223,6 +225,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
+        self._forget_stored()
         async with self._txn() as cur:
             for run_id in run_ids:
                 await cur.execute(_sql.SELECT_RUN_CHECKPOINTS, (str(run_id),))
@@ -241,6 +244,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         self, thread_ids: Sequence[str], *, strategy: str = "keep_latest"
     ) -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace, `delete` all."""
+        self._forget_stored()
         if strategy == "delete":
             for thread_id in thread_ids:
                 await self.adelete_thread(thread_id)
@@ -276,7 +280,14 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             for statement in self._flow_statements(await cur.fetchone(), thread_id):
                 await cur.execute(*statement)
         for write, write_config in self._take_deferred(thread_id):
-            await self._apply_one_txn(cur, write, actor_of(write_config))
+            actor = actor_of(write_config)
+            blind = self._plan_deferred(write, actor)
+            if blind is not None:
+                await cur.execute(*blind[0])
+                if cur.rowcount == 1:
+                    await cur.execute(*blind[1])
+                    continue
+            await self._apply_one_txn(cur, write, actor)
 
     async def _apply_one_txn(
         self, cur: aiosqlite.Cursor, one: IntentWrite | TransitionWrite,
@@ -412,6 +423,8 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
     ) -> bool:
         """Whether this checkpoint is durably stored."""
+        if self._known_stored(thread_id, checkpoint_ns, checkpoint_id):
+            return True
         rows = await self._fetchall(
             _sql.SELECT_CHECKPOINT_EXISTS, (str(thread_id), checkpoint_ns, checkpoint_id)
         )
@@ -440,17 +453,37 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         self, intent: IntentWrite, config: RunnableConfig | None = None
     ) -> tuple[EffectRecord, bool]:
         """Record `intent` unless its key is already known; return it and whether new."""
-        try:
-            [record] = await self._aapply_txn(intent, config)
-        except IntentExists as exists:
-            return exists.record, False
-        return record, True
+        [claimed] = await self.aclaim_many([intent], config)
+        return claimed
+
+    async def aclaim_many(
+        self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
+    ) -> list[tuple[EffectRecord, bool]]:
+        """`aclaim` several intents in one transaction (one fsync for all of them)."""
+        actor = actor_of(config)
+        claimed: list[tuple[EffectRecord, bool]] = []
+        async with self._txn(intents[0].thread_id if intents else None, config) as cur:
+            for intent in intents:
+                if intent.thread_id != intents[0].thread_id:
+                    raise ValueError("aclaim_many claims intents of one thread")
+                try:
+                    claimed.append((await self._apply_one_txn(cur, intent, actor), True))
+                except IntentExists as exists:
+                    # Nothing of this intent was written: its key was already known.
+                    claimed.append((exists.record, False))
+        return claimed
 
     def claim(
         self, intent: IntentWrite, config: RunnableConfig | None = None
     ) -> tuple[EffectRecord, bool]:
         """Sync `aclaim`."""
         return self._sync(self.aclaim(intent, config))
+
+    def claim_many(
+        self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
+    ) -> list[tuple[EffectRecord, bool]]:
+        """Sync `aclaim_many`."""
+        return self._sync(self.aclaim_many(intents, config))
 
     async def _aapply_txn(
         self, write: LedgerWrite, config: RunnableConfig | None

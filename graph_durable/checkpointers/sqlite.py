@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import Any
 
@@ -61,6 +61,19 @@ class _QueuedWrite:
         self.result: list[EffectRecord] = []
         self.error: BaseException | None = None
         self.done = False
+
+
+def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any]) -> BaseException | None:
+    """Run `action` in a savepoint; undo only its own writes and return its error."""
+    cur.execute("SAVEPOINT ledger_write")
+    error: BaseException | None = None
+    try:
+        action()
+    except BaseException as exc:
+        cur.execute("ROLLBACK TO ledger_write")
+        error = exc
+    cur.execute("RELEASE ledger_write")
+    return error
 
 
 def _statements(script: str) -> list[str]:
@@ -189,6 +202,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         statement, stored = self._checkpoint_statement(config, checkpoint, metadata)
         with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
             cur.execute(*statement)
+        self._remember_stored(stored)
         fault_point("after_put")
         return stored
 
@@ -208,6 +222,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, writes, effects, events and flow pin."""
+        self._forget_stored()
         with self._txn() as cur:
             for statement in (*_sql.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
                 cur.execute(statement, (str(thread_id),))
@@ -215,6 +230,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
+        self._forget_stored()
         with self._txn() as cur:
             for run_id in run_ids:
                 rows = cur.execute(_sql.SELECT_RUN_CHECKPOINTS, (str(run_id),)).fetchall()
@@ -234,6 +250,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
 
         `keep_latest` keeps the ledger; `delete` deletes it with the thread.
         """
+        self._forget_stored()
         if strategy == "delete":
             for thread_id in thread_ids:
                 self.delete_thread(thread_id)
@@ -314,7 +331,12 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
             for statement in self._flow_statements(row, thread_id):
                 cur.execute(*statement)
         for write, write_config in self._take_deferred(thread_id):
-            self._apply_one_txn(cur, write, actor_of(write_config))
+            actor = actor_of(write_config)
+            blind = self._plan_deferred(write, actor)
+            if blind is not None and cur.execute(*blind[0]).rowcount == 1:
+                cur.execute(*blind[1])
+            else:
+                self._apply_one_txn(cur, write, actor)
 
     def _apply_one_txn(
         self, cur: sqlite3.Cursor, one: IntentWrite | TransitionWrite,
@@ -417,6 +439,8 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
 
     def checkpoint_exists(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
         """Whether this checkpoint is durably stored."""
+        if self._known_stored(thread_id, checkpoint_ns, checkpoint_id):
+            return True
         with self.cursor(transaction=False) as cur:
             row = cur.execute(
                 _sql.SELECT_CHECKPOINT_EXISTS, (str(thread_id), checkpoint_ns, checkpoint_id)
@@ -441,7 +465,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         """
         if self._defer(write, config):
             return []
-        item = self._commit_with_group(write, config)
+        [item] = self._commit_with_group([write], config)
         if isinstance(item.error, IntentExists):
             raise IllegalTransition(
                 f"Effect {item.error.record.key!r} of thread {write.thread_id!r} is already "
@@ -461,41 +485,71 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         instead of reading and then writing, so the parallel calls of a step reach the
         group commit together, and an intent is never recorded twice.
         """
-        item = self._commit_with_group(intent, config)
-        if isinstance(item.error, IntentExists):
-            return item.error.record, False
-        if item.error is not None:
-            raise item.error
-        return item.result[0], True
+        [claimed] = self.claim_many([intent], config)
+        return claimed
+
+    def claim_many(
+        self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
+    ) -> list[tuple[EffectRecord, bool]]:
+        """`claim` several intents in one transaction (one fsync for all of them).
+
+        `EffectGuardNode` claims the write calls of a step together before running
+        them. Each intent is claimed on its own: a known key reports its record, and a
+        refused intent (`LeaseLost`, `FlowVersionMismatch`) raises after the others
+        were committed.
+        """
+        items = self._commit_with_group(intents, config)
+        claimed: list[tuple[EffectRecord, bool]] = []
+        for item in items:
+            if isinstance(item.error, IntentExists):
+                claimed.append((item.error.record, False))
+            elif item.error is not None:
+                raise item.error
+            else:
+                claimed.append((item.result[0], True))
+        return claimed
 
     def _commit_with_group(
-        self, write: LedgerWrite, config: RunnableConfig | None
-    ) -> _QueuedWrite:
-        item = _QueuedWrite(write, config)
+        self, writes: Sequence[LedgerWrite], config: RunnableConfig | None
+    ) -> list[_QueuedWrite]:
+        items = [_QueuedWrite(write, config) for write in writes]
         with self._queue_lock:
-            self._queue.append(item)
+            self._queue.extend(items)
         with self.lock:
-            if not item.done:
+            if not all(item.done for item in items):
                 self._commit_queue()
-        return item
+        return items
 
     def _commit_queue(self) -> None:
-        """Commit every queued write in one transaction (the caller holds `self.lock`)."""
+        """Commit every queued write in one transaction (the caller holds `self.lock`).
+
+        Each thread is fenced and pinned once per transaction, for every write made with
+        the same fencing token. A refused write must not undo its neighbours, so each
+        write runs in a savepoint, except an intent: it is inserted whole or not at all.
+        """
         with self._queue_lock:
             batch, self._queue = self._queue, []
         self.setup()
         cur = self.conn.cursor()
+        checked: dict[tuple[str, int | None], BaseException | None] = {}
         try:
             cur.execute("BEGIN IMMEDIATE")
             for item in batch:
-                # A savepoint per write: one refused write must not undo its neighbours.
-                cur.execute("SAVEPOINT ledger_write")
-                try:
-                    item.result = self._apply_txn(cur, item.write, item.config)
-                except BaseException as exc:
-                    cur.execute("ROLLBACK TO ledger_write")
-                    item.error = exc
-                cur.execute("RELEASE ledger_write")
+                write, config = item.write, item.config
+                actor = actor_of(config)
+                fenced = (write.thread_id, actor[1])
+                if fenced not in checked:
+                    checked[fenced] = _in_savepoint(
+                        cur, lambda: self._check_write_txn(cur, write.thread_id, config))
+                if checked[fenced] is not None:
+                    item.error = checked[fenced]
+                elif isinstance(write, IntentWrite):
+                    try:
+                        item.result = [self._apply_one_txn(cur, write, actor)]
+                    except IntentExists as exists:
+                        item.error = exists
+                else:
+                    item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor))
             self.conn.commit()
         except BaseException as exc:
             self.conn.rollback()
@@ -507,15 +561,13 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
                 item.done = True
 
     def _apply_txn(
-        self, cur: sqlite3.Cursor, write: LedgerWrite, config: RunnableConfig | None
-    ) -> list[EffectRecord]:
-        self._check_write_txn(cur, write.thread_id, config)
-        actor = actor_of(config)
+        self, cur: sqlite3.Cursor, item: _QueuedWrite, actor: tuple[str | None, int | None]
+    ) -> None:
+        write = item.write
         writes = write.writes if isinstance(write, WriteBatch) else (write,)
-        changed = [self._apply_one_txn(cur, one, actor) for one in writes]
+        item.result = [self._apply_one_txn(cur, one, actor) for one in writes]
         if isinstance(write, WriteBatch) and write.resume_at is not None:
             cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
-        return changed
 
     # Async twins of the ledger methods, so the guard runs under ainvoke too.
 
@@ -560,3 +612,9 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
     ) -> tuple[EffectRecord, bool]:
         """Async `claim`."""
         return self.claim(intent, config)
+
+    async def aclaim_many(
+        self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
+    ) -> list[tuple[EffectRecord, bool]]:
+        """Async `claim_many`."""
+        return self.claim_many(intents, config)

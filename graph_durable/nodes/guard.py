@@ -12,6 +12,7 @@ import inspect
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import ToolMessage
@@ -22,7 +23,7 @@ from langgraph.types import Command, Interrupt, _interrupt_id
 from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
 from graph_durable.errors import DurabilityError, NotDurableCheckpointer
 from graph_durable.leases import active_lease
-from graph_durable.ledger import TransitionWrite, WriteBatch
+from graph_durable.ledger import EffectRecord, TransitionWrite, WriteBatch
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions
 from graph_durable.nodes.protocol import (
@@ -32,6 +33,7 @@ from graph_durable.nodes.protocol import (
     CallTool,
     Lookup,
     Outcome,
+    Protocol,
     Read,
     Sleep,
     Write,
@@ -43,6 +45,7 @@ from graph_durable.testing.faults import fault_point
 __all__ = [
     "GuardCore",
     "OnAsk",
+    "Started",
     "interrupt_id_for",
     "pending_placeholder",
     "raise_interrupts",
@@ -163,6 +166,21 @@ def _decision_batch(task: _Task, asked: list[Any], resume: Any) -> WriteBatch:
     )
 
 
+@dataclass
+class Started:
+    """A write call whose protocol ran up to its claim (see `GuardCore.claim_step`)."""
+
+    task: _Task
+    ctx: CallContext
+    protocol: Protocol
+    claim: Claim
+    claimed: tuple[EffectRecord, bool] | None = None
+
+    def matches(self, request: ToolCallRequest) -> bool:
+        """Whether `request` is the call this protocol was started for."""
+        return request.tool_call == self.ctx.tool_call
+
+
 class GuardCore:
     """Routes each tool call through the ledger according to its `Effect` policy."""
 
@@ -180,12 +198,67 @@ class GuardCore:
         """The policy of `tool` (the default for tools not named in `effects`)."""
         return self.effects.get(tool, self.default)
 
-    def _context(self, request: ToolCallRequest) -> tuple[_Task, CallContext] | None:
-        policy = self.policy_for(request.tool_call["name"])
-        if request.tool is None or policy.read_only:
+    def _context(
+        self, tool_call: Mapping[str, Any], has_tool: bool, config: Mapping[str, Any]
+    ) -> tuple[_Task, CallContext] | None:
+        policy = self.policy_for(tool_call["name"])
+        if not has_tool or policy.read_only:
             return None
-        task = _Task(_config_of(request), request.tool_call)
-        return task, CallContext(task.thread_id, task.checkpoint_ns, request.tool_call, policy)
+        task = _Task(config, tool_call)
+        return task, CallContext(task.thread_id, task.checkpoint_ns, tool_call, policy)  # type: ignore[arg-type]
+
+    # -- claiming a step's calls together (before any of them runs) -----------------------
+
+    def _start(self, tool_calls: list[tuple[Mapping[str, Any], bool]],
+               config: Mapping[str, Any]) -> list[Started]:
+        """Run each write call's protocol up to its claim (`before_intent` included)."""
+        ids = [call.get("id") for call, _ in tool_calls]
+        if len(set(ids)) != len(ids):
+            return []  # duplicate tool_call_ids: let each call claim on its own
+        started: list[Started] = []
+        for call, has_tool in tool_calls:
+            prepared = self._context(call, has_tool, config)
+            if prepared is None:
+                continue
+            task, ctx = prepared
+            protocol = run_call(ctx)
+            op = protocol.send(None)
+            assert isinstance(op, Claim), op
+            started.append(Started(task, ctx, protocol, op))
+        return started
+
+    def claim_step(
+        self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any]
+    ) -> dict[str, Started]:
+        """Claim every write call of a step in one transaction; `{tool_call_id: started}`.
+
+        `tool_calls` holds `(tool_call, has_tool)` pairs. Pass each `Started` to `run` as
+        `started=`: its protocol continues after the claim.
+        """
+        started = self._start(tool_calls, config)
+        if not started:
+            return {}
+        task = started[0].task
+        self._check_requesting_checkpoint(task, started[0].ctx.tool_call,
+                                          task.saver.checkpoint_exists)
+        claimed = task.saver.claim_many([s.claim.intent for s in started], task.config)
+        for one, result in zip(started, claimed, strict=True):
+            one.claimed = result
+        return {one.ctx.tool_call_id: one for one in started}
+
+    async def aclaim_step(
+        self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any]
+    ) -> dict[str, Started]:
+        """Async `claim_step`."""
+        started = self._start(tool_calls, config)
+        if not started:
+            return {}
+        task = started[0].task
+        await self._acheck_requesting_checkpoint(task, started[0].ctx.tool_call)
+        claimed = await task.saver.aclaim_many([s.claim.intent for s in started], task.config)
+        for one, result in zip(started, claimed, strict=True):
+            one.claimed = result
+        return {one.ctx.tool_call_id: one for one in started}
 
     # -- decisions (once per task, before its calls run) ---------------------------------
 
@@ -218,15 +291,25 @@ class GuardCore:
         request: ToolCallRequest,
         execute: Callable[[ToolCallRequest], ToolResult],
         on_ask: OnAsk,
+        started: Started | None = None,
     ) -> ToolResult:
-        """Run one tool call through the protocol, synchronously."""
-        prepared = self._context(request)
-        if prepared is None:
-            return execute(request)
-        task, ctx = prepared
-        self._check_requesting_checkpoint(task, request, task.saver.checkpoint_exists)
-        protocol = run_call(ctx)
-        value: Any = None
+        """Run one tool call through the protocol, synchronously.
+
+        With `started` (from `claim_step`), the call's intent is already claimed.
+        """
+        if started is not None:
+            task, ctx, protocol = started.task, started.ctx, started.protocol
+            value: Any = started.claimed
+        else:
+            prepared = self._context(request.tool_call, request.tool is not None,
+                                     _config_of(request))
+            if prepared is None:
+                return execute(request)
+            task, ctx = prepared
+            self._check_requesting_checkpoint(task, request.tool_call,
+                                              task.saver.checkpoint_exists)
+            protocol = run_call(ctx)
+            value = None
         while True:
             try:
                 op = protocol.send(value)
@@ -248,13 +331,21 @@ class GuardCore:
                 value = on_ask(op, interrupt_id_for(task.checkpoint_ns))
 
     def _check_requesting_checkpoint(
-        self, task: _Task, request: ToolCallRequest, exists: Callable[..., bool]
+        self, task: _Task, call: Mapping[str, Any], exists: Callable[..., bool]
     ) -> None:
         where = task.requesting_checkpoint()
         if where is None or where in self._durable_checkpoints:
             return
         if not exists(*where):
-            raise task.not_durable(request.tool_call, "its checkpoint is not in the database")
+            raise task.not_durable(call, "its checkpoint is not in the database")
+        self._remember_durable(where)
+
+    async def _acheck_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any]) -> None:
+        where = task.requesting_checkpoint()
+        if where is None or where in self._durable_checkpoints:
+            return
+        if not await task.saver.acheckpoint_exists(*where):
+            raise task.not_durable(call, "its checkpoint is not in the database")
         self._remember_durable(where)
 
     def _remember_durable(self, where: tuple[str, str, str]) -> None:
@@ -354,20 +445,21 @@ class GuardCore:
         request: ToolCallRequest,
         execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
         on_ask: OnAsk,
+        started: Started | None = None,
     ) -> ToolResult:
-        """Run one tool call through the protocol, asynchronously."""
-        prepared = self._context(request)
-        if prepared is None:
-            return await execute(request)
-        task, ctx = prepared
-        where = task.requesting_checkpoint()
-        if where is not None and where not in self._durable_checkpoints:
-            if not await task.saver.acheckpoint_exists(*where):
-                raise task.not_durable(request.tool_call,
-                                       "its checkpoint is not in the database")
-            self._remember_durable(where)
-        protocol = run_call(ctx)
-        value: Any = None
+        """Run one tool call through the protocol, asynchronously (see `run`)."""
+        if started is not None:
+            task, ctx, protocol = started.task, started.ctx, started.protocol
+            value: Any = started.claimed
+        else:
+            prepared = self._context(request.tool_call, request.tool is not None,
+                                     _config_of(request))
+            if prepared is None:
+                return await execute(request)
+            task, ctx = prepared
+            await self._acheck_requesting_checkpoint(task, request.tool_call)
+            protocol = run_call(ctx)
+            value = None
         while True:
             try:
                 op = protocol.send(value)

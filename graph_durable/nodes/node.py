@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import ToolMessage
@@ -20,16 +21,38 @@ from langgraph.prebuilt.tool_node import (
     _infer_handled_types,
 )
 
-from graph_durable.nodes.guard import GuardCore, pending_placeholder, raise_interrupts
+from graph_durable.nodes.guard import (
+    GuardCore,
+    Started,
+    pending_placeholder,
+    raise_interrupts,
+)
 from graph_durable.nodes.protocol import Ask
 from graph_durable.policy import Effect
 
 __all__ = ["EffectGuardNode"]
 
-# Questions asked by the calls of the task being run (shared by its worker threads).
-_TASK_ASKS: ContextVar[list[tuple[Ask, str]] | None] = ContextVar(
-    "graph_durable_task_asks", default=None
-)
+
+
+@dataclass
+class _TaskState:
+    """What the calls of the task being run share (across its worker threads)."""
+
+    asks: list[tuple[Ask, str]] = field(default_factory=list)
+    """Questions asked by the calls, raised as one interrupt when the task ends."""
+    started: dict[str, Started] = field(default_factory=dict)
+    """Write calls claimed together before the task ran them, by tool_call_id."""
+
+    def take_started(self, request: ToolCallRequest) -> Started | None:
+        started = self.started.pop(request.tool_call["id"], None)
+        if started is not None and not started.matches(request):
+            # Cannot happen without a wrapper rewriting calls (then nothing is claimed
+            # ahead); the call claims on its own and finds its key known.
+            return None
+        return started
+
+
+_TASK: ContextVar[_TaskState | None] = ContextVar("graph_durable_task", default=None)
 
 ErrorHandling = bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
 
@@ -93,43 +116,60 @@ class EffectGuardNode(ToolNode):
 
     # -- one task: resolve decisions, run the calls, ask once --------------------------
 
+    def _calls_of(self, input: Any) -> list[tuple[dict[str, Any], bool]]:
+        """The step's tool calls, as `(tool_call, has_tool)`, to claim them together.
+
+        Nothing is claimed ahead when your own wrapper runs around the guard: it may
+        rewrite or skip calls, so each call claims for itself.
+        """
+        if self._user_wrap is not None or self._user_awrap is not None:
+            return []
+        tool_calls, _ = self._parse_input(input)
+        return [(call, call["name"] in self.tools_by_name) for call in tool_calls]
+
     def _func(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
         self._guard.resolve_decisions(config)
-        asks: list[tuple[Ask, str]] = []
-        token = _TASK_ASKS.set(asks)
+        state = _TaskState(started=self._guard.claim_step(self._calls_of(input), config))
+        token = _TASK.set(state)
         try:
             output = super()._func(input, config, runtime)
         finally:
-            _TASK_ASKS.reset(token)
-        raise_interrupts(asks)
+            _TASK.reset(token)
+        raise_interrupts(state.asks)
         return output
 
     async def _afunc(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
         await self._guard.aresolve_decisions(config)
-        asks: list[tuple[Ask, str]] = []
-        token = _TASK_ASKS.set(asks)
+        state = _TaskState(
+            started=await self._guard.aclaim_step(self._calls_of(input), config))
+        token = _TASK.set(state)
         try:
             output = await super()._afunc(input, config, runtime)
         finally:
-            _TASK_ASKS.reset(token)
-        raise_interrupts(asks)
+            _TASK.reset(token)
+        raise_interrupts(state.asks)
         return output
 
     # -- one call ------------------------------------------------------------------------
 
     @staticmethod
     def _defer_ask(ask: Ask, interrupt_id: str) -> ToolMessage:
-        asks = _TASK_ASKS.get()
-        if asks is None:
+        state = _TASK.get()
+        if state is None:
             raise RuntimeError("EffectGuardNode asked a question outside of its task")
-        asks.append((ask, interrupt_id))
+        state.asks.append((ask, interrupt_id))
         return pending_placeholder(ask)
+
+    @staticmethod
+    def _started(request: ToolCallRequest) -> Started | None:
+        state = _TASK.get()
+        return None if state is None else state.take_started(request)
 
     def _wrap_guarded(self, request: ToolCallRequest, execute: Callable) -> Any:
         def guarded(req: ToolCallRequest) -> Any:
             if self._guard.policy_for(req.tool_call["name"]).read_only:
                 return self._run_read_only(req, execute)
-            return self._guard.run(req, execute, self._defer_ask)
+            return self._guard.run(req, execute, self._defer_ask, self._started(req))
 
         if self._user_wrap is not None:
             return self._user_wrap(request, guarded)
@@ -144,7 +184,8 @@ class EffectGuardNode(ToolNode):
                     raise
                 except Exception as exc:
                     return self._read_only_error(req, exc)
-            return await self._guard.arun(req, execute, self._defer_ask)
+            return await self._guard.arun(req, execute, self._defer_ask,
+                                           self._started(req))
 
         if self._user_awrap is not None:
             return await self._user_awrap(request, guarded)

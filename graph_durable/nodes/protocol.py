@@ -28,6 +28,8 @@ from graph_durable.ledger import (
     TransitionWrite,
     WriteBatch,
     derive_key,
+    encode_args,
+    key_of_encoded,
 )
 from graph_durable.nodes.decisions import approval_payload, unknown_payload
 from graph_durable.policy import Effect
@@ -120,15 +122,14 @@ class CallContext:
     tool_call: dict[str, Any]
     policy: Effect
     key: str = field(init=False)
+    args_json: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.key = derive_key(
-            thread_id=self.thread_id,
-            checkpoint_ns=self.checkpoint_ns,
-            tool_call_id=self.tool_call["id"],
-            tool=self.tool_call["name"],
-            args=self.tool_call["args"],
-        )
+        call = self.tool_call
+        self.args_json = encode_args(call["args"], thread_id=self.thread_id,
+                                     tool_call_id=call["id"], tool=call["name"])
+        self.key = key_of_encoded(self.thread_id, self.checkpoint_ns, call["id"], call["name"],
+                                  self.args_json)
 
     @property
     def tool_call_id(self) -> str:
@@ -209,6 +210,7 @@ def _intent(ctx: CallContext, status: EffectStatus, *, record_args: dict[str, An
         tool=ctx.tool,
         args=record_args if record_args is not None else ctx.tool_call["args"],
         status=status,
+        args_json=None if record_args is not None else ctx.args_json,
     )
 
 

@@ -12,7 +12,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from graph_durable import DurableSqliteSaver
 from graph_durable.checkpointers._schema import MIGRATIONS
-from graph_durable.errors import IllegalTransition
+from graph_durable.errors import IllegalTransition, LeaseLost
 from graph_durable.ledger import EffectStatus, IntentWrite, TransitionWrite
 
 S = EffectStatus
@@ -134,3 +134,61 @@ def test_list_can_be_consumed_while_calling_get_tuple(tmp_path: Path) -> None:
     worker.start()
     worker.join(10)
     assert not worker.is_alive() and seen == [True, True]
+
+
+# -- claims and deferred receipts ----------------------------------------------------------
+
+
+def receipt(thread_id: str = "t", key: str = "k1") -> TransitionWrite:
+    return TransitionWrite(thread_id=thread_id, key=key, to=S.APPLIED, kind="receipt",
+                           receipt={"id": 7}, result="ok", error=None, defer=True)
+
+
+def test_claim_many_records_new_keys_and_reports_known_ones(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.claim(intent(key="k1"))
+    claimed = saver.claim_many([intent(key="k1"), intent(key="k2"), intent(key="k3")])
+    assert [(record.key, created) for record, created in claimed] == [
+        ("k1", False), ("k2", True), ("k3", True)]
+    assert [(e.key, e.kind) for e in saver.events("t")] == [
+        ("k1", "intent"), ("k2", "intent"), ("k3", "intent")]
+    # Committed: another connection sees every claimed intent.
+    other = open_saver(tmp_path / "a.sqlite")
+    assert {r.key for r in other.effects("t", status="in_flight")} == {"k1", "k2", "k3"}
+
+
+def test_claim_many_fenced_out_records_nothing(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.acquire_lease("t", "someone-else", ttl=60)
+    with pytest.raises(LeaseLost):
+        saver.claim_many([intent(key="k1"), intent(key="k2")])
+    assert saver.effects() == [] and saver.events() == []
+
+
+def test_a_deferred_receipt_commits_with_the_threads_next_write(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.claim(intent())
+    assert saver.apply(receipt()) == []
+    assert saver.effect("k1", "t").status is S.IN_FLIGHT
+    put_checkpoint(saver, "u")  # another thread's write does not carry it
+    assert saver.effect("k1", "t").status is S.IN_FLIGHT
+    put_checkpoint(saver, "t")
+    record = saver.effect("k1", "t")
+    assert record.status is S.APPLIED and record.receipt == {"id": 7} and record.error is None
+    assert saver.stored_result("t", "k1") == "ok"
+    assert [e.kind for e in saver.events("t")] == ["intent", "receipt"]
+
+
+def test_a_deferred_receipt_the_lifecycle_forbids_refuses_the_write_it_rides_on(
+    tmp_path: Path,
+) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.claim(intent())
+    saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.FAILED, kind="failure",
+                                error="declined"))
+    saver.apply(receipt())
+    before = (saver.effects(), saver.events())
+    with pytest.raises(IllegalTransition, match="failed; it cannot become applied"):
+        put_checkpoint(saver, "t")
+    assert (saver.effects(), saver.events()) == before
+    assert list(saver.list({"configurable": {"thread_id": "t"}})) == []

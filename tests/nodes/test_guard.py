@@ -18,6 +18,7 @@ from graph_durable import (
     DurabilityError,
     DurableSqliteSaver,
     Effect,
+    EffectStatus,
     EffectGuardNode,
     InvalidDecision,
     NotApplied,
@@ -283,6 +284,63 @@ def test_call_to_a_tool_the_node_does_not_have_writes_nothing(saver) -> None:
     message = result["messages"][2]
     assert message.status == "error" and "delete_everything" in message.content
     assert saver.effects() == []
+
+
+# -- a step's calls are claimed together -----------------------------------------------------
+
+
+def test_every_intent_of_a_step_is_durable_before_any_call_is_sent(saver, tmp_path) -> None:
+    seen: list[set[str]] = []
+
+    @tool
+    def send(to: str) -> str:
+        """Send."""
+        # What a process started after a crash would find: another connection's view.
+        other = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite"))
+        seen.append({r.tool_call_id for r in other.effects("t", status="in_flight")})
+        return f"sent to {to}"
+
+    calls = [call("send", {"to": to}, f"c{i}") for i, to in enumerate("xyz")]
+    claims: list[int] = []
+    claim_many = saver.claim_many
+
+    def counting_claim_many(intents, config=None):
+        claims.append(len(intents))
+        return claim_many(intents, config)
+
+    saver.claim_many = counting_claim_many
+    result = run(build(saver, [send], {"send": Effect(idempotent=True)}, *calls))
+    assert [m.content for m in result["messages"][2:5]] == ["sent to x", "sent to y", "sent to z"]
+    assert seen == [{"c0", "c1", "c2"}] * 3
+    assert claims == [3]  # one transaction for the step's three intents
+    assert [r.status for r in saver.effects("t")] == [EffectStatus.APPLIED] * 3
+
+
+def test_a_wrapper_that_rewrites_calls_has_them_claimed_as_rewritten(saver, provider) -> None:
+    @tool
+    def send(to: str) -> str:
+        """Send."""
+        provider.apply(current_effect().key, {"to": to})
+        return f"sent to {to}"
+
+    def lower_case(request, execute):
+        args = {"to": request.tool_call["args"]["to"].lower()}
+        return execute(request.override(tool_call={**request.tool_call, "args": args}))
+
+    script = [AIMessage(content="", tool_calls=[call("send", {"to": "ADA"})]),
+              AIMessage(content="done")]
+    model = ScriptedChatModel(script=script)
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
+    builder.add_node("tools", EffectGuardNode([send], wrap_tool_call=lower_case))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    result = run(builder.compile(checkpointer=saver))
+    assert result["messages"][2].content == "sent to ada"
+    [record] = saver.effects("t")
+    assert record.args == {"to": "ada"} and record.status is EffectStatus.APPLIED
+    assert provider.count() == 1
 
 
 # -- decisions on unknown outcomes ---------------------------------------------------------

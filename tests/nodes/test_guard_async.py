@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,26 @@ async def test_async_tool_applied_then_replayed_after_a_crash(saver, tmp_path) -
     assert result["messages"][-1].content == "done"
     assert provider.count() == 1 and len(provider.requests()) == 1
     assert [r.status.value for r in await saver.aeffects("t")] == ["applied"]
+
+
+async def test_async_step_claims_every_intent_before_any_call_is_sent(saver, tmp_path) -> None:
+    seen: list[set[str]] = []
+
+    @tool
+    async def send(to: str) -> str:
+        """Send."""
+        # Another connection's view: what a process started after a crash would find.
+        other = sqlite3.connect(tmp_path / "a.sqlite")
+        rows = other.execute("SELECT tool_call_id FROM effects WHERE status = 'in_flight'")
+        seen.append({row[0] for row in rows})
+        other.close()
+        return f"sent to {to}"
+
+    calls = [call("send", {"to": to}, f"c{i}") for i, to in enumerate("xyz")]
+    result = await run(build(saver, [send], {"send": Effect(idempotent=True)}, *calls))
+    assert [m.content for m in result["messages"][2:5]] == ["sent to x", "sent to y", "sent to z"]
+    assert seen == [{"c0", "c1", "c2"}] * 3
+    assert [r.status.value for r in await saver.aeffects("t")] == ["applied"] * 3
 
 
 async def test_async_lookup_recovers_an_in_flight_effect(saver, tmp_path) -> None:
