@@ -235,52 +235,20 @@ class DurableSaverMixin:
             columns["asked"] = int(write.asked)
         return columns
 
-    def _plan_deferred(
-        self, write: TransitionWrite, actor: tuple[str | None, int | None]
-    ) -> tuple[_sql.Statement, _sql.Statement] | None:
-        """A deferred write as a conditional update and its event, without a read first.
-
-        The update only matches a row the lifecycle lets become `write.to`; when it
-        matches nothing, the caller applies the write the ordinary way, which explains
-        the refusal. `None` for writes that need the row (a bumped attempt count).
-        """
-        if write.bump_attempts:
-            return None
-        return _sql.plan_blind_transition(
-            thread_id=write.thread_id, key=write.key, to=write.to, kind=write.kind,
-            data=write.data, now=time.time(), actor=actor,
-            columns=self._transition_columns(write),
+    def _plan_update(self, write: TransitionWrite, now: float) -> _sql.Statement:
+        """The conditional `UPDATE ... RETURNING` that carries out `write`."""
+        return _sql.plan_update(
+            thread_id=write.thread_id, key=write.key, to=write.to, now=now,
+            columns=self._transition_columns(write), bump_attempts=write.bump_attempts,
         )
 
-    def _plan_transition(
-        self,
-        row: Sequence[Any] | None,
-        write: TransitionWrite,
+    @staticmethod
+    def _transition_event(
+        record: EffectRecord, write: TransitionWrite, now: float,
         actor: tuple[str | None, int | None],
-    ) -> tuple[list[_sql.Statement], EffectRecord]:
-        columns = self._transition_columns(write)
-        fields: dict[str, Any] = {}
-        if "error" in columns:
-            fields["error"] = columns["error"]
-        if "receipt" in columns:
-            fields["receipt"] = json.loads(columns["receipt"])
-        if "decision" in columns:
-            fields["decision"] = _sql.from_json(columns["decision"])
-        if "asked" in columns:
-            fields["asked"] = bool(columns["asked"])
-        return _sql.plan_transition(
-            row,
-            thread_id=write.thread_id,
-            key=write.key,
-            to=write.to,
-            kind=write.kind,
-            data=write.data,
-            now=time.time(),
-            actor=actor,
-            columns=columns,
-            fields=fields,
-            bump_attempts=write.bump_attempts,
-        )
+    ) -> _sql.Statement:
+        return _sql.transition_event(record, kind=write.kind, data=write.data, now=now,
+                                     actor=actor, bump_attempts=write.bump_attempts)
 
     def _load_result(self, row: Sequence[Any] | None) -> Any:
         if row is None or row[0] is None:

@@ -20,7 +20,9 @@ __all__ = [
     "effect_from_row",
     "event_from_row",
     "plan_intent",
-    "plan_transition",
+    "plan_update",
+    "refusal",
+    "transition_event",
 ]
 
 Statement = tuple[str, tuple[Any, ...]]
@@ -239,59 +241,23 @@ def plan_intent(
     ], record
 
 
-def plan_transition(
-    row: Sequence[Any] | None,
-    *,
-    thread_id: str,
-    key: str,
-    to: EffectStatus,
-    kind: str,
-    data: dict[str, Any],
-    now: float,
-    actor: tuple[str | None, int | None],
-    columns: dict[str, Any] | None = None,
-    fields: dict[str, Any] | None = None,
-    bump_attempts: bool = False,
-) -> tuple[list[Statement], EffectRecord]:
-    """Move an effect to status `to`, setting `columns`, and journal it as `kind`.
-
-    `columns` are the encoded column values, `fields` the same values as the record
-    holds them; the updated record is returned with the plan. `bump_attempts` counts
-    one more call of the tool (a new attempt with the same key).
-
-    Raises:
-        IllegalTransition: no such effect, or the lifecycle forbids the move.
-    """
+def refusal(
+    row: Sequence[Any] | None, *, thread_id: str, key: str, to: EffectStatus
+) -> IllegalTransition:
+    """Why an effect (selected with `EFFECT_COLUMNS`, or missing) cannot become `to`."""
     if row is None:
-        raise IllegalTransition(
+        return IllegalTransition(
             f"No effect {key!r} in thread {thread_id!r}: it was never recorded, or the "
             "thread's ledger was deleted.",
             thread_id=thread_id,
         )
     record = effect_from_row(row)
-    if not record.status.can_become(to):
-        raise IllegalTransition(
-            f"Effect {key!r} (tool call {record.tool_call_id!r}, thread {thread_id!r}) is "
-            f"{record.status.value}; it cannot become {to.value}.",
-            thread_id=thread_id,
-            tool_call_id=record.tool_call_id,
-        )
-    assignments = {"status": to.value, "updated_at": now, **(columns or {})}
-    updated = {"status": to, "updated_at": now, **(fields or {})}
-    if bump_attempts:
-        assignments["attempts"] = updated["attempts"] = record.attempts + 1
-        data = {**data, "attempt": record.attempts + 1}
-    sets = ", ".join(f"{name} = ?" for name in assignments)
-    return [
-        (
-            f"UPDATE effects SET {sets} WHERE thread_id = ? AND key = ?",
-            (*assignments.values(), thread_id, key),
-        ),
-        (
-            INSERT_EVENT,
-            (key, thread_id, kind, to_json({"status": to.value, **data}), now, *actor),
-        ),
-    ], record.model_copy(update=updated)
+    return IllegalTransition(
+        f"Effect {key!r} (tool call {record.tool_call_id!r}, thread {thread_id!r}) is "
+        f"{record.status.value}; it cannot become {to.value}.",
+        thread_id=thread_id,
+        tool_call_id=record.tool_call_id,
+    )
 
 
 _SOURCES: dict[EffectStatus, tuple[str, ...]] = {
@@ -301,33 +267,44 @@ _SOURCES: dict[EffectStatus, tuple[str, ...]] = {
 """The statuses an effect may leave for each status."""
 
 
-def plan_blind_transition(
+def plan_update(
     *,
     thread_id: str,
     key: str,
     to: EffectStatus,
-    kind: str,
-    data: dict[str, Any],
     now: float,
-    actor: tuple[str | None, int | None],
     columns: dict[str, Any],
-) -> tuple[Statement, Statement]:
-    """Move an effect to `to` only if its current status allows it, without reading it.
+    bump_attempts: bool = False,
+) -> Statement:
+    """Move an effect to `to`, setting `columns`, if its current status allows it.
 
-    Returns the conditional update and the event to insert once the update changed a
-    row. An update that changes nothing means no such effect or a forbidden move.
+    One conditional `UPDATE ... RETURNING` the updated row (`EFFECT_COLUMNS`), so the
+    lifecycle is checked without reading the row first; no row back means no such
+    effect or a forbidden move (`refusal` says which). `bump_attempts` counts one more
+    call of the tool (a new attempt with the same key).
     """
     sources = _SOURCES[to]
     assignments = {"status": to.value, "updated_at": now, **columns}
-    sets = ", ".join(f"{name} = ?" for name in assignments)
+    sets = [f"{name} = ?" for name in assignments]
+    if bump_attempts:
+        sets.append("attempts = attempts + 1")
     marks = ", ".join("?" for _ in sources)
     return (
-        (
-            f"UPDATE effects SET {sets} WHERE thread_id = ? AND key = ? AND status IN ({marks})",
-            (*assignments.values(), thread_id, key, *sources),
-        ),
-        (
-            INSERT_EVENT,
-            (key, thread_id, kind, to_json({"status": to.value, **data}), now, *actor),
-        ),
+        f"UPDATE effects SET {', '.join(sets)} WHERE thread_id = ? AND key = ? "
+        f"AND status IN ({marks}) RETURNING {EFFECT_COLUMNS}",
+        (*assignments.values(), thread_id, key, *sources),
+    )
+
+
+def transition_event(
+    record: EffectRecord, *, kind: str, data: dict[str, Any], now: float,
+    actor: tuple[str | None, int | None], bump_attempts: bool = False,
+) -> Statement:
+    """The journal entry of a transition that left `record` (the updated effect)."""
+    if bump_attempts:
+        data = {**data, "attempt": record.attempts}
+    return (
+        INSERT_EVENT,
+        (record.key, record.thread_id, kind,
+         to_json({"status": record.status.value, **data}), now, *actor),
     )

@@ -280,14 +280,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             for statement in self._flow_statements(await cur.fetchone(), thread_id):
                 await cur.execute(*statement)
         for write, write_config in self._take_deferred(thread_id):
-            actor = actor_of(write_config)
-            blind = self._plan_deferred(write, actor)
-            if blind is not None:
-                await cur.execute(*blind[0])
-                if cur.rowcount == 1:
-                    await cur.execute(*blind[1])
-                    continue
-            await self._apply_one_txn(cur, write, actor)
+            await self._apply_one_txn(cur, write, actor_of(write_config))
 
     async def _apply_one_txn(
         self, cur: aiosqlite.Cursor, one: IntentWrite | TransitionWrite,
@@ -302,10 +295,15 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
                 raise IntentExists(_sql.effect_from_row(await cur.fetchone()))
             await cur.execute(*event)
             return record
-        await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-        plan, record = self._plan_transition(await cur.fetchone(), one, actor)
-        for sql, params in plan:
-            await cur.execute(sql, params)
+        now = time.time()
+        await cur.execute(*self._plan_update(one, now))
+        rows = await cur.fetchall()
+        if not rows:
+            await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
+            raise _sql.refusal(await cur.fetchone(), thread_id=one.thread_id, key=one.key,
+                               to=one.to)
+        record = _sql.effect_from_row(rows[0])
+        await cur.execute(*self._transition_event(record, one, now, actor))
         return record
 
     # -- leases --------------------------------------------------------------------------

@@ -331,12 +331,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
             for statement in self._flow_statements(row, thread_id):
                 cur.execute(*statement)
         for write, write_config in self._take_deferred(thread_id):
-            actor = actor_of(write_config)
-            blind = self._plan_deferred(write, actor)
-            if blind is not None and cur.execute(*blind[0]).rowcount == 1:
-                cur.execute(*blind[1])
-            else:
-                self._apply_one_txn(cur, write, actor)
+            self._apply_one_txn(cur, write, actor_of(write_config))
 
     def _apply_one_txn(
         self, cur: sqlite3.Cursor, one: IntentWrite | TransitionWrite,
@@ -351,11 +346,13 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
                 raise IntentExists(_sql.effect_from_row(row))
             cur.execute(*event)
             return record
-        else:
+        now = time.time()
+        rows = cur.execute(*self._plan_update(one, now)).fetchall()
+        if not rows:
             row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-            plan, record = self._plan_transition(row, one, actor)
-        for sql, params in plan:
-            cur.execute(sql, params)
+            raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
+        record = _sql.effect_from_row(rows[0])
+        cur.execute(*self._transition_event(record, one, now, actor))
         return record
 
     # -- leases --------------------------------------------------------------------------
