@@ -1,0 +1,60 @@
+"""The throwaway PostgreSQL server used by tests of the PostgreSQL path."""
+
+from __future__ import annotations
+
+import os
+
+import psycopg
+import pytest
+
+from graph_durable.testing.postgres import PostgresServer
+
+
+def test_server_runs_queries_and_keeps_a_table(postgres_conninfo: str) -> None:
+    with psycopg.connect(postgres_conninfo) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL)")
+        conn.execute("INSERT INTO items VALUES (1, 'one'), (2, 'two')")
+    with psycopg.connect(postgres_conninfo) as conn:  # a new connection sees the commit
+        rows = conn.execute("SELECT id, name FROM items ORDER BY id").fetchall()
+    assert rows == [(1, "one"), (2, "two")]
+
+
+def test_server_keeps_durability_defaults(postgres_conninfo: str) -> None:
+    with psycopg.connect(postgres_conninfo) as conn:
+        assert conn.execute("SHOW fsync").fetchone() == ("on",)
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+
+
+def test_created_databases_are_isolated(postgres_server: PostgresServer) -> None:
+    first = postgres_server.create_database("gd_isolation_a")
+    second = postgres_server.create_database("gd_isolation_b")
+    assert first != second
+    with psycopg.connect(first) as conn:
+        name = conn.execute("SELECT current_database()").fetchone()
+        assert name == ("gd_isolation_a",)
+        conn.execute("CREATE TABLE only_in_a (x int)")
+    with psycopg.connect(second) as conn:
+        name = conn.execute("SELECT current_database()").fetchone()
+        assert name == ("gd_isolation_b",)
+        found = conn.execute("SELECT to_regclass('only_in_a')").fetchone()
+        assert found == (None,)
+
+
+def test_stop_stops_the_server_and_removes_its_folder() -> None:
+    server = PostgresServer()
+    server.stop()  # stopping a server never started is a no-op
+    with server:
+        conninfo = server.conninfo
+        data_dir = server.data_dir
+        assert server.running
+        assert os.path.isdir(data_dir)
+        with psycopg.connect(conninfo) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert not server.running
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(conninfo, connect_timeout=5)
+    assert not os.path.exists(data_dir)
+    assert not os.path.exists(os.path.dirname(data_dir))
+    server.stop()  # idempotent
+    server.stop()
