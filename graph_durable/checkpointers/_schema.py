@@ -7,7 +7,20 @@ the version applied is recorded in `graph_durable_migrations`.
 
 from __future__ import annotations
 
-__all__ = ["MIGRATIONS", "MIGRATIONS_TABLE"]
+__all__ = [
+    "MIGRATIONS",
+    "MIGRATIONS_TABLE",
+    "PG_MIGRATIONS",
+    "PG_MIGRATIONS_TABLE",
+    "statements",
+]
+
+
+
+def statements(script: str) -> list[str]:
+    """The statements of a migration script, one by one (drivers run one at a time)."""
+    return [part.strip() for part in script.split(";") if part.strip()]
+
 
 MIGRATIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS graph_durable_migrations (
@@ -67,6 +80,67 @@ MIGRATIONS: list[str] = [
         thread_id TEXT PRIMARY KEY,
         flow_version TEXT NOT NULL,
         pinned_at REAL NOT NULL
+    );
+    """,
+]
+
+# PostgreSQL: the same tables in PostgreSQL's types, numbered on their own.
+PG_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS graph_durable_migrations (
+    v INTEGER PRIMARY KEY,
+    applied_at DOUBLE PRECISION NOT NULL
+)
+"""
+
+PG_MIGRATIONS: list[str] = [
+    # 0: the effect ledger, its append-only journal, leases and flow-version pins.
+    # `seq` comes from a sequence: never reused, and in commit order within a thread
+    # (writes of one thread are serialized by a transaction-level advisory lock).
+    """
+    CREATE TABLE effects (
+        thread_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        tool_call_id TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        args TEXT NOT NULL,
+        status TEXT NOT NULL,
+        receipt TEXT,
+        result_type TEXT,
+        result BYTEA,
+        error TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        decision TEXT,
+        asked INTEGER NOT NULL DEFAULT 0,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (thread_id, key)
+    );
+    CREATE INDEX effects_key ON effects (key);
+    CREATE INDEX effects_thread_status ON effects (thread_id, status);
+    CREATE TABLE effect_events (
+        seq BIGSERIAL PRIMARY KEY,
+        key TEXT NOT NULL,
+        thread_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        data TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL,
+        owner TEXT,
+        fencing_token BIGINT
+    );
+    CREATE INDEX effect_events_thread ON effect_events (thread_id, seq);
+    CREATE INDEX effect_events_key ON effect_events (key, seq);
+    CREATE TABLE thread_leases (
+        thread_id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        token BIGINT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        acquired_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE thread_flow_versions (
+        thread_id TEXT PRIMARY KEY,
+        flow_version TEXT NOT NULL,
+        pinned_at DOUBLE PRECISION NOT NULL
     );
     """,
 ]

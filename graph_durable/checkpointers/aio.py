@@ -25,8 +25,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
-from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
-from graph_durable.checkpointers.sqlite import _statements
+from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE, statements
 from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease, register, unregister
 from graph_durable.ledger import (
@@ -97,7 +96,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
                 ) as cur:
                     applied = (await cur.fetchone())[0]
                 for version in range(applied + 1, len(MIGRATIONS)):
-                    for statement in _statements(MIGRATIONS[version]):
+                    for statement in statements(MIGRATIONS[version]):
                         await self.conn.execute(statement)
                     await self.conn.execute(
                         "INSERT INTO graph_durable_migrations (v, applied_at) VALUES (?, ?)",

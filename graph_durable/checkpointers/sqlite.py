@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import Any
 
@@ -33,7 +33,8 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
-from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE
+from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE, statements
+from graph_durable.checkpointers._twins import AsyncFromSync
 from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
@@ -76,14 +77,11 @@ def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any]) -> BaseExcepti
     return error
 
 
-def _statements(script: str) -> list[str]:
-    return [part.strip() for part in script.split(";") if part.strip()]
-
-
-class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
+class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
     """A LangGraph checkpointer on SQLite that also keeps the effect ledger.
 
     Use it wherever a `SqliteSaver` goes; `EffectGuardNode` finds the ledger through it.
+    Its async methods run the sync ones (use `AsyncDurableSqliteSaver` under heavy load).
 
     Args:
         conn: A `sqlite3.Connection` (opened with `check_same_thread=False`).
@@ -134,7 +132,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
                 "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations"
             ).fetchone()[0]
             for version in range(applied + 1, len(MIGRATIONS)):
-                for statement in _statements(MIGRATIONS[version]):
+                for statement in statements(MIGRATIONS[version]):
                     self.conn.execute(statement)
                 self.conn.execute(
                     "INSERT INTO graph_durable_migrations (v, applied_at) VALUES (?, ?)",
@@ -263,62 +261,6 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
                 for row in rows:
                     cur.execute(_sql.DELETE_CHECKPOINT, row)
                     cur.execute(_sql.DELETE_CHECKPOINT_WRITES, row)
-
-    # The stock sync saver raises on every async method; a durable saver answers both ways.
-
-    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """Async `get_tuple` (runs the sync query; use the async saver under heavy load)."""
-        return self.get_tuple(config)
-
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[CheckpointTuple]:
-        """Async `list`."""
-        for item in self.list(config, filter=filter, before=before, limit=limit):
-            yield item
-
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """Async `put`."""
-        return self.put(config, checkpoint, metadata, new_versions)
-
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        """Async `put_writes`."""
-        self.put_writes(config, writes, task_id, task_path)
-
-    async def adelete_thread(self, thread_id: str) -> None:
-        """Async `delete_thread`."""
-        self.delete_thread(thread_id)
-
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Async `delete_for_runs`."""
-        self.delete_for_runs(run_ids)
-
-    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Async `copy_thread`."""
-        self.copy_thread(source_thread_id, target_thread_id)
-
-    async def aprune(
-        self, thread_ids: Sequence[str], *, strategy: str = "keep_latest"
-    ) -> None:
-        """Async `prune`."""
-        self.prune(thread_ids, strategy=strategy)
 
     def _check_write_txn(
         self, cur: sqlite3.Cursor, thread_id: str, config: RunnableConfig | None
@@ -565,53 +507,3 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteSaver):
         item.result = [self._apply_one_txn(cur, one, actor) for one in writes]
         if isinstance(write, WriteBatch) and write.resume_at is not None:
             cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
-
-    # Async twins of the ledger methods, so the guard runs under ainvoke too.
-
-    async def aeffect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
-        """Async `effect`."""
-        return self.effect(key, thread_id=thread_id)
-
-    async def aeffects(
-        self, thread_id: str | None = None, status: EffectStatus | str | None = None
-    ) -> list[EffectRecord]:
-        """Async `effects`."""
-        return self.effects(thread_id, status)
-
-    async def aevents(
-        self, thread_id: str | None = None, key: str | None = None
-    ) -> list[EffectEvent]:
-        """Async `events`."""
-        return self.events(thread_id, key)
-
-    async def astored_result(self, thread_id: str, key: str) -> Any:
-        """Async `stored_result`."""
-        return self.stored_result(thread_id, key)
-
-    async def aasked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
-        """Async `asked_in_task`."""
-        return self.asked_in_task(thread_id, checkpoint_ns)
-
-    async def acheckpoint_exists(
-        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
-    ) -> bool:
-        """Async `checkpoint_exists`."""
-        return self.checkpoint_exists(thread_id, checkpoint_ns, checkpoint_id)
-
-    async def aapply(
-        self, write: LedgerWrite, config: RunnableConfig | None = None
-    ) -> list[EffectRecord]:
-        """Async `apply`."""
-        return self.apply(write, config)
-
-    async def aclaim(
-        self, intent: IntentWrite, config: RunnableConfig | None = None
-    ) -> tuple[EffectRecord, bool]:
-        """Async `claim`."""
-        return self.claim(intent, config)
-
-    async def aclaim_many(
-        self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
-    ) -> list[tuple[EffectRecord, bool]]:
-        """Async `claim_many`."""
-        return self.claim_many(intents, config)

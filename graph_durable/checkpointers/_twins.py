@@ -1,0 +1,142 @@
+"""Async methods of a durable saver whose work is done by its sync methods.
+
+LangGraph's sync savers raise on every async method. A durable saver answers both
+ways, so a graph run with `ainvoke` (and the guard's async driver) can use it; each
+method below runs its sync twin on the calling thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+
+from graph_durable.ledger import (
+    EffectEvent,
+    EffectRecord,
+    EffectStatus,
+    IntentWrite,
+    LedgerWrite,
+)
+
+__all__ = ["AsyncFromSync"]
+
+
+class AsyncFromSync:
+    """Mixin: the async checkpoint and ledger methods, done by the sync ones.
+
+    Put it before the LangGraph saver in the bases, whose async methods it replaces.
+    """
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async `get_tuple` (runs the sync query)."""
+        return self.get_tuple(config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Async `list`."""
+        for item in self.list(config, filter=filter, before=before, limit=limit):
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Async `put`."""
+        return self.put(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Async `put_writes`."""
+        self.put_writes(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Async `delete_thread`."""
+        self.delete_thread(thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async `delete_for_runs`."""
+        self.delete_for_runs(run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async `copy_thread`."""
+        self.copy_thread(source_thread_id, target_thread_id)
+
+    async def aprune(
+        self, thread_ids: Sequence[str], *, strategy: str = "keep_latest"
+    ) -> None:
+        """Async `prune`."""
+        self.prune(thread_ids, strategy=strategy)
+
+    # -- the ledger, so the guard runs under ainvoke too -----------------------------------
+
+    async def aeffect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
+        """Async `effect`."""
+        return self.effect(key, thread_id=thread_id)
+
+    async def aeffects(
+        self, thread_id: str | None = None, status: EffectStatus | str | None = None
+    ) -> list[EffectRecord]:
+        """Async `effects`."""
+        return self.effects(thread_id, status)
+
+    async def aevents(
+        self, thread_id: str | None = None, key: str | None = None
+    ) -> list[EffectEvent]:
+        """Async `events`."""
+        return self.events(thread_id, key)
+
+    async def astored_result(self, thread_id: str, key: str) -> Any:
+        """Async `stored_result`."""
+        return self.stored_result(thread_id, key)
+
+    async def aasked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
+        """Async `asked_in_task`."""
+        return self.asked_in_task(thread_id, checkpoint_ns)
+
+    async def acheckpoint_exists(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> bool:
+        """Async `checkpoint_exists`."""
+        return self.checkpoint_exists(thread_id, checkpoint_ns, checkpoint_id)
+
+    async def aapply(
+        self, write: LedgerWrite, config: RunnableConfig | None = None
+    ) -> list[EffectRecord]:
+        """Async `apply`."""
+        return self.apply(write, config)
+
+    async def aclaim(
+        self, intent: IntentWrite, config: RunnableConfig | None = None
+    ) -> tuple[EffectRecord, bool]:
+        """Async `claim`."""
+        return self.claim(intent, config)
+
+    async def aclaim_many(
+        self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
+    ) -> list[tuple[EffectRecord, bool]]:
+        """Async `claim_many`."""
+        return self.claim_many(intents, config)

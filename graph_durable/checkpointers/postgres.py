@@ -1,0 +1,531 @@
+"""`DurablePostgresSaver`: LangGraph's PostgreSQL saver plus the effect ledger in the same database.
+
+For workers on several machines: every checkpoint and ledger write of a thread runs in
+one transaction that first takes a transaction-level advisory lock on the thread, then
+checks the lease's fencing token and the flow-version pin, so the same guarantees hold
+as with `DurableSqliteSaver` (whose file lock serializes all writers).
+
+Install with `pip install 'graph-durable[postgres]'`. The connection must be opened
+with `autocommit=True` and `row_factory=dict_row`, as for LangGraph's `PostgresSaver`
+(`from_conn_string` does it); a `psycopg_pool.ConnectionPool` works too. Pipeline mode
+is not supported: a durable write needs its own transaction.
+
+Retention follows `DurableSqliteSaver`: `delete_thread` deletes the ledger with the
+thread, `prune(strategy="keep_latest")` and `delete_for_runs` keep it, `copy_thread`
+copies it under the same keys.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    SerializerProtocol,
+)
+from langgraph.checkpoint.postgres import PostgresSaver, _internal
+from psycopg import Connection, Cursor
+from psycopg.rows import dict_row, tuple_row
+
+from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
+from graph_durable.checkpointers._schema import (
+    PG_MIGRATIONS,
+    PG_MIGRATIONS_TABLE,
+    statements,
+)
+from graph_durable.checkpointers._twins import AsyncFromSync
+from graph_durable.errors import IllegalTransition
+from graph_durable.leases import Lease
+from graph_durable.ledger import (
+    EffectEvent,
+    EffectRecord,
+    EffectStatus,
+    IntentWrite,
+    LedgerWrite,
+    TransitionWrite,
+    WriteBatch,
+)
+from graph_durable.testing.faults import fault_point
+
+__all__ = ["DurablePostgresSaver", "pg_sql"]
+
+LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+"""Serializes the writes of one thread across connections until the transaction ends."""
+TRY_LOCK_SETUP = "SELECT pg_try_advisory_lock(hashtextextended('graph_durable_setup', 0))"
+UNLOCK_SETUP = "SELECT pg_advisory_unlock(hashtextextended('graph_durable_setup', 0))"
+
+DELETE_THREAD_CHECKPOINTS = (
+    "DELETE FROM checkpoints WHERE thread_id = %s",
+    "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
+    "DELETE FROM checkpoint_writes WHERE thread_id = %s",
+)
+COPY_THREAD_CHECKPOINTS = (
+    "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, "
+    "type, checkpoint, metadata) SELECT %s, checkpoint_ns, checkpoint_id, "
+    "parent_checkpoint_id, type, checkpoint, metadata FROM checkpoints WHERE thread_id = %s "
+    "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
+    "parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, type = EXCLUDED.type, "
+    "checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
+    "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
+    "SELECT %s, checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs "
+    "WHERE thread_id = %s ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING",
+    "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
+    "task_path, idx, channel, type, blob) SELECT %s, checkpoint_ns, checkpoint_id, task_id, "
+    "task_path, idx, channel, type, blob FROM checkpoint_writes WHERE thread_id = %s "
+    "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET "
+    "channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob",
+)
+SELECT_RUN_CHECKPOINTS = (
+    "SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints "
+    "WHERE metadata->>'run_id' = ANY(%s)"
+)
+DELETE_CHECKPOINT = (
+    "DELETE FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
+)
+DELETE_CHECKPOINT_WRITES = (
+    "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_ns = %s "
+    "AND checkpoint_id = %s"
+)
+DELETE_NULL_RESUME = _sql.DELETE_NULL_RESUME.replace("FROM writes", "FROM checkpoint_writes")
+
+# Set while `put`/`put_writes` run LangGraph's own statements, so that `_cursor` runs
+# them inside a fenced transaction of that thread.
+_FENCED_WRITE: ContextVar[tuple[str, RunnableConfig] | None] = ContextVar(
+    "graph_durable_pg_fenced_write", default=None
+)
+
+
+@functools.lru_cache(maxsize=256)
+def pg_sql(sql: str) -> str:
+    """A ledger statement written for SQLite, in PostgreSQL's dialect.
+
+    The ledger's statements use `?` placeholders and `INSERT OR IGNORE`; psycopg wants
+    `%s`, and PostgreSQL `ON CONFLICT DO NOTHING`.
+    """
+    out = sql.replace("?", "%s")
+    if out.startswith("INSERT OR IGNORE INTO"):
+        out = "INSERT INTO" + out[len("INSERT OR IGNORE INTO"):] + " ON CONFLICT DO NOTHING"
+    return out
+
+
+@contextmanager
+def _setup_mutex(conn: _internal.Conn) -> Iterator[None]:
+    """Hold a database-wide lock while the schema is created or migrated.
+
+    `CREATE TABLE IF NOT EXISTS` is not safe against a concurrent twin in PostgreSQL,
+    so processes starting together take turns. The lock is tried, not waited for: a
+    session blocked inside a statement would keep LangGraph's `CREATE INDEX
+    CONCURRENTLY` waiting on it.
+    """
+    with _internal.get_connection(conn) as held, held.cursor(row_factory=tuple_row) as cur:
+        while not cur.execute(TRY_LOCK_SETUP).fetchone()[0]:
+            time.sleep(0.05)
+        try:
+            yield
+        finally:
+            cur.execute(UNLOCK_SETUP)
+
+
+def _run(cur: Cursor[Any], sql: str, params: Sequence[Any] = ()) -> Cursor[Any]:
+    return cur.execute(pg_sql(sql), tuple(params))
+
+
+class DurablePostgresSaver(DurableSaverMixin, AsyncFromSync, PostgresSaver):
+    """A LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
+
+    Use it wherever a `PostgresSaver` goes; `EffectGuardNode` finds the ledger through
+    it. Its async methods run the sync ones (there is no async PostgreSQL twin yet).
+
+    Args:
+        conn: A psycopg `Connection` (autocommit, `dict_row`) or a `ConnectionPool`.
+        serde: Serializer for checkpoints and stored tool results.
+        flow_version: Version of the graph's flow: a thread's first write pins it, and a
+            thread pinned to another version is refused (`FlowVersionMismatch`).
+        compatible_flow_versions: Other pinned versions this graph may resume.
+    """
+
+    def __init__(
+        self,
+        conn: _internal.Conn,
+        *,
+        serde: SerializerProtocol | None = None,
+        flow_version: str | None = None,
+        compatible_flow_versions: Collection[str] = (),
+    ) -> None:
+        super().__init__(conn, serde=serde)
+        self._init_durable(flow_version, compatible_flow_versions)
+        self.is_setup = False
+        self._setup_lock = threading.Lock()
+
+    @classmethod
+    @contextmanager
+    def from_conn_string(  # type: ignore[override]
+        cls, conn_string: str, *, flow_version: str | None = None,
+        compatible_flow_versions: Collection[str] = (),
+    ) -> Iterator[DurablePostgresSaver]:
+        """Connect to `conn_string` (a libpq string or URL) and yield a saver on it."""
+        with Connection.connect(
+            conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        ) as conn:
+            yield cls(conn, flow_version=flow_version,
+                      compatible_flow_versions=compatible_flow_versions)
+
+    # -- schema ------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Create LangGraph's tables and apply pending ledger migrations (safe to repeat).
+
+        Called on first use too; concurrent first calls from several processes are
+        serialized by an advisory lock.
+        """
+        with self._setup_lock:
+            if self.is_setup:
+                return
+            with _setup_mutex(self.conn):
+                super().setup()
+                self._migrate()
+            self.is_setup = True
+
+    def _migrate(self) -> None:
+        with self.lock, _internal.get_connection(self.conn) as conn, conn.transaction():
+            with conn.cursor(row_factory=tuple_row) as cur:
+                cur.execute(PG_MIGRATIONS_TABLE)
+                row = cur.execute(
+                    "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations"
+                ).fetchone()
+                for version in range(row[0] + 1, len(PG_MIGRATIONS)):
+                    for statement in statements(PG_MIGRATIONS[version]):
+                        cur.execute(statement)
+                    cur.execute(
+                        "INSERT INTO graph_durable_migrations (v, applied_at) "
+                        "VALUES (%s, %s)", (version, time.time()),
+                    )
+
+    @contextmanager
+    def _txn(
+        self, thread_id: str | None = None, config: RunnableConfig | None = None
+    ) -> Iterator[Cursor[Any]]:
+        """One write transaction; with `thread_id`, locked, fenced and flow-pinned first.
+
+        Yields a tuple-row cursor; a stale fencing token or another flow version raises
+        before anything is written, and the whole transaction rolls back on any error.
+        """
+        self.setup()
+        with self.lock, _internal.get_connection(self.conn) as conn, conn.transaction():
+            with conn.cursor(row_factory=tuple_row) as cur:
+                if thread_id is not None:
+                    cur.execute(LOCK_THREAD, (thread_id,))
+                    self._check_write_txn(cur, thread_id, config)
+                yield cur
+
+    @contextmanager
+    def _read(self) -> Iterator[Cursor[Any]]:
+        self.setup()
+        with self.lock, _internal.get_connection(self.conn) as conn:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                yield cur
+
+    @contextmanager
+    def _cursor(self, *, pipeline: bool = False) -> Iterator[Cursor[Any]]:
+        """LangGraph's cursor; for the writes of `put`/`put_writes`, a fenced transaction's."""
+        fenced = _FENCED_WRITE.get() if pipeline else None
+        if fenced is None:
+            with super()._cursor(pipeline=pipeline) as cur:
+                yield cur
+            return
+        thread_id, config = fenced
+        with self._txn(thread_id, config) as ledger_cur:
+            with ledger_cur.connection.cursor(binary=True, row_factory=dict_row) as cur:
+                yield cur
+
+    @contextmanager
+    def _fenced(self, config: RunnableConfig) -> Iterator[None]:
+        self.setup()
+        token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config))
+        try:
+            yield
+        finally:
+            _FENCED_WRITE.reset(token)
+
+    # -- checkpoints: LangGraph's behaviour, fenced, without its traps -------------------
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """List checkpoints, newest first (read before the first is yielded, so the
+        caller may call other saver methods while iterating)."""
+        self.setup()
+        yield from [*super().list(config, filter=filter, before=before, limit=limit)]
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Fetch a checkpoint tuple (see `PostgresSaver.get_tuple`)."""
+        self.setup()
+        return super().get_tuple(config)
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Save a checkpoint, fenced and flow-pinned in the same transaction."""
+        fault_point("before_put")
+        with self._fenced(config):
+            stored = super().put(config, checkpoint, metadata, new_versions)
+        self._remember_stored(stored)
+        fault_point("after_put")
+        return stored
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
+        fault_point("before_put_writes")
+        with self._fenced(config):
+            super().put_writes(config, writes, task_id, task_path)
+        fault_point("after_put_writes")
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread's checkpoints, blobs, writes, effects, events and flow pin."""
+        self._forget_stored()
+        with self._txn() as cur:
+            for statement in (*DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
+                _run(cur, statement, (str(thread_id),))
+        self._flow_checked.discard(str(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
+        self._forget_stored()
+        with self._txn() as cur:
+            rows = cur.execute(SELECT_RUN_CHECKPOINTS, ([str(r) for r in run_ids],)).fetchall()
+            for row in rows:
+                cur.execute(DELETE_CHECKPOINT, row)
+                cur.execute(DELETE_CHECKPOINT_WRITES, row)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy checkpoints, blobs, writes, effects and events of one thread to another."""
+        params = (str(target_thread_id), str(source_thread_id))
+        with self._txn() as cur:
+            for statement in COPY_THREAD_CHECKPOINTS:
+                cur.execute(statement, params)
+            for statement in _sql.COPY_THREAD_LEDGER:
+                _run(cur, statement, params)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune checkpoints: `keep_latest` keeps the newest per namespace (LangGraph's
+        rules) and the whole ledger; `delete` is `delete_thread`."""
+        if isinstance(thread_ids, str):
+            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+        self._forget_stored()
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                self.delete_thread(thread_id)
+            return
+        self.setup()
+        super().prune(thread_ids, strategy=strategy)
+
+    # -- fencing and ledger writes inside a transaction --------------------------------
+
+    def _check_write_txn(
+        self, cur: Cursor[Any], thread_id: str, config: RunnableConfig | None
+    ) -> None:
+        """Fence, pin, and commit the thread's deferred receipts with this write."""
+        self._check_fence(_run(cur, _sql.SELECT_LEASE, (thread_id,)).fetchone(), thread_id,
+                          config)
+        if self._needs_flow_check(thread_id):
+            row = _run(cur, _sql.SELECT_FLOW_VERSION, (thread_id,)).fetchone()
+            for sql, params in self._flow_statements(row, thread_id):
+                _run(cur, sql, params)
+        for write, write_config in self._take_deferred(thread_id):
+            self._apply_one_txn(cur, write, actor_of(write_config))
+
+    def _apply_one_txn(
+        self, cur: Cursor[Any], one: IntentWrite | TransitionWrite,
+        actor: tuple[str | None, int | None],
+    ) -> EffectRecord:
+        if isinstance(one, IntentWrite):
+            (insert, event), record = self._plan_intent(one, actor)
+            if _run(cur, *insert).rowcount == 0:
+                # The key is already known: the intent stands, report what is recorded.
+                row = _run(cur, _sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+                raise IntentExists(_sql.effect_from_row(row))
+            _run(cur, *event)
+            return record
+        now = time.time()
+        rows = _run(cur, *self._plan_update(one, now)).fetchall()
+        if not rows:
+            row = _run(cur, _sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+            raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
+        record = _sql.effect_from_row(rows[0])
+        _run(cur, *self._transition_event(record, one, now, actor))
+        return record
+
+    # -- leases --------------------------------------------------------------------------
+
+    def acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
+        """Take the thread with a new, higher fencing token (see `lease`)."""
+        with self._txn() as cur:
+            cur.execute(LOCK_THREAD, (str(thread_id),))
+            row = _run(cur, _sql.SELECT_LEASE, (str(thread_id),)).fetchone()
+            lease, statement = self._new_lease(row, str(thread_id), owner, ttl)
+            _run(cur, *statement)
+        return lease
+
+    def renew_lease(self, lease: Lease) -> bool:
+        """Extend a live lease by its ttl; `False` if it expired or was taken over."""
+        now = time.time()
+        expires_at = now + lease.ttl
+        with self._txn() as cur:
+            cur.execute(LOCK_THREAD, (lease.thread_id,))
+            renewed = _run(cur, _sql.RENEW_LEASE,
+                           (expires_at, lease.thread_id, lease.token, now)).rowcount == 1
+        if renewed:
+            lease.expires_at = expires_at
+        return renewed
+
+    def release_lease(self, lease: Lease) -> None:
+        """End a lease now (a no-op if another owner has taken the thread since)."""
+        with self._txn() as cur:
+            cur.execute(LOCK_THREAD, (lease.thread_id,))
+            _run(cur, _sql.RELEASE_LEASE, (lease.thread_id, lease.token))
+
+    def live_leases(self) -> dict[str, tuple[str, int, float]]:
+        """`{thread_id: (owner, token, expires_at)}` of every live lease."""
+        with self._read() as cur:
+            rows = _run(cur, _sql.SELECT_LIVE_LEASES, (time.time(),)).fetchall()
+        return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
+
+    def thread_ids(self) -> list[str]:
+        """Every thread with a checkpoint, sorted."""
+        with self._read() as cur:
+            return [row[0] for row in _run(cur, _sql.SELECT_THREAD_IDS).fetchall()]
+
+    # -- the ledger: reads -------------------------------------------------------------
+
+    def effect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
+        """The effect with this key (in `thread_id`, or its first thread), or `None`."""
+        with self._read() as cur:
+            if thread_id is None:
+                row = _run(cur, _sql.SELECT_EFFECT_BY_KEY, (key,)).fetchone()
+            else:
+                row = _run(cur, _sql.SELECT_EFFECT, (str(thread_id), key)).fetchone()
+        return None if row is None else _sql.effect_from_row(row)
+
+    def effects(
+        self, thread_id: str | None = None, status: EffectStatus | str | None = None
+    ) -> list[EffectRecord]:
+        """Effects, oldest first, optionally of one thread and one status."""
+        sql, params = _sql.select_effects(
+            None if thread_id is None else str(thread_id),
+            None if status is None else EffectStatus(status).value,
+        )
+        with self._read() as cur:
+            return [_sql.effect_from_row(row) for row in _run(cur, sql, params).fetchall()]
+
+    def events(
+        self, thread_id: str | None = None, key: str | None = None
+    ) -> list[EffectEvent]:
+        """The append-only journal, in order, optionally of one thread and one key."""
+        sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
+        with self._read() as cur:
+            return [_sql.event_from_row(row) for row in _run(cur, sql, params).fetchall()]
+
+    def stored_result(self, thread_id: str, key: str) -> Any:
+        """The ToolMessage or Command stored with a terminal effect, for replay."""
+        with self._read() as cur:
+            row = _run(cur, _sql.SELECT_RESULT, (str(thread_id), key)).fetchone()
+        if row is not None and row[1] is not None:
+            row = (row[0], bytes(row[1]))
+        return self._load_result(row)
+
+    def asked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
+        """Effects of one task that a pending interrupt asks a human about."""
+        with self._read() as cur:
+            rows = _run(cur, _sql.SELECT_ASKED_IN_TASK, (str(thread_id), checkpoint_ns))
+            return [_sql.effect_from_row(row) for row in rows.fetchall()]
+
+    def checkpoint_exists(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
+        """Whether this checkpoint is durably stored."""
+        if self._known_stored(thread_id, checkpoint_ns, checkpoint_id):
+            return True
+        with self._read() as cur:
+            row = _run(cur, _sql.SELECT_CHECKPOINT_EXISTS,
+                       (str(thread_id), checkpoint_ns, checkpoint_id)).fetchone()
+        return row is not None
+
+    # -- the ledger: writes ------------------------------------------------------------
+
+    def apply(
+        self, write: LedgerWrite, config: RunnableConfig | None = None
+    ) -> list[EffectRecord]:
+        """Apply one ledger write in one durable transaction; return the changed effects.
+
+        Raises `IllegalTransition` if the lifecycle forbids it, `LeaseLost` or
+        `FlowVersionMismatch` if the write is fenced out; in each case nothing of this
+        write is stored. A write marked `defer` returns at once and is committed with
+        the thread's next write.
+        """
+        if self._defer(write, config):
+            return []
+        actor = actor_of(config)
+        writes = write.writes if isinstance(write, WriteBatch) else (write,)
+        try:
+            with self._txn(write.thread_id, config) as cur:
+                changed = [self._apply_one_txn(cur, one, actor) for one in writes]
+                if isinstance(write, WriteBatch) and write.resume_at is not None:
+                    _run(cur, DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
+        except IntentExists as exists:
+            raise IllegalTransition(
+                f"Effect {exists.record.key!r} of thread {write.thread_id!r} is already "
+                f"recorded ({exists.record.status.value}); claim() reports its state.",
+                thread_id=write.thread_id,
+            ) from None
+        return changed
+
+    def claim(
+        self, intent: IntentWrite, config: RunnableConfig | None = None
+    ) -> tuple[EffectRecord, bool]:
+        """Record `intent` unless its key is already known; return it and whether new."""
+        [claimed] = self.claim_many([intent], config)
+        return claimed
+
+    def claim_many(
+        self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
+    ) -> list[tuple[EffectRecord, bool]]:
+        """`claim` several intents of one thread in one transaction."""
+        if not intents:
+            return []
+        thread_id = intents[0].thread_id
+        if any(intent.thread_id != thread_id for intent in intents):
+            raise ValueError("claim_many claims intents of one thread")
+        actor = actor_of(config)
+        claimed: list[tuple[EffectRecord, bool]] = []
+        with self._txn(thread_id, config) as cur:
+            for intent in intents:
+                try:
+                    claimed.append((self._apply_one_txn(cur, intent, actor), True))
+                except IntentExists as exists:
+                    # Nothing of this intent was written: its key was already known.
+                    claimed.append((exists.record, False))
+        return claimed

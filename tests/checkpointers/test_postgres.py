@@ -1,0 +1,221 @@
+"""DurablePostgresSaver on a real PostgreSQL server started by the tests."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+from psycopg.rows import dict_row
+
+from graph_durable import Effect, EffectGuardNode, current_effect
+from graph_durable.checkpointers.postgres import DurablePostgresSaver
+from graph_durable.errors import FlowVersionMismatch, IllegalTransition, LeaseHeld, LeaseLost
+from graph_durable.ledger import EffectStatus, IntentWrite, TransitionWrite
+from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
+from graph_durable.testing.models import ScriptedChatModel
+from tests.checkpointers.test_conformance import _assert_all_passed
+
+S = EffectStatus
+
+
+def connect(conninfo: str) -> psycopg.Connection:
+    return psycopg.Connection.connect(conninfo, autocommit=True, prepare_threshold=0,
+                                      row_factory=dict_row)
+
+
+@pytest.fixture
+def saver(postgres_conninfo: str):
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+        yield saver
+
+
+@pytest.fixture(autouse=True)
+def _disarm():
+    yield
+    disarm()
+
+
+def intent(thread_id: str = "t", key: str = "k1") -> IntentWrite:
+    return IntentWrite(key=key, thread_id=thread_id, checkpoint_ns="tools:x",
+                       tool_call_id=f"c-{key}", tool="pay", args={"cents": 5},
+                       status=S.IN_FLIGHT)
+
+
+def put_checkpoint(saver: DurablePostgresSaver, thread_id: str, config: Any = None) -> dict:
+    config = config or {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    return saver.put(config, empty_checkpoint(), {"step": 0}, {})
+
+
+async def test_passes_all_eight_conformance_capabilities(postgres_server) -> None:
+    counter = itertools.count()
+
+    @checkpointer_test(name="DurablePostgresSaver")
+    async def factory():
+        conninfo = postgres_server.create_database(f"gd_conformance_{next(counter)}")
+        with DurablePostgresSaver.from_conn_string(conninfo) as saver:
+            yield saver
+
+    _assert_all_passed(await validate(factory))
+
+
+def test_ledger_transitions_are_journaled_and_illegal_ones_write_nothing(saver) -> None:
+    claimed = saver.claim_many([intent(key="k1"), intent(key="k2")])
+    assert [created for _, created in claimed] == [True, True]
+    assert saver.claim(intent(key="k1"))[1] is False
+    [record] = saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.APPLIED,
+                                           kind="receipt", receipt={"id": 7}, result="ok"))
+    assert record.status is S.APPLIED and record.receipt == {"id": 7}
+    assert saver.stored_result("t", "k1") == "ok"
+    before = (saver.effects(), saver.events())
+    with pytest.raises(IllegalTransition, match="applied; it cannot become in_flight"):
+        saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.IN_FLIGHT, kind="attempt",
+                                    bump_attempts=True))
+    assert (saver.effects(), saver.events()) == before
+    assert [(e.key, e.kind) for e in saver.events("t")] == [
+        ("k1", "intent"), ("k2", "intent"), ("k1", "receipt")]
+    seqs = [e.seq for e in saver.events()]
+    assert seqs == sorted(seqs)
+
+
+def test_a_deferred_receipt_commits_with_the_threads_next_write(saver) -> None:
+    saver.claim(intent())
+    saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.APPLIED, kind="receipt",
+                                receipt={"id": 1}, result="ok", defer=True))
+    assert saver.effect("k1", "t").status is S.IN_FLIGHT
+    put_checkpoint(saver, "t")
+    assert saver.effect("k1", "t").status is S.APPLIED
+    assert saver.stored_result("t", "k1") == "ok"
+
+
+def test_retention_keeps_or_deletes_the_ledger_with_the_thread(saver) -> None:
+    put_checkpoint(saver, "src")
+    saver.claim(intent("src", key="k1"))
+    saver.copy_thread("src", "dst")
+    assert saver.effect("k1", "dst").status is S.IN_FLIGHT
+    assert saver.get_tuple({"configurable": {"thread_id": "dst", "checkpoint_ns": ""}})
+    saver.prune(["src"])
+    assert len(saver.effects("src")) == 1
+    saver.delete_thread("src")
+    assert saver.effects("src") == [] and saver.events("src") == []
+    assert [r.thread_id for r in saver.effects()] == ["dst"]
+
+
+def test_a_lease_fences_writes_from_another_connection(saver, postgres_conninfo) -> None:
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
+        lease = other.acquire_lease("t", "worker-a", ttl=60)
+        with pytest.raises(LeaseLost):
+            put_checkpoint(saver, "t")
+        with pytest.raises(LeaseLost):
+            saver.claim(intent())
+        assert saver.effects() == [] and list(saver.list(None)) == []
+        stored = put_checkpoint(saver, "t", {"configurable": {
+            **lease.config["configurable"], "checkpoint_ns": ""}})
+        assert saver.get_tuple(stored) is not None
+        with pytest.raises(LeaseHeld):
+            saver.acquire_lease("t", "worker-b", ttl=60)
+        other.release_lease(lease)
+    assert saver.acquire_lease("t", "worker-b", ttl=60).token == lease.token + 1
+
+
+def test_concurrent_claims_of_one_key_record_one_intent(postgres_conninfo) -> None:
+    """Two connections claim the same keys at once: each key is created exactly once."""
+    results: list[list[bool]] = []
+    barrier = threading.Barrier(2)
+
+    def claim() -> None:
+        with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+            saver.setup()
+            barrier.wait()
+            claimed = saver.claim_many([intent(key=f"k{i}") for i in range(20)])
+            results.append([created for _, created in claimed])
+
+    workers = [threading.Thread(target=claim) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    assert len(results) == 2
+    assert [a + b for a, b in zip(*results)] == [1] * 20
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+        assert len(saver.effects("t")) == 20
+        assert len([e for e in saver.events("t") if e.kind == "intent"]) == 20
+
+
+def test_flow_version_mismatch_writes_nothing(postgres_conninfo) -> None:
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo, flow_version="v1") as v1:
+        put_checkpoint(v1, "t")
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo, flow_version="v2") as v2:
+        before = list(v2.list(None))
+        with pytest.raises(FlowVersionMismatch, match="'v1'"):
+            put_checkpoint(v2, "t")
+        assert list(v2.list(None)) == before
+
+
+def test_the_guard_runs_on_postgres_and_replays_after_a_crash(saver, tmp_path) -> None:
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind", name="p")
+
+    @tool
+    def send(to: str) -> dict:
+        """Send."""
+        return provider.apply(current_effect().key, {"to": to})
+
+    calls = [{"name": "send", "args": {"to": to}, "id": f"c{i}"} for i, to in enumerate("xyz")]
+    model = ScriptedChatModel(script=[AIMessage(content="", tool_calls=calls),
+                                      AIMessage(content="done")])
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
+    builder.add_node("tools", EffectGuardNode([send], effects={"send": Effect()}))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    graph = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "t"}}
+
+    arm(FaultPlan("after_receipt", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke({"messages": [HumanMessage("go")]}, config, durability="sync")
+    disarm()
+    result = graph.invoke(None, config, durability="sync")
+    assert result["messages"][-1].content == "done"
+    assert [m.tool_call_id for m in result["messages"] if isinstance(m, ToolMessage)] == [
+        "c0", "c1", "c2"]
+    assert provider.count() == 3 and len(provider.requests()) == 3
+    assert [r.status for r in saver.effects("t")] == [S.APPLIED] * 3
+
+
+async def test_the_guard_runs_under_ainvoke_on_postgres(saver, tmp_path) -> None:
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "dedupe", name="p")
+
+    @tool
+    async def send(to: str) -> dict:
+        """Send."""
+        return provider.apply(current_effect().key, {"to": to})
+
+    calls = [{"name": "send", "args": {"to": "x"}, "id": "c1"}]
+    model = ScriptedChatModel(script=[AIMessage(content="", tool_calls=calls),
+                                      AIMessage(content="done")])
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectGuardNode([send], effects={"send": Effect(idempotent=True)}))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    graph = builder.compile(checkpointer=saver)
+    result = await graph.ainvoke({"messages": [HumanMessage("go")]},
+                                 {"configurable": {"thread_id": "t"}}, durability="sync")
+    assert result["messages"][-1].content == "done"
+    assert [r.status for r in await saver.aeffects("t")] == [S.APPLIED]
+    assert provider.count() == 1
