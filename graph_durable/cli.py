@@ -8,9 +8,10 @@
                            --decisions '{"call_1": {"type": "approve"}}'
     graph-durable recover  --db agent.sqlite --graph app.agent:graph --owner worker-7
 
-Every command prints a table, or JSON with `--json`. `--graph module:attribute` names a
-compiled graph, a `StateGraph` builder (compiled here on `--db`), or a callable that
-takes the saver and returns a compiled graph.
+`--db` is a SQLite file, or a `postgresql://` URL for `DurablePostgresSaver` (with the
+`postgres` extra). Every command prints a table, or JSON with `--json`. `--graph
+module:attribute` names a compiled graph, a `StateGraph` builder (compiled here on
+`--db`), or a callable that takes the saver and returns a compiled graph.
 """
 
 from __future__ import annotations
@@ -31,11 +32,27 @@ from graph_durable.review import review
 __all__ = ["main"]
 
 
-def _saver(db: str) -> DurableSqliteSaver:
-    return DurableSqliteSaver(sqlite3.connect(db, check_same_thread=False))
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
-def _graph(spec: str, saver: DurableSqliteSaver) -> Any:
+def _saver(db: str) -> Any:
+    """`DurablePostgresSaver` for a PostgreSQL URL, `DurableSqliteSaver` for a file."""
+    if not db.startswith(POSTGRES_SCHEMES):
+        return DurableSqliteSaver(sqlite3.connect(db, check_same_thread=False))
+    try:
+        from psycopg import Connection
+        from psycopg.rows import dict_row
+
+        from graph_durable.checkpointers.postgres import DurablePostgresSaver
+    except ImportError as exc:
+        raise SystemExit(f"graph-durable: --db {db.split('@')[-1]!r} is a PostgreSQL URL, "
+                         f"which needs the postgres extra ({exc}): "
+                         "pip install 'graph-durable[postgres]'") from None
+    conn = Connection.connect(db, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    return DurablePostgresSaver(conn)
+
+
+def _graph(spec: str, saver: Any) -> Any:
     module_name, _, attribute = spec.partition(":")
     if not attribute:
         raise SystemExit(f"--graph must be module:attribute, got {spec!r}")
@@ -117,7 +134,8 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_text: str, *, graph: bool = False, thread: str = "optional"
                 ) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--db", required=True, help="SQLite file of the durable saver")
+        sub.add_argument("--db", required=True,
+                         help="SQLite file of the durable saver, or a postgresql:// URL")
         sub.add_argument("--json", action="store_true", help="print JSON")
         if thread != "none":
             sub.add_argument("--thread", required=thread == "required")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
+from graph_durable.testing.child import run_child
 from graph_durable.testing.scenarios import build_effects_agent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,3 +72,21 @@ def test_cli_reports_errors_without_a_traceback(tmp_path: Path) -> None:
     result = cli("status", "--db", str(tmp_path / "none.sqlite"), "--thread", "nope")
     assert result.returncode == 2
     assert "no checkpoint" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_reads_a_postgres_ledger_from_a_url(tmp_path: Path, postgres_conninfo: str) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    kwargs = {"db_path": str(tmp_path / "unused.sqlite"), "provider_dir": str(tmp_path),
+              "ticket_mode": "blind", "email_mode": "blind", "postgres": postgres_conninfo}
+    assert run_child("graph_durable.demo.ticket:build_ticket_agent", kwargs, thread_id="t",
+                     fault=FaultPlan("after_effect", tool="create_ticket")).killed
+    parts = conninfo_to_dict(postgres_conninfo)
+    url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+    status = cli("status", "--db", url, "--json")
+    assert status.returncode == 0, status.stderr
+    assert [(s["thread"], s["status"]) for s in json.loads(status.stdout)] == [
+        ("t", "orphaned")]
+    effects = json.loads(cli("effects", "--db", url, "--thread", "t", "--json").stdout)
+    assert [(e["tool"], e["status"]) for e in effects] == [("create_ticket", "in_flight")]

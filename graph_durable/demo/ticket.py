@@ -58,7 +58,7 @@ class TicketAgent:
     """The compiled graph with its saver, providers and input."""
 
     graph: Any
-    saver: DurableSqliteSaver
+    saver: Any
     tickets: FakeProvider
     mail: FakeProvider
     inputs: dict[str, Any]
@@ -69,8 +69,13 @@ def build_ticket_agent(
     provider_dir: str,
     ticket_mode: ProviderMode = "lookup",
     email_mode: ProviderMode = "dedupe",
+    postgres: str | None = None,
 ) -> TicketAgent:
-    """Build the ticket agent on `db_path`, with providers kept under `provider_dir`."""
+    """Build the ticket agent on `db_path`, with providers kept under `provider_dir`.
+
+    With `postgres` (a libpq connection string), checkpoints and ledger live in that
+    PostgreSQL database instead (`DurablePostgresSaver`), and `db_path` is unused.
+    """
     os.makedirs(provider_dir, exist_ok=True)
     tickets = FakeProvider(os.path.join(provider_dir, "tickets.sqlite"), ticket_mode,
                            name="ticket")
@@ -91,7 +96,7 @@ def build_ticket_agent(
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
-    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    saver = _saver(db_path, postgres)
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
     builder.add_node("tools", EffectGuardNode(
@@ -108,3 +113,16 @@ def build_ticket_agent(
         mail=mail,
         inputs={"messages": [HumanMessage("Customer Ana: my refund for order 1042 is late.")]},
     )
+
+
+def _saver(db_path: str, postgres: str | None) -> Any:
+    if postgres is None:
+        return DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    from psycopg import Connection
+    from psycopg.rows import dict_row
+
+    from graph_durable.checkpointers.postgres import DurablePostgresSaver
+
+    conn = Connection.connect(postgres, autocommit=True, prepare_threshold=0,
+                              row_factory=dict_row)
+    return DurablePostgresSaver(conn)
