@@ -16,6 +16,7 @@ __all__ = ["COMMANDS", "MODULES", "main"]
 
 MODULES: tuple[str, ...] = (
     "turn_overhead",
+    "turn_overhead_postgres",
     "dbos_step",
     "recovery",
     "ledger_scale",

@@ -24,7 +24,7 @@ import sqlite3
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import BaseTool, tool
@@ -35,6 +35,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 from benchmarks._runner import Comparison, measure_interleaved, median_ms, report
 from graph_durable import DurableSqliteSaver, Effect, EffectGuardNode, current_effect
+from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.testing.models import ScriptedChatModel
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "Agent",
     "build_guarded",
     "build_stock",
+    "compare",
     "main",
     "measure_scenario",
 ]
@@ -101,13 +103,34 @@ def _guarded_tool() -> BaseTool:
     return record_note
 
 
+def _stock_node() -> ToolNode:
+    """LangGraph's `ToolNode` with the stock tool."""
+    return ToolNode([_stock_tool()])
+
+
+def _guarded_node() -> EffectGuardNode:
+    """graph_durable's `EffectGuardNode` with the guarded tool, declared idempotent."""
+    return EffectGuardNode([_guarded_tool()], effects={TOOL_NAME: Effect(idempotent=True)})
+
+
+def _tool_calls(n_calls: int) -> str:
+    """`1 tool call`, `5 tool calls`: the end of a scenario's name."""
+    return f"{n_calls} tool call{'s' if n_calls > 1 else ''}"
+
+
+class _Connection(Protocol):
+    """A database connection an `Agent` owns (sqlite3 or psycopg)."""
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Agent:
-    """A compiled agent on its own SQLite file; `turn()` runs one turn on a new thread."""
+    """A compiled agent on its own database; `turn()` runs one turn on a new thread."""
 
     name: str
     graph: Any
-    conn: sqlite3.Connection
+    conn: _Connection
     saver: BaseCheckpointSaver
     inputs: dict[str, Any] = field(
         default_factory=lambda: {"messages": [HumanMessage(USER_MESSAGE)]}
@@ -127,7 +150,7 @@ class Agent:
 
 
 def _compile(
-    name: str, tools_node: ToolNode, saver: BaseCheckpointSaver, conn: sqlite3.Connection,
+    name: str, tools_node: ToolNode, saver: BaseCheckpointSaver, conn: _Connection,
     n_calls: int,
 ) -> Agent:
     model = ScriptedChatModel(script=_script(n_calls))
@@ -149,7 +172,7 @@ def build_stock(db_path: str, n_calls: int) -> Agent:
     conn = sqlite3.connect(db_path, check_same_thread=False)
     saver = SqliteSaver(conn)
     saver.setup()
-    return _compile("stock", ToolNode([_stock_tool()]), saver, conn, n_calls)
+    return _compile("stock", _stock_node(), saver, conn, n_calls)
 
 
 def build_guarded(db_path: str, n_calls: int) -> Agent:
@@ -157,8 +180,7 @@ def build_guarded(db_path: str, n_calls: int) -> Agent:
     conn = sqlite3.connect(db_path, check_same_thread=False)
     saver = DurableSqliteSaver(conn)
     saver.setup()
-    node = EffectGuardNode([_guarded_tool()], effects={TOOL_NAME: Effect(idempotent=True)})
-    return _compile("guarded", node, saver, conn, n_calls)
+    return _compile("guarded", _guarded_node(), saver, conn, n_calls)
 
 
 def _check(agent: Agent, n_calls: int) -> None:
@@ -170,10 +192,45 @@ def _check(agent: Agent, n_calls: int) -> None:
                            f"got {tool_messages!r}")
     if not (isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls):
         raise RuntimeError(f"{agent.name}: the turn did not end with the final answer")
-    if isinstance(agent.saver, DurableSqliteSaver):
+    if isinstance(agent.saver, DurableSaverMixin):
         applied = agent.saver.effects(agent.last_thread_id, status="applied")
         if len(applied) != n_calls:
             raise RuntimeError(f"guarded: expected {n_calls} applied effects, got {applied!r}")
+
+
+def compare(
+    stock: Agent,
+    guarded: Agent,
+    n_calls: int,
+    *,
+    scenario: str,
+    target: float | None,
+    repetitions: int = REPETITIONS,
+    turns: int = TURNS,
+    warmup: int = WARMUP,
+    progress: Callable[[str], None] | None = print,
+) -> Comparison:
+    """Check both agents, time their turns interleaved, then close them."""
+    try:
+        _check(stock, n_calls)
+        _check(guarded, n_calls)
+        samples = measure_interleaved(
+            {"stock": stock.turn, "guarded": guarded.turn},
+            repetitions=repetitions, turns=turns, warmup=warmup, progress=progress,
+        )
+    finally:
+        stock.close()
+        guarded.close()
+    stock_ms = [s * 1000 for s in samples["stock"]]
+    guarded_ms = [s * 1000 for s in samples["guarded"]]
+    return Comparison(
+        scenario=scenario,
+        stock_ms=median_ms(samples["stock"]),
+        guarded_ms=median_ms(samples["guarded"]),
+        target=target,
+        stock_samples_ms=stock_ms,
+        guarded_samples_ms=guarded_ms,
+    )
 
 
 def measure_scenario(
@@ -189,26 +246,16 @@ def measure_scenario(
     """Time stock and guarded turns with `n_calls` tool calls each, interleaved."""
     stock = build_stock(os.path.join(workdir, f"stock-{n_calls}.sqlite"), n_calls)
     guarded = build_guarded(os.path.join(workdir, f"guarded-{n_calls}.sqlite"), n_calls)
-    try:
-        _check(stock, n_calls)
-        _check(guarded, n_calls)
-        samples = measure_interleaved(
-            {"stock": stock.turn, "guarded": guarded.turn},
-            repetitions=repetitions, turns=turns, warmup=warmup, progress=progress,
-        )
-    finally:
-        stock.close()
-        guarded.close()
-    stock_ms = [s * 1000 for s in samples["stock"]]
-    guarded_ms = [s * 1000 for s in samples["guarded"]]
-    return Comparison(
-        scenario=f"turn, {n_calls} tool call{'s' if n_calls > 1 else ''}",
-        stock_ms=median_ms(samples["stock"]),
-        guarded_ms=median_ms(samples["guarded"]),
-        target=target,
-        stock_samples_ms=stock_ms,
-        guarded_samples_ms=guarded_ms,
-    )
+    return compare(stock, guarded, n_calls, scenario=f"turn, {_tool_calls(n_calls)}",
+                   target=target, repetitions=repetitions, turns=turns, warmup=warmup,
+                   progress=progress)
+
+
+def _announce(n_calls: int) -> None:
+    """Say what is about to be timed for `n_calls` tool calls per turn."""
+    print(f"{n_calls} tool call(s) per turn: {WARMUP} warm-up turns, then "
+          f"{REPETITIONS} x {TURNS} turns per variant, interleaved turn by turn",
+          flush=True)
 
 
 def main() -> list[Comparison]:
@@ -216,9 +263,7 @@ def main() -> list[Comparison]:
     comparisons: list[Comparison] = []
     with tempfile.TemporaryDirectory(prefix="graph-durable-bench-") as workdir:
         for n_calls, target in SCENARIOS.items():
-            print(f"{n_calls} tool call(s) per turn: {WARMUP} warm-up turns, then "
-                  f"{REPETITIONS} x {TURNS} turns per variant, interleaved turn by turn",
-                  flush=True)
+            _announce(n_calls)
             comparisons.append(measure_scenario(workdir, n_calls, target=target))
     report("turn overhead: guarded (EffectGuardNode + DurableSqliteSaver) vs stock "
            "(ToolNode + SqliteSaver), durability='sync'", comparisons,
