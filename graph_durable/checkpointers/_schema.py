@@ -7,6 +7,8 @@ the version applied is recorded in `graph_durable_migrations`.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "MIGRATIONS",
     "MIGRATIONS_TABLE",
@@ -18,8 +20,24 @@ __all__ = [
 
 
 def statements(script: str) -> list[str]:
-    """The statements of a migration script, one by one (drivers run one at a time)."""
-    return [part.strip() for part in script.split(";") if part.strip()]
+    """The statements of a migration script, one by one (drivers run one at a time).
+
+    Splits on `;` outside PostgreSQL dollar-quoted bodies (`$fn$ ... $fn$`).
+    """
+    parts: list[str] = []
+    current: list[str] = []
+    for piece in re.split(r"(\$[A-Za-z_]*\$|;)", script):
+        if piece == ";" and not _inside_dollar_quote(current):
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(piece)
+    parts.append("".join(current))
+    return [part.strip() for part in parts if part.strip()]
+
+
+def _inside_dollar_quote(pieces: list[str]) -> bool:
+    return sum(1 for piece in pieces if re.fullmatch(r"\$[A-Za-z_]*\$", piece)) % 2 == 1
 
 
 MIGRATIONS_TABLE = """
@@ -142,5 +160,19 @@ PG_MIGRATIONS: list[str] = [
         flow_version TEXT NOT NULL,
         pinned_at DOUBLE PRECISION NOT NULL
     );
+    """,
+    # 1: lock a thread for the rest of the transaction and read its lease, in one round
+    # trip. A volatile function reads with a new snapshot after the lock is granted, so
+    # a lease committed while it waited is seen.
+    """
+    CREATE FUNCTION graph_durable_lock_thread(p_thread_id TEXT)
+    RETURNS TABLE (owner TEXT, token BIGINT, expires_at DOUBLE PRECISION)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_thread_id, 0));
+        RETURN QUERY SELECT l.owner, l.token, l.expires_at FROM thread_leases l
+            WHERE l.thread_id = p_thread_id;
+    END
+    $fn$
     """,
 ]

@@ -62,6 +62,11 @@ __all__ = ["DurablePostgresSaver", "pg_sql"]
 
 LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 """Serializes the writes of one thread across connections until the transaction ends."""
+LOCK_THREAD_READ_LEASE = (
+    "SELECT owner, token, expires_at FROM graph_durable_lock_thread(%s)"
+)
+"""`LOCK_THREAD`, then the thread's lease row read after the lock is granted (see the
+PostgreSQL migrations): one round trip."""
 TRY_LOCK_SETUP = "SELECT pg_try_advisory_lock(hashtextextended('graph_durable_setup', 0))"
 UNLOCK_SETUP = "SELECT pg_advisory_unlock(hashtextextended('graph_durable_setup', 0))"
 
@@ -225,7 +230,6 @@ class DurablePostgresSaver(DurableSaverMixin, AsyncFromSync, PostgresSaver):
         with self.lock, _internal.get_connection(self.conn) as conn, conn.transaction():
             with conn.cursor(row_factory=tuple_row) as cur:
                 if thread_id is not None:
-                    cur.execute(LOCK_THREAD, (thread_id,))
                     self._check_write_txn(cur, thread_id, config)
                 yield cur
 
@@ -350,9 +354,9 @@ class DurablePostgresSaver(DurableSaverMixin, AsyncFromSync, PostgresSaver):
     def _check_write_txn(
         self, cur: Cursor[Any], thread_id: str, config: RunnableConfig | None
     ) -> None:
-        """Fence, pin, and commit the thread's deferred receipts with this write."""
-        self._check_fence(_run(cur, _sql.SELECT_LEASE, (thread_id,)).fetchone(), thread_id,
-                          config)
+        """Lock the thread, fence, pin, and commit its deferred receipts with this write."""
+        self._check_fence(cur.execute(LOCK_THREAD_READ_LEASE, (thread_id,)).fetchone(),
+                          thread_id, config)
         if self._needs_flow_check(thread_id):
             row = _run(cur, _sql.SELECT_FLOW_VERSION, (thread_id,)).fetchone()
             for sql, params in self._flow_statements(row, thread_id):
@@ -386,8 +390,7 @@ class DurablePostgresSaver(DurableSaverMixin, AsyncFromSync, PostgresSaver):
     def acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
         """Take the thread with a new, higher fencing token (see `lease`)."""
         with self._txn() as cur:
-            cur.execute(LOCK_THREAD, (str(thread_id),))
-            row = _run(cur, _sql.SELECT_LEASE, (str(thread_id),)).fetchone()
+            row = cur.execute(LOCK_THREAD_READ_LEASE, (str(thread_id),)).fetchone()
             lease, statement = self._new_lease(row, str(thread_id), owner, ttl)
             _run(cur, *statement)
         return lease

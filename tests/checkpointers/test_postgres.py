@@ -17,6 +17,7 @@ from langgraph.prebuilt import tools_condition
 from psycopg.rows import dict_row
 
 from graph_durable import Effect, EffectGuardNode, current_effect
+from graph_durable.checkpointers._schema import PG_MIGRATIONS, statements
 from graph_durable.checkpointers.postgres import DurablePostgresSaver
 from graph_durable.errors import FlowVersionMismatch, IllegalTransition, LeaseHeld, LeaseLost
 from graph_durable.ledger import EffectStatus, IntentWrite, TransitionWrite
@@ -219,3 +220,18 @@ async def test_the_guard_runs_under_ainvoke_on_postgres(saver, tmp_path) -> None
     assert result["messages"][-1].content == "done"
     assert [r.status for r in await saver.aeffects("t")] == [S.APPLIED]
     assert provider.count() == 1
+
+
+def test_setup_applies_every_migration_once(postgres_conninfo) -> None:
+    for _ in range(2):
+        with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+            saver.setup()
+    with connect(postgres_conninfo) as conn:
+        rows = conn.execute("SELECT v FROM graph_durable_migrations ORDER BY v").fetchall()
+    assert [row["v"] for row in rows] == list(range(len(PG_MIGRATIONS)))
+
+
+def test_migration_scripts_split_outside_dollar_quoted_bodies() -> None:
+    script = "CREATE TABLE a (x INT); CREATE FUNCTION f() AS $fn$ BEGIN x; y; END $fn$; SELECT 1"
+    assert statements(script) == [
+        "CREATE TABLE a (x INT)", "CREATE FUNCTION f() AS $fn$ BEGIN x; y; END $fn$", "SELECT 1"]
