@@ -61,6 +61,12 @@ class Effect:
                 "and approval do not apply; drop them or drop read_only"
             )
 
+    @property
+    def reconcilable(self) -> bool:
+        """Whether an intent without a receipt settles without a human: the provider
+        dedupes (a same-key re-send is safe) or can be asked (`lookup`)."""
+        return self.idempotent or self.lookup is not None
+
     def needs_approval(self, tool_call: dict[str, Any]) -> bool:
         """Whether `tool_call` must be approved by a human before it is sent."""
         if callable(self.approval):

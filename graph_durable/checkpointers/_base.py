@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -19,7 +20,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from graph_durable.checkpointers import _sql
-from graph_durable.errors import FlowVersionMismatch
+from graph_durable.errors import FlowVersionMismatch, IllegalTransition
 from graph_durable.leases import (
     OWNER_KEY,
     TOKEN_KEY,
@@ -39,12 +40,14 @@ from graph_durable.ledger import (
 
 __all__ = ["DurableSaverMixin", "IntentExists", "actor_of"]
 
+_log = logging.getLogger("graph_durable")
+
 
 class IntentExists(Exception):
     """An intent whose key is already recorded; carries the recorded effect.
 
-    Raised inside a write transaction (and rolled back to its savepoint) so `claim`
-    can report the existing record instead of writing a second intent.
+    Raised inside a write transaction before anything of the intent is written, so
+    `claim` can report the existing record instead of writing a second intent.
     """
 
     def __init__(self, record: EffectRecord) -> None:
@@ -76,9 +79,30 @@ class DurableSaverMixin:
         self._flow_checked: set[str] = set()
         self._deferred: dict[str, list[tuple[TransitionWrite, RunnableConfig | None]]] = {}
         self._deferred_lock = threading.Lock()
+        # Deferred writes taken by the transaction under way (the saver's lock is held).
+        self._uncommitted: list[tuple[TransitionWrite, RunnableConfig | None]] = []
         # Checkpoints this saver committed lately: the guard asks whether the checkpoint
         # a tool call comes from is stored, and it usually is one of these.
         self._stored: dict[tuple[str, str, str], None] = {}
+        # Origin of each thread seen (see `key_thread`); set only by copy_thread.
+        self._origins: dict[str, str] = {}
+
+    # -- where a thread's keys come from -------------------------------------------------
+
+    def _origin_known(self, thread_id: str) -> str | None:
+        return self._origins.get(thread_id)
+
+    def _remember_origin(self, thread_id: str, row: Any) -> str:
+        origin = thread_id if row is None else str(row[0])
+        if len(self._origins) >= 4096:
+            self._origins.clear()
+        self._origins[thread_id] = origin
+        return origin
+
+    def _origin_params(self, source_thread_id: str, target_thread_id: str) -> tuple[Any, ...]:
+        """Parameters of `UPSERT_ORIGIN` for a copy of `source_thread_id`."""
+        self._origins.pop(target_thread_id, None)
+        return (target_thread_id, source_thread_id, source_thread_id, time.time())
 
     # -- checkpoints this saver stored ---------------------------------------------------
 
@@ -106,8 +130,36 @@ class DurableSaverMixin:
         return True
 
     def _take_deferred(self, thread_id: str) -> list[tuple[TransitionWrite, RunnableConfig | None]]:
+        """The thread's deferred writes, for the transaction being written (held as
+        uncommitted until it commits: a rollback puts them back)."""
         with self._deferred_lock:
-            return self._deferred.pop(thread_id, [])
+            taken = self._deferred.pop(thread_id, [])
+        self._uncommitted.extend(taken)
+        return taken
+
+    def _refused_deferred(self, write: TransitionWrite, error: IllegalTransition) -> None:
+        """A deferred write the lifecycle no longer allows (someone settled the effect
+        meanwhile): it wrote nothing, and is dropped rather than fail the write it
+        rode on."""
+        self._uncommitted[:] = [item for item in self._uncommitted if item[0] is not write]
+        _log.warning("Deferred %s of effect %r in thread %r dropped: %s", write.kind,
+                     write.key, write.thread_id, error)
+
+    def _deferred_committed(self) -> None:
+        self._uncommitted.clear()
+
+    def _deferred_rolled_back(self) -> None:
+        """Put back the deferred writes of a transaction that rolled back."""
+        with self._deferred_lock:
+            for write, config in reversed(self._uncommitted):
+                self._deferred.setdefault(write.thread_id, []).insert(0, (write, config))
+        self._uncommitted.clear()
+
+    def _forget_deferred(self, thread_id: str) -> None:
+        """Drop the deferred writes (and the known origin) of a thread being deleted."""
+        with self._deferred_lock:
+            self._deferred.pop(thread_id, None)
+        self._origins.pop(thread_id, None)
 
     # -- write guards: fencing and flow-version pin (run inside the write's transaction) --
 

@@ -100,6 +100,14 @@ MIGRATIONS: list[str] = [
         pinned_at REAL NOT NULL
     );
     """,
+    # 2: the thread a copied thread descends from, whose keys its effects keep.
+    """
+    CREATE TABLE thread_origins (
+        thread_id TEXT PRIMARY KEY,
+        origin_thread_id TEXT NOT NULL,
+        copied_at REAL NOT NULL
+    );
+    """,
 ]
 
 # PostgreSQL: the same tables in PostgreSQL's types, numbered on their own.
@@ -174,5 +182,13 @@ PG_MIGRATIONS: list[str] = [
             WHERE l.thread_id = p_thread_id;
     END
     $fn$
+    """,
+    # 2: the thread a copied thread descends from, whose keys its effects keep.
+    """
+    CREATE TABLE thread_origins (
+        thread_id TEXT PRIMARY KEY,
+        origin_thread_id TEXT NOT NULL,
+        copied_at DOUBLE PRECISION NOT NULL
+    );
     """,
 ]

@@ -57,6 +57,18 @@ DELETE_THREAD_LEDGER: tuple[str, ...] = (
     "DELETE FROM effects WHERE thread_id = ?",
     "DELETE FROM effect_events WHERE thread_id = ?",
     "DELETE FROM thread_flow_versions WHERE thread_id = ?",
+    "DELETE FROM thread_origins WHERE thread_id = ?",
+)
+# Keys are derived from a thread's origin: the thread itself, or for a copy, the thread
+# its history came from (transitively), so the copy finds its source's effects.
+SELECT_ORIGIN = "SELECT origin_thread_id FROM thread_origins WHERE thread_id = ?"
+ORIGIN_OF_COPY = (
+    "COALESCE((SELECT origin_thread_id FROM thread_origins WHERE thread_id = ?), ?)"
+)
+UPSERT_ORIGIN = (
+    "INSERT INTO thread_origins (thread_id, origin_thread_id, copied_at) "
+    f"VALUES (?, {ORIGIN_OF_COPY}, ?) ON CONFLICT (thread_id) DO UPDATE SET "
+    "origin_thread_id = excluded.origin_thread_id, copied_at = excluded.copied_at"
 )
 # A copied thread shares its source's history, so it shares the effects of that history
 # under the same keys: a fork must replay a receipt, never send again under a new key.

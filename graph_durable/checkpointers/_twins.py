@@ -135,6 +135,10 @@ class AsyncFromSync:
         """Async `claim`."""
         return self.claim(intent, config)
 
+    async def akey_thread(self, thread_id: str) -> str:
+        """Async `key_thread`."""
+        return self.key_thread(thread_id)
+
     async def aclaim_many(
         self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
     ) -> list[tuple[EffectRecord, bool]]:

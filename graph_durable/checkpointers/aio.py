@@ -126,8 +126,10 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
                 yield cur
             except BaseException:
                 await self.conn.rollback()
+                self._deferred_rolled_back()
                 raise
             await self.conn.commit()
+            self._deferred_committed()
 
     async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         await self.setup()
@@ -221,6 +223,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             for statement in (*_sql.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
                 await cur.execute(statement, (str(thread_id),))
         self._flow_checked.discard(str(thread_id))
+        self._forget_deferred(str(thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
@@ -236,8 +239,10 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         """Copy checkpoints, writes, effects and events of one thread to another."""
         params = (str(target_thread_id), str(source_thread_id))
         async with self._txn() as cur:
+            await self._flush_deferred(cur, str(source_thread_id))
             for statement in (*_sql.COPY_THREAD_CHECKPOINTS, *_sql.COPY_THREAD_LEDGER):
                 await cur.execute(statement, params)
+            await cur.execute(_sql.UPSERT_ORIGIN, self._origin_params(*reversed(params)))
 
     async def aprune(
         self, thread_ids: Sequence[str], *, strategy: str = "keep_latest"
@@ -278,8 +283,27 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             await cur.execute(_sql.SELECT_FLOW_VERSION, (thread_id,))
             for statement in self._flow_statements(await cur.fetchone(), thread_id):
                 await cur.execute(*statement)
+        await self._flush_deferred(cur, thread_id)
+
+    async def _flush_deferred(self, cur: aiosqlite.Cursor, thread_id: str) -> None:
         for write, write_config in self._take_deferred(thread_id):
-            await self._apply_one_txn(cur, write, actor_of(write_config))
+            try:
+                await self._apply_one_txn(cur, write, actor_of(write_config))
+            except IllegalTransition as refused:
+                self._refused_deferred(write, refused)
+
+    async def akey_thread(self, thread_id: str) -> str:
+        """The thread whose id keys this thread's effects: itself, or for a copy, the
+        thread it was copied from (so the copy finds its source's effects)."""
+        known = self._origin_known(str(thread_id))
+        if known is not None:
+            return known
+        rows = await self._fetchall(_sql.SELECT_ORIGIN, (str(thread_id),))
+        return self._remember_origin(str(thread_id), rows[0] if rows else None)
+
+    def key_thread(self, thread_id: str) -> str:
+        """Sync `akey_thread`, from a thread other than the saver's event loop."""
+        return self._sync(self.akey_thread(thread_id))
 
     async def _apply_one_txn(
         self, cur: aiosqlite.Cursor, one: IntentWrite | TransitionWrite,

@@ -10,9 +10,10 @@ with `autocommit=True` and `row_factory=dict_row`, as for LangGraph's `PostgresS
 (`from_conn_string` does it); a `psycopg_pool.ConnectionPool` works too. Pipeline mode
 is not supported: a durable write needs its own transaction.
 
-Retention follows `DurableSqliteSaver`: `delete_thread` deletes the ledger with the
-thread, `prune(strategy="keep_latest")` and `delete_for_runs` keep it, `copy_thread`
-copies it under the same keys.
+Retention keeps the ledger as `DurableSqliteSaver` does: `delete_thread` deletes it with
+the thread, `prune(strategy="keep_latest")` (LangGraph's PostgreSQL rules for which
+checkpoints stay) and `delete_for_runs` keep it, and `copy_thread` copies it and keys
+the copy's effects by the thread it came from.
 """
 
 from __future__ import annotations
@@ -227,11 +228,16 @@ class DurablePostgresSaver(DurableSaverMixin, AsyncFromSync, PostgresSaver):
         before anything is written, and the whole transaction rolls back on any error.
         """
         self.setup()
-        with self.lock, _internal.get_connection(self.conn) as conn, conn.transaction():
-            with conn.cursor(row_factory=tuple_row) as cur:
-                if thread_id is not None:
-                    self._check_write_txn(cur, thread_id, config)
-                yield cur
+        with self.lock, _internal.get_connection(self.conn) as conn:
+            try:
+                with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+                    if thread_id is not None:
+                        self._check_write_txn(cur, thread_id, config)
+                    yield cur
+            except BaseException:
+                self._deferred_rolled_back()
+                raise
+            self._deferred_committed()
 
     @contextmanager
     def _read(self) -> Iterator[Cursor[Any]]:
@@ -317,6 +323,7 @@ class DurablePostgresSaver(DurableSaverMixin, AsyncFromSync, PostgresSaver):
             for statement in (*DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
                 _run(cur, statement, (str(thread_id),))
         self._flow_checked.discard(str(thread_id))
+        self._forget_deferred(str(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
@@ -331,10 +338,12 @@ class DurablePostgresSaver(DurableSaverMixin, AsyncFromSync, PostgresSaver):
         """Copy checkpoints, blobs, writes, effects and events of one thread to another."""
         params = (str(target_thread_id), str(source_thread_id))
         with self._txn() as cur:
+            self._flush_deferred(cur, str(source_thread_id))
             for statement in COPY_THREAD_CHECKPOINTS:
                 cur.execute(statement, params)
             for statement in _sql.COPY_THREAD_LEDGER:
                 _run(cur, statement, params)
+            _run(cur, _sql.UPSERT_ORIGIN, self._origin_params(*reversed(params)))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace (LangGraph's
@@ -361,8 +370,24 @@ class DurablePostgresSaver(DurableSaverMixin, AsyncFromSync, PostgresSaver):
             row = _run(cur, _sql.SELECT_FLOW_VERSION, (thread_id,)).fetchone()
             for sql, params in self._flow_statements(row, thread_id):
                 _run(cur, sql, params)
+        self._flush_deferred(cur, thread_id)
+
+    def _flush_deferred(self, cur: Cursor[Any], thread_id: str) -> None:
         for write, write_config in self._take_deferred(thread_id):
-            self._apply_one_txn(cur, write, actor_of(write_config))
+            try:
+                self._apply_one_txn(cur, write, actor_of(write_config))
+            except IllegalTransition as refused:
+                self._refused_deferred(write, refused)
+
+    def key_thread(self, thread_id: str) -> str:
+        """The thread whose id keys this thread's effects: itself, or for a copy, the
+        thread it was copied from (so the copy finds its source's effects)."""
+        known = self._origin_known(str(thread_id))
+        if known is not None:
+            return known
+        with self._read() as cur:
+            row = _run(cur, _sql.SELECT_ORIGIN, (str(thread_id),)).fetchone()
+        return self._remember_origin(str(thread_id), row)
 
     def _apply_one_txn(
         self, cur: Cursor[Any], one: IntentWrite | TransitionWrite,

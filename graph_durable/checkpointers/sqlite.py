@@ -7,9 +7,10 @@ Retention and the ledger:
   still replay a step whose receipts live there. `strategy="delete"` is `delete_thread`.
 - `delete_for_runs(run_ids)` deletes checkpoints and writes only: effects belong to the
   thread, not to a run, and other runs of the thread may replay them.
-- `copy_thread(src, dst)` copies checkpoints, writes, effects and events; copied effects
-  keep their keys, so the copy replays receipts and reconciles in-flight effects under
-  the same key instead of sending them again.
+- `copy_thread(src, dst)` copies checkpoints, writes, effects and events, and records
+  `src` (or its own origin) as the origin of `dst`: the copy's effects are keyed by the
+  origin's id (`key_thread`), so it replays receipts and reconciles in-flight effects
+  under the keys the provider saw instead of sending them again.
 """
 
 from __future__ import annotations
@@ -163,9 +164,11 @@ class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
                 yield cur
             except BaseException:
                 self.conn.rollback()
+                self._deferred_rolled_back()
                 raise
             else:
                 self.conn.commit()
+                self._deferred_committed()
             finally:
                 cur.close()
 
@@ -225,6 +228,7 @@ class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
             for statement in (*_sql.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
                 cur.execute(statement, (str(thread_id),))
         self._flow_checked.discard(str(thread_id))
+        self._forget_deferred(str(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
@@ -240,8 +244,10 @@ class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
         """Copy checkpoints, writes, effects and events of one thread to another."""
         params = (str(target_thread_id), str(source_thread_id))
         with self._txn() as cur:
+            self._flush_deferred(cur, str(source_thread_id))
             for statement in (*_sql.COPY_THREAD_CHECKPOINTS, *_sql.COPY_THREAD_LEDGER):
                 cur.execute(statement, params)
+            cur.execute(_sql.UPSERT_ORIGIN, self._origin_params(*reversed(params)))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace, `delete` all.
@@ -272,8 +278,24 @@ class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
             row = cur.execute(_sql.SELECT_FLOW_VERSION, (thread_id,)).fetchone()
             for statement in self._flow_statements(row, thread_id):
                 cur.execute(*statement)
+        self._flush_deferred(cur, thread_id)
+
+    def _flush_deferred(self, cur: sqlite3.Cursor, thread_id: str) -> None:
         for write, write_config in self._take_deferred(thread_id):
-            self._apply_one_txn(cur, write, actor_of(write_config))
+            try:
+                self._apply_one_txn(cur, write, actor_of(write_config))
+            except IllegalTransition as refused:
+                self._refused_deferred(write, refused)
+
+    def key_thread(self, thread_id: str) -> str:
+        """The thread whose id keys this thread's effects: itself, or for a copy, the
+        thread it was copied from (so the copy finds its source's effects)."""
+        known = self._origin_known(str(thread_id))
+        if known is not None:
+            return known
+        with self.cursor(transaction=False) as cur:
+            row = cur.execute(_sql.SELECT_ORIGIN, (str(thread_id),)).fetchone()
+        return self._remember_origin(str(thread_id), row)
 
     def _apply_one_txn(
         self, cur: sqlite3.Cursor, one: IntentWrite | TransitionWrite,
@@ -420,9 +442,9 @@ class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
     ) -> tuple[EffectRecord, bool]:
         """Record `intent` unless its key is already known, in one durable write.
 
-        Returns the record and whether this call created it. The guard claims a call
-        instead of reading and then writing, so the parallel calls of a step reach the
-        group commit together, and an intent is never recorded twice.
+        Returns the record and whether this call created it. The guard claims instead
+        of reading and then writing, so an intent is never recorded twice; calls
+        claimed one by one from parallel threads share a group commit.
         """
         [claimed] = self.claim_many([intent], config)
         return claimed
@@ -490,8 +512,10 @@ class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
                 else:
                     item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor))
             self.conn.commit()
+            self._deferred_committed()
         except BaseException as exc:
             self.conn.rollback()
+            self._deferred_rolled_back()
             for item in batch:
                 item.error = item.error or exc
         finally:

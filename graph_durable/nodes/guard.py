@@ -199,25 +199,55 @@ class GuardCore:
         return self.effects.get(tool, self.default)
 
     def _context(
-        self, tool_call: Mapping[str, Any], has_tool: bool, config: Mapping[str, Any]
+        self, tool_call: Mapping[str, Any], has_tool: bool, config: Mapping[str, Any],
+        key_thread: str | None = None,
     ) -> tuple[_Task, CallContext] | None:
+        """The call's task and protocol context; `None` for calls the ledger skips.
+
+        `key_thread` is the thread whose id keys the effects (`saver.key_thread`),
+        asked of the saver here when not given.
+        """
         policy = self.policy_for(tool_call["name"])
         if not has_tool or policy.read_only:
             return None
         task = _Task(config, tool_call)
-        return task, CallContext(task.thread_id, task.checkpoint_ns, tool_call, policy)  # type: ignore[arg-type]
+        if key_thread is None:
+            key_thread = task.saver.key_thread(task.thread_id)
+        return task, CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call), policy,
+                                 key_thread)
+
+    async def _akey_thread(self, config: Mapping[str, Any], tool: str | None = None
+                           ) -> str | None:
+        """`saver.akey_thread` for async drivers (`None` when the ledger is not involved)."""
+        if tool is not None and self.policy_for(tool).read_only:
+            return None
+        conf = config.get("configurable", {})
+        saver = conf.get(CONFIG_KEY_CHECKPOINTER)
+        if not isinstance(saver, DurableSaverMixin):
+            return None  # _Task explains what is wrong
+        return await saver.akey_thread(str(conf.get("thread_id", "")))  # type: ignore[attr-defined]
 
     # -- claiming a step's calls together (before any of them runs) -----------------------
 
     def _start(self, tool_calls: list[tuple[Mapping[str, Any], bool]],
-               config: Mapping[str, Any]) -> list[Started]:
-        """Run each write call's protocol up to its claim (`before_intent` included)."""
+               config: Mapping[str, Any], key_thread: str | None = None) -> list[Started]:
+        """Run each reconcilable write call's protocol up to its claim (`before_intent`
+        included).
+
+        Only calls whose provider dedupes or can be asked are claimed ahead: after a
+        crash, an intent for a call not sent yet costs them a lookup or a deduplicated
+        re-send. A call that only a human could reconcile claims right before it is
+        sent, so after a crash a human is asked only about calls that were on their way.
+        """
         ids = [call.get("id") for call, _ in tool_calls]
         if len(set(ids)) != len(ids):
             return []  # duplicate tool_call_ids: let each call claim on its own
         started: list[Started] = []
         for call, has_tool in tool_calls:
-            prepared = self._context(call, has_tool, config)
+            policy = self.policy_for(call["name"])
+            if not has_tool or policy.read_only or not policy.reconcilable:
+                continue
+            prepared = self._context(call, has_tool, config, key_thread)
             if prepared is None:
                 continue
             task, ctx = prepared
@@ -230,7 +260,8 @@ class GuardCore:
     def claim_step(
         self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any]
     ) -> dict[str, Started]:
-        """Claim every write call of a step in one transaction; `{tool_call_id: started}`.
+        """Claim a step's reconcilable write calls in one transaction; `{tool_call_id:
+        started}`.
 
         `tool_calls` holds `(tool_call, has_tool)` pairs. Pass each `Started` to `run` as
         `started=`: its protocol continues after the claim.
@@ -250,7 +281,10 @@ class GuardCore:
         self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any]
     ) -> dict[str, Started]:
         """Async `claim_step`."""
-        started = self._start(tool_calls, config)
+        if not any(has_tool and self.policy_for(call["name"]).reconcilable
+                   for call, has_tool in tool_calls):
+            return {}
+        started = self._start(tool_calls, config, await self._akey_thread(config))
         if not started:
             return {}
         task = started[0].task
@@ -452,8 +486,10 @@ class GuardCore:
             task, ctx, protocol = started.task, started.ctx, started.protocol
             value: Any = started.claimed
         else:
-            prepared = self._context(request.tool_call, request.tool is not None,
-                                     _config_of(request))
+            config = _config_of(request)
+            key_thread = await self._akey_thread(config, request.tool_call["name"])
+            prepared = self._context(request.tool_call, request.tool is not None, config,
+                                     key_thread)
             if prepared is None:
                 return await execute(request)
             task, ctx = prepared

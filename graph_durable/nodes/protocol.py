@@ -121,15 +121,18 @@ class CallContext:
     checkpoint_ns: str
     tool_call: dict[str, Any]
     policy: Effect
+    key_thread_id: str | None = None
+    """The thread whose id keys the effects: the thread, or the one it was copied from."""
     key: str = field(init=False)
     args_json: str = field(init=False)
 
     def __post_init__(self) -> None:
         call = self.tool_call
+        self.key_thread_id = self.key_thread_id or self.thread_id
         self.args_json = encode_args(call["args"], thread_id=self.thread_id,
                                      tool_call_id=call["id"], tool=call["name"])
-        self.key = key_of_encoded(self.thread_id, self.checkpoint_ns, call["id"], call["name"],
-                                  self.args_json)
+        self.key = key_of_encoded(self.key_thread_id, self.checkpoint_ns, call["id"],
+                                  call["name"], self.args_json)
 
     @property
     def tool_call_id(self) -> str:
@@ -248,10 +251,10 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
                 result = _note_edit(result, record.args)
             # A receipt that a lookup or a same-key re-send could recover rides on the
             # step's own commit; one only a human could recover is committed now.
-            policy = ctx.policy
-            yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None, receipt=receipt_of(result),
-                                       result=result, data={"source": "tool"},
-                                       defer=policy.idempotent or policy.lookup is not None))
+            yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
+                                       receipt=receipt_of(result), result=result,
+                                       data={"source": "tool"},
+                                       defer=ctx.policy.reconcilable))
             fault_point("after_receipt", tool=ctx.tool)
             return result
         if isinstance(error, NotApplied | ToolInvocationError):
@@ -343,7 +346,8 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
         return message
     # edit: nothing was sent under the old key, so the edited call gets a new one.
     edited_args = dict(decision["edited_action"]["args"])
-    edited_key = derive_key(thread_id=ctx.thread_id, checkpoint_ns=ctx.checkpoint_ns,
+    edited_key = derive_key(thread_id=ctx.key_thread_id or ctx.thread_id,
+                            checkpoint_ns=ctx.checkpoint_ns,
                             tool_call_id=ctx.tool_call_id, tool=ctx.tool, args=edited_args)
     _, edited = yield Write(WriteBatch(ctx.thread_id, (
         ctx.transition(record, S.SKIPPED, "resolved",

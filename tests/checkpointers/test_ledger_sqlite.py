@@ -179,16 +179,41 @@ def test_a_deferred_receipt_commits_with_the_threads_next_write(tmp_path: Path) 
     assert [e.kind for e in saver.events("t")] == ["intent", "receipt"]
 
 
-def test_a_deferred_receipt_the_lifecycle_forbids_refuses_the_write_it_rides_on(
-    tmp_path: Path,
+def test_a_deferred_receipt_the_lifecycle_no_longer_allows_is_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     saver = open_saver(tmp_path / "a.sqlite")
     saver.claim(intent())
-    saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.FAILED, kind="failure",
-                                error="declined"))
     saver.apply(receipt())
+    # Meanwhile another process settles the effect (say, a reviewer says it failed).
+    open_saver(tmp_path / "a.sqlite").apply(TransitionWrite(
+        thread_id="t", key="k1", to=S.FAILED, kind="failure", error="declined"))
     before = (saver.effects(), saver.events())
-    with pytest.raises(IllegalTransition, match="failed; it cannot become applied"):
+    with caplog.at_level("WARNING", logger="graph_durable"):
         put_checkpoint(saver, "t")
     assert (saver.effects(), saver.events()) == before
-    assert list(saver.list({"configurable": {"thread_id": "t"}})) == []
+    assert len(list(saver.list({"configurable": {"thread_id": "t"}}))) == 1
+    assert "Deferred receipt of effect 'k1' in thread 't' dropped" in caplog.text
+
+
+def test_a_deferred_receipt_survives_a_write_that_rolls_back(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.claim(intent())
+    saver.apply(receipt())
+    saver._checkpoint_statement = lambda *args: (("INSERT INTO nowhere VALUES (?)", (1,)),
+                                                 None)
+    with pytest.raises(sqlite3.OperationalError, match="nowhere"):
+        put_checkpoint(saver, "t")
+    del saver._checkpoint_statement
+    assert saver.effect("k1", "t").status is S.IN_FLIGHT
+    put_checkpoint(saver, "t")
+    assert saver.effect("k1", "t").status is S.APPLIED
+
+
+def test_deleting_a_thread_drops_its_deferred_receipts(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.claim(intent())
+    saver.apply(receipt())
+    saver.delete_thread("t")
+    put_checkpoint(saver, "t")  # the thread id reused: nothing left to carry
+    assert saver.effects() == [] and saver.events() == []

@@ -235,3 +235,34 @@ def test_migration_scripts_split_outside_dollar_quoted_bodies() -> None:
     script = "CREATE TABLE a (x INT); CREATE FUNCTION f() AS $fn$ BEGIN x; y; END $fn$; SELECT 1"
     assert statements(script) == [
         "CREATE TABLE a (x INT)", "CREATE FUNCTION f() AS $fn$ BEGIN x; y; END $fn$", "SELECT 1"]
+
+
+def test_a_copy_of_a_crashed_thread_replays_its_sources_receipt(saver, tmp_path) -> None:
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind", name="p")
+
+    @tool
+    def send(to: str) -> str:
+        """Send."""
+        provider.apply(current_effect().key, {"to": to})
+        return f"sent to {to}"
+
+    model = ScriptedChatModel(script=[
+        AIMessage(content="", tool_calls=[{"name": "send", "args": {"to": "x"}, "id": "c1"}]),
+        AIMessage(content="done")])
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
+    builder.add_node("tools", EffectGuardNode([send]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    graph = builder.compile(checkpointer=saver)
+    arm(FaultPlan("after_receipt", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "t"}},
+                     durability="sync")
+    disarm()
+    saver.copy_thread("t", "fork")
+    result = graph.invoke(None, {"configurable": {"thread_id": "fork"}}, durability="sync")
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1
+    assert saver.key_thread("fork") == "t"

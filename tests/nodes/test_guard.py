@@ -103,6 +103,35 @@ def test_receipt_is_replayed_with_an_identical_tool_message(saver, provider) -> 
     assert provider.count() == 1 and len(provider.requests()) == 1
 
 
+@pytest.mark.parametrize("mode", ["blind", "lookup"])
+def test_a_copied_thread_replays_or_reconciles_under_its_sources_keys(
+    saver, tmp_path, mode
+) -> None:
+    """A fork of a thread that crashed mid-step must not send its effect again."""
+    provider = FakeProvider(str(tmp_path / f"{mode}.sqlite"), mode, name="p")
+
+    @tool
+    def send(to: str) -> str:
+        """Send."""
+        provider.apply(current_effect().key, {"to": to})
+        return f"sent to {to}"
+
+    policy = Effect(lookup=provider.find) if mode == "lookup" else Effect()
+    graph = build(saver, [send], {"send": policy}, call("send", {"to": "x"}))
+    # blind: the receipt is committed, the step is not; lookup: the receipt is not.
+    arm(FaultPlan("after_receipt" if mode == "blind" else "after_effect", action="raise"))
+    with pytest.raises(InjectedCrash):
+        run(graph)
+    disarm()
+    saver.copy_thread("t", "fork")
+    result = graph.invoke(None, {"configurable": {"thread_id": "fork"}}, durability="sync")
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1 and len(provider.requests()) == 1
+    [record] = saver.effects("fork")
+    assert record.status is EffectStatus.APPLIED
+    assert record.key == saver.effects("t")[0].key  # the key the provider saw
+
+
 def test_key_is_stable_and_visible_to_the_tool(saver, provider) -> None:
     seen: list[str] = []
 
@@ -313,6 +342,37 @@ def test_every_intent_of_a_step_is_durable_before_any_call_is_sent(saver, tmp_pa
     assert [m.content for m in result["messages"][2:5]] == ["sent to x", "sent to y", "sent to z"]
     assert seen == [{"c0", "c1", "c2"}] * 3
     assert claims == [3]  # one transaction for the step's three intents
+    assert [r.status for r in saver.effects("t")] == [EffectStatus.APPLIED] * 3
+
+
+def test_calls_only_a_human_could_reconcile_claim_right_before_they_are_sent(saver) -> None:
+    """Claimed ahead, a call not yet sent would turn into a question after a crash."""
+    ledger_when_sent: dict[str, set[str]] = {}
+
+    def make(name: str):
+        @tool(name)
+        def send(to: str) -> str:
+            """Send."""
+            ledger_when_sent[to] = {r.tool_call_id for r in saver.effects("t")}
+            return f"sent to {to}"
+        return send
+
+    claimed_ahead: list[list[str]] = []
+    claim_many = saver.claim_many
+
+    def recording_claim_many(intents, config=None):
+        claimed_ahead.append([intent.tool_call_id for intent in intents])
+        return claim_many(intents, config)
+
+    saver.claim_many = recording_claim_many
+    calls = [call("dedupe", {"to": "a"}, "c0"), call("blind", {"to": "b"}, "c1"),
+             call("dedupe", {"to": "c"}, "c2")]
+    graph = build(saver, [make("dedupe"), make("blind")],
+                  {"dedupe": Effect(idempotent=True), "blind": Effect()}, *calls)
+    run(graph)
+    assert claimed_ahead[0] == ["c0", "c2"]
+    assert ledger_when_sent["a"] >= {"c0", "c2"}
+    assert "c1" in ledger_when_sent["b"]  # its own intent, recorded before it was sent
     assert [r.status for r in saver.effects("t")] == [EffectStatus.APPLIED] * 3
 
 
