@@ -305,4 +305,4 @@ class DurableSaverMixin:
     def _load_result(self, row: Sequence[Any] | None) -> Any:
         if row is None or row[0] is None:
             return None
-        return self.serde.loads_typed((row[0], row[1]))
+        return self.serde.loads_typed((row[0], bytes(row[1])))

@@ -34,14 +34,13 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
+from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE, statements
 from graph_durable.checkpointers._twins import AsyncFromSync
 from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
-    EffectEvent,
     EffectRecord,
-    EffectStatus,
     IntentWrite,
     LedgerWrite,
     TransitionWrite,
@@ -78,7 +77,7 @@ def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any]) -> BaseExcepti
     return error
 
 
-class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
+class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, SqliteSaver):
     """A LangGraph checkpointer on SQLite that also keeps the effect ledger.
 
     Use it wherever a `SqliteSaver` goes; `EffectGuardNode` finds the ledger through it.
@@ -287,16 +286,6 @@ class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
             except IllegalTransition as refused:
                 self._refused_deferred(write, refused)
 
-    def key_thread(self, thread_id: str) -> str:
-        """The thread whose id keys this thread's effects: itself, or for a copy, the
-        thread it was copied from (so the copy finds its source's effects)."""
-        known = self._origin_known(str(thread_id))
-        if known is not None:
-            return known
-        with self.cursor(transaction=False) as cur:
-            row = cur.execute(_sql.SELECT_ORIGIN, (str(thread_id),)).fetchone()
-        return self._remember_origin(str(thread_id), row)
-
     def _apply_one_txn(
         self, cur: sqlite3.Cursor, one: IntentWrite | TransitionWrite,
         actor: tuple[str | None, int | None],
@@ -345,70 +334,12 @@ class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
         with self._txn() as cur:
             cur.execute(_sql.RELEASE_LEASE, (lease.thread_id, lease.token))
 
-    def live_leases(self) -> dict[str, tuple[str, int, float]]:
-        """`{thread_id: (owner, token, expires_at)}` of every live lease."""
+    # -- the ledger ----------------------------------------------------------------------
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Every row of one read (the ledger's reads are in `SyncLedgerReads`)."""
         with self.cursor(transaction=False) as cur:
-            rows = cur.execute(_sql.SELECT_LIVE_LEASES, (time.time(),)).fetchall()
-        return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
-
-    def thread_ids(self) -> list[str]:
-        """Every thread with a checkpoint, sorted."""
-        with self.cursor(transaction=False) as cur:
-            return [row[0] for row in cur.execute(_sql.SELECT_THREAD_IDS)]
-
-    # -- the ledger: reads -------------------------------------------------------------
-
-    def effect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
-        """The effect with this key (in `thread_id`, or its first thread), or `None`."""
-        with self.cursor(transaction=False) as cur:
-            if thread_id is None:
-                row = cur.execute(_sql.SELECT_EFFECT_BY_KEY, (key,)).fetchone()
-            else:
-                row = cur.execute(_sql.SELECT_EFFECT, (str(thread_id), key)).fetchone()
-        return None if row is None else _sql.effect_from_row(row)
-
-    def effects(
-        self, thread_id: str | None = None, status: EffectStatus | str | None = None
-    ) -> list[EffectRecord]:
-        """Effects, oldest first, optionally of one thread and one status."""
-        sql, params = _sql.select_effects(
-            None if thread_id is None else str(thread_id),
-            None if status is None else EffectStatus(status).value,
-        )
-        with self.cursor(transaction=False) as cur:
-            return [_sql.effect_from_row(row) for row in cur.execute(sql, params)]
-
-    def events(
-        self, thread_id: str | None = None, key: str | None = None
-    ) -> list[EffectEvent]:
-        """The append-only journal, in order, optionally of one thread and one key."""
-        sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
-        with self.cursor(transaction=False) as cur:
-            return [_sql.event_from_row(row) for row in cur.execute(sql, params)]
-
-    def stored_result(self, thread_id: str, key: str) -> Any:
-        """The ToolMessage or Command stored with a terminal effect, for replay."""
-        with self.cursor(transaction=False) as cur:
-            row = cur.execute(_sql.SELECT_RESULT, (str(thread_id), key)).fetchone()
-        return self._load_result(row)
-
-    def asked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
-        """Effects of one task that a pending interrupt asks a human about."""
-        with self.cursor(transaction=False) as cur:
-            rows = cur.execute(_sql.SELECT_ASKED_IN_TASK, (str(thread_id), checkpoint_ns))
-            return [_sql.effect_from_row(row) for row in rows]
-
-    def checkpoint_exists(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
-        """Whether this checkpoint is durably stored."""
-        if self._known_stored(thread_id, checkpoint_ns, checkpoint_id):
-            return True
-        with self.cursor(transaction=False) as cur:
-            row = cur.execute(
-                _sql.SELECT_CHECKPOINT_EXISTS, (str(thread_id), checkpoint_ns, checkpoint_id)
-            ).fetchone()
-        return row is not None
-
-    # -- the ledger: writes ------------------------------------------------------------
+            return cur.execute(sql, tuple(params)).fetchall()
 
     def apply(
         self, write: LedgerWrite, config: RunnableConfig | None = None
@@ -436,18 +367,6 @@ class DurableSqliteSaver(DurableSaverMixin, AsyncFromSync, SqliteSaver):
         if item.error is not None:
             raise item.error
         return item.result
-
-    def claim(
-        self, intent: IntentWrite, config: RunnableConfig | None = None
-    ) -> tuple[EffectRecord, bool]:
-        """Record `intent` unless its key is already known, in one durable write.
-
-        Returns the record and whether this call created it. The guard claims instead
-        of reading and then writing, so an intent is never recorded twice; calls
-        claimed one by one from parallel threads share a group commit.
-        """
-        [claimed] = self.claim_many([intent], config)
-        return claimed
 
     def claim_many(
         self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None

@@ -181,6 +181,13 @@ class Started:
         return request.tool_call == self.ctx.tool_call
 
 
+def _claimed(started: list[Started], claimed: list[tuple[EffectRecord, bool]]
+             ) -> dict[str, Started]:
+    for one, result in zip(started, claimed, strict=True):
+        one.claimed = result
+    return {one.ctx.tool_call_id: one for one in started}
+
+
 class GuardCore:
     """Routes each tool call through the ledger according to its `Effect` policy."""
 
@@ -244,11 +251,10 @@ class GuardCore:
             return []  # duplicate tool_call_ids: let each call claim on its own
         started: list[Started] = []
         for call, has_tool in tool_calls:
-            policy = self.policy_for(call["name"])
-            if not has_tool or policy.read_only or not policy.reconcilable:
+            if not self.policy_for(call["name"]).reconcilable:
                 continue
             prepared = self._context(call, has_tool, config, key_thread)
-            if prepared is None:
+            if prepared is None:  # a tool the node does not have
                 continue
             task, ctx = prepared
             protocol = run_call(ctx)
@@ -270,12 +276,9 @@ class GuardCore:
         if not started:
             return {}
         task = started[0].task
-        self._check_requesting_checkpoint(task, started[0].ctx.tool_call,
-                                          task.saver.checkpoint_exists)
-        claimed = task.saver.claim_many([s.claim.intent for s in started], task.config)
-        for one, result in zip(started, claimed, strict=True):
-            one.claimed = result
-        return {one.ctx.tool_call_id: one for one in started}
+        self._check_requesting_checkpoint(task, started[0].ctx.tool_call)
+        return _claimed(started, task.saver.claim_many([s.claim.intent for s in started],
+                                                      task.config))
 
     async def aclaim_step(
         self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any]
@@ -289,10 +292,8 @@ class GuardCore:
             return {}
         task = started[0].task
         await self._acheck_requesting_checkpoint(task, started[0].ctx.tool_call)
-        claimed = await task.saver.aclaim_many([s.claim.intent for s in started], task.config)
-        for one, result in zip(started, claimed, strict=True):
-            one.claimed = result
-        return {one.ctx.tool_call_id: one for one in started}
+        return _claimed(started, await task.saver.aclaim_many(
+            [s.claim.intent for s in started], task.config))
 
     # -- decisions (once per task, before its calls run) ---------------------------------
 
@@ -340,8 +341,7 @@ class GuardCore:
             if prepared is None:
                 return execute(request)
             task, ctx = prepared
-            self._check_requesting_checkpoint(task, request.tool_call,
-                                              task.saver.checkpoint_exists)
+            self._check_requesting_checkpoint(task, request.tool_call)
             protocol = run_call(ctx)
             value = None
         while True:
@@ -364,25 +364,26 @@ class GuardCore:
             else:
                 value = on_ask(op, interrupt_id_for(task.checkpoint_ns))
 
-    def _check_requesting_checkpoint(
-        self, task: _Task, call: Mapping[str, Any], exists: Callable[..., bool]
-    ) -> None:
-        where = task.requesting_checkpoint()
-        if where is None or where in self._durable_checkpoints:
-            return
-        if not exists(*where):
-            raise task.not_durable(call, "its checkpoint is not in the database")
-        self._remember_durable(where)
+    def _check_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any]) -> None:
+        where = self._checkpoint_to_verify(task)
+        if where is not None:
+            self._verified(task, call, where, task.saver.checkpoint_exists(*where))
 
     async def _acheck_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any]) -> None:
-        where = task.requesting_checkpoint()
-        if where is None or where in self._durable_checkpoints:
-            return
-        if not await task.saver.acheckpoint_exists(*where):
-            raise task.not_durable(call, "its checkpoint is not in the database")
-        self._remember_durable(where)
+        where = self._checkpoint_to_verify(task)
+        if where is not None:
+            self._verified(task, call, where, await task.saver.acheckpoint_exists(*where))
 
-    def _remember_durable(self, where: tuple[str, str, str]) -> None:
+    def _checkpoint_to_verify(self, task: _Task) -> tuple[str, str, str] | None:
+        """The checkpoint the task runs from, unless already known to be stored."""
+        where = task.requesting_checkpoint()
+        return None if where is None or where in self._durable_checkpoints else where
+
+    def _verified(
+        self, task: _Task, call: Mapping[str, Any], where: tuple[str, str, str], stored: bool
+    ) -> None:
+        if not stored:
+            raise task.not_durable(call, "its checkpoint is not in the database")
         # A stored checkpoint stays stored; the calls of one step share it, so ask once.
         if len(self._durable_checkpoints) >= 1024:
             self._durable_checkpoints.clear()

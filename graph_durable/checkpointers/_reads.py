@@ -1,0 +1,103 @@
+"""The ledger's read methods of a sync durable saver, written once over one query primitive.
+
+`DurableSqliteSaver` and `DurablePostgresSaver` differ in how they run a query (a
+`sqlite3` cursor under the saver's lock, a psycopg cursor with `%s` placeholders), not
+in what they ask; each provides `_query(sql, params) -> rows` and gets the rest here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+
+from graph_durable.checkpointers import _sql
+from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus, IntentWrite
+
+__all__ = ["SyncLedgerReads"]
+
+
+class SyncLedgerReads:
+    """Mixin: effects, events, leases and threads as a sync durable saver reads them.
+
+    Needs `_query(sql, params)` (SQL as written in `_sql`, `?` placeholders) returning
+    every row as a tuple, plus the `DurableSaverMixin` caches and `claim_many`.
+    """
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def key_thread(self, thread_id: str) -> str:
+        """The thread whose id keys this thread's effects: itself, or for a copy, the
+        thread it was copied from (so the copy finds its source's effects)."""
+        known = self._origin_known(str(thread_id))  # type: ignore[attr-defined]
+        if known is not None:
+            return known
+        rows = self._query(_sql.SELECT_ORIGIN, (str(thread_id),))
+        remember = self._remember_origin  # type: ignore[attr-defined]
+        return remember(str(thread_id), rows[0] if rows else None)  # type: ignore[no-any-return]
+
+    def live_leases(self) -> dict[str, tuple[str, int, float]]:
+        """`{thread_id: (owner, token, expires_at)}` of every live lease."""
+        rows = self._query(_sql.SELECT_LIVE_LEASES, (time.time(),))
+        return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
+
+    def thread_ids(self) -> list[str]:
+        """Every thread with a checkpoint, sorted."""
+        return [row[0] for row in self._query(_sql.SELECT_THREAD_IDS)]
+
+    def effect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
+        """The effect with this key (in `thread_id`, or its first thread), or `None`."""
+        if thread_id is None:
+            rows = self._query(_sql.SELECT_EFFECT_BY_KEY, (key,))
+        else:
+            rows = self._query(_sql.SELECT_EFFECT, (str(thread_id), key))
+        return _sql.effect_from_row(rows[0]) if rows else None
+
+    def effects(
+        self, thread_id: str | None = None, status: EffectStatus | str | None = None
+    ) -> list[EffectRecord]:
+        """Effects, oldest first, optionally of one thread and one status."""
+        sql, params = _sql.select_effects(
+            None if thread_id is None else str(thread_id),
+            None if status is None else EffectStatus(status).value,
+        )
+        return [_sql.effect_from_row(row) for row in self._query(sql, params)]
+
+    def events(
+        self, thread_id: str | None = None, key: str | None = None
+    ) -> list[EffectEvent]:
+        """The append-only journal, in order, optionally of one thread and one key."""
+        sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
+        return [_sql.event_from_row(row) for row in self._query(sql, params)]
+
+    def stored_result(self, thread_id: str, key: str) -> Any:
+        """The ToolMessage or Command stored with a terminal effect, for replay."""
+        rows = self._query(_sql.SELECT_RESULT, (str(thread_id), key))
+        return self._load_result(rows[0] if rows else None)  # type: ignore[attr-defined]
+
+    def asked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
+        """Effects of one task that a pending interrupt asks a human about."""
+        rows = self._query(_sql.SELECT_ASKED_IN_TASK, (str(thread_id), checkpoint_ns))
+        return [_sql.effect_from_row(row) for row in rows]
+
+    def checkpoint_exists(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
+        """Whether this checkpoint is durably stored."""
+        known = self._known_stored  # type: ignore[attr-defined]
+        if known(thread_id, checkpoint_ns, checkpoint_id):
+            return True
+        return bool(self._query(_sql.SELECT_CHECKPOINT_EXISTS,
+                                (str(thread_id), checkpoint_ns, checkpoint_id)))
+
+    def claim(
+        self, intent: IntentWrite, config: RunnableConfig | None = None
+    ) -> tuple[EffectRecord, bool]:
+        """Record `intent` unless its key is already known, in one durable write.
+
+        Returns the record and whether this call created it. The guard claims instead
+        of reading and then writing, so an intent is never recorded twice.
+        """
+        [claimed] = self.claim_many([intent], config)  # type: ignore[attr-defined]
+        return claimed  # type: ignore[no-any-return]
