@@ -217,3 +217,14 @@ def test_deleting_a_thread_drops_its_deferred_receipts(tmp_path: Path) -> None:
     saver.delete_thread("t")
     put_checkpoint(saver, "t")  # the thread id reused: nothing left to carry
     assert saver.effects() == [] and saver.events() == []
+
+
+def test_a_copy_carries_its_sources_deferred_receipts(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    put_checkpoint(saver, "t")
+    saver.claim(intent())
+    saver.apply(receipt())
+    saver.copy_thread("t", "fork")
+    assert saver.effect("k1", "fork").status is S.APPLIED
+    assert saver.effect("k1", "t").status is S.APPLIED
+    assert saver.key_thread("fork") == "t" and saver.key_thread("t") == "t"
