@@ -56,7 +56,7 @@ from graph_durable.ledger import (
     TransitionWrite,
     WriteBatch,
 )
-from graph_durable.testing.faults import fault_point
+from graph_durable.faults import fault_point
 
 __all__ = ["DurablePostgresSaver", "pg_sql"]
 

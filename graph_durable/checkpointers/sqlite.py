@@ -46,7 +46,7 @@ from graph_durable.ledger import (
     TransitionWrite,
     WriteBatch,
 )
-from graph_durable.testing.faults import fault_point
+from graph_durable.faults import fault_point
 
 __all__ = ["DurableSqliteSaver"]
 

@@ -40,7 +40,7 @@ from graph_durable.nodes.protocol import (
     run_call,
 )
 from graph_durable.policy import Effect
-from graph_durable.testing.faults import fault_point
+from graph_durable.faults import fault_point
 
 __all__ = [
     "GuardCore",

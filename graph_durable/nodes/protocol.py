@@ -33,7 +33,7 @@ from graph_durable.ledger import (
 )
 from graph_durable.nodes.decisions import approval_payload, unknown_payload
 from graph_durable.policy import Effect
-from graph_durable.testing.faults import fault_point
+from graph_durable.faults import fault_point
 
 __all__ = [
     "Ask",
