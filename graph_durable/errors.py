@@ -110,9 +110,9 @@ class NotDurableCheckpointer(GraphDurableError):
 
 
 class UnkeyableToolCall(GraphDurableError, TypeError):
-    """Tool-call arguments that cannot be encoded as canonical JSON.
+    """A tool call that cannot be keyed: arguments that are not canonical JSON, or no id.
 
-    Without canonical JSON there is no stable idempotency key, so nothing is sent.
+    Without them there is no stable idempotency key, so nothing is sent.
     """
 
 

@@ -152,22 +152,25 @@ def canonical_json(value: Any) -> str:
 def derive_key(
     *,
     thread_id: str,
-    checkpoint_ns: str,
+    anchor: str,
     tool_call_id: str,
     tool: str,
     args: dict[str, Any],
 ) -> str:
-    """The idempotency key of one logical tool call.
+    """The idempotency key of one requested tool call.
 
-    Derived from the thread, the task's checkpoint namespace (which pins the graph step),
-    the tool_call_id, the tool name and the canonical JSON of the arguments, so the same
-    call resumed after any crash gets the same key, while edited arguments get a new one.
+    Derived from the key thread (the thread, or the thread a copy came from), the
+    call's anchor (the requesting AIMessage, see `graph_durable.nodes.anchor`), the
+    tool_call_id, the tool name and the canonical JSON of the arguments. The same
+    requested call gets the same key after any crash and on every resume, fork, time
+    travel or copy of its thread; a new requesting message or edited arguments get a
+    new one.
 
     Raises:
         UnkeyableToolCall: the arguments are not JSON-encodable.
     """
     encoded_args = encode_args(args, thread_id=thread_id, tool_call_id=tool_call_id, tool=tool)
-    return key_of_encoded(thread_id, checkpoint_ns, tool_call_id, tool, encoded_args)
+    return key_of_encoded(thread_id, anchor, tool_call_id, tool, encoded_args)
 
 
 def encode_args(args: dict[str, Any], *, thread_id: str, tool_call_id: str, tool: str) -> str:
@@ -189,10 +192,14 @@ def encode_args(args: dict[str, Any], *, thread_id: str, tool_call_id: str, tool
 
 
 def key_of_encoded(
-    thread_id: str, checkpoint_ns: str, tool_call_id: str, tool: str, encoded_args: str
+    thread_id: str, anchor: str, tool_call_id: str, tool: str, encoded_args: str
 ) -> str:
-    """`derive_key` for arguments already encoded by `encode_args`."""
-    material = canonical_json([thread_id, checkpoint_ns, tool_call_id, tool, encoded_args])
+    """`derive_key` for arguments already encoded by `encode_args`.
+
+    Ledgers written before keys were anchored to the requesting message used the task's
+    checkpoint namespace as `anchor`; the same function derives those legacy keys.
+    """
+    material = canonical_json([thread_id, anchor, tool_call_id, tool, encoded_args])
     return "gd-" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:40]
 
 

@@ -84,25 +84,24 @@ class DurableSaverMixin:
         # Checkpoints this saver committed lately: the guard asks whether the checkpoint
         # a tool call comes from is stored, and it usually is one of these.
         self._stored: dict[tuple[str, str, str], None] = {}
-        # Origin of each thread seen (see `key_thread`); set only by copy_thread.
-        self._origins: dict[str, str] = {}
 
     # -- where a thread's keys come from -------------------------------------------------
 
-    def _origin_known(self, thread_id: str) -> str | None:
-        return self._origins.get(thread_id)
-
-    def _remember_origin(self, thread_id: str, row: Any) -> str:
-        origin = thread_id if row is None else str(row[0])
-        if len(self._origins) >= 4096:
-            self._origins.clear()
-        self._origins[thread_id] = origin
-        return origin
-
-    def _origin_params(self, source_thread_id: str, target_thread_id: str) -> tuple[Any, ...]:
+    @staticmethod
+    def _origin_params(source_thread_id: str, target_thread_id: str) -> tuple[Any, ...]:
         """Parameters of `UPSERT_ORIGIN` for a copy of `source_thread_id`."""
-        self._origins.pop(target_thread_id, None)
         return (target_thread_id, source_thread_id, source_thread_id, time.time())
+
+    @staticmethod
+    def _keying_params(thread_id: str) -> tuple[str, str, str]:
+        """Parameters of `SELECT_KEYING`. Asked of the database on every step, never
+        cached: another process may delete a thread and copy another into its id."""
+        return (thread_id, thread_id, thread_id)
+
+    @staticmethod
+    def _keying_of(rows: Sequence[Any]) -> tuple[str, bool]:
+        key_thread, legacy = rows[0]
+        return str(key_thread), bool(legacy)
 
     # -- checkpoints this saver stored ---------------------------------------------------
 
@@ -156,10 +155,9 @@ class DurableSaverMixin:
         self._uncommitted.clear()
 
     def _forget_deferred(self, thread_id: str) -> None:
-        """Drop the deferred writes (and the known origin) of a thread being deleted."""
+        """Drop the deferred writes of a thread being deleted."""
         with self._deferred_lock:
             self._deferred.pop(thread_id, None)
-        self._origins.pop(thread_id, None)
 
     # -- write guards: fencing and flow-version pin (run inside the write's transaction) --
 
@@ -256,9 +254,14 @@ class DurableSaverMixin:
 
     def _plan_intent(
         self, write: IntentWrite, actor: tuple[str | None, int | None]
-    ) -> tuple[list[_sql.Statement], EffectRecord]:
+    ) -> tuple[tuple[_sql.Statement, _sql.Statement], list[_sql.Statement], EffectRecord]:
+        """`(inherit, plan, record)`: first take the effect over from the thread's family
+        if one of them holds its key (`_sql.plan_inherit`), else run `plan`."""
         args_json = write.args_json
-        return _sql.plan_intent(
+        now = time.time()
+        inherit = _sql.plan_inherit(key=write.key, thread_id=write.thread_id,
+                                    checkpoint_ns=write.checkpoint_ns, now=now, actor=actor)
+        plan, record = _sql.plan_intent(
             key=write.key,
             thread_id=write.thread_id,
             checkpoint_ns=write.checkpoint_ns,
@@ -266,9 +269,10 @@ class DurableSaverMixin:
             tool=write.tool,
             args_json=canonical_json(write.args) if args_json is None else args_json,
             status=write.status,
-            now=time.time(),
+            now=now,
             actor=actor,
         )
+        return inherit, plan, record
 
     def _transition_columns(self, write: TransitionWrite) -> dict[str, Any]:
         """The encoded column values a transition sets (besides status and time)."""

@@ -32,12 +32,14 @@ class SyncLedgerReads:
     def key_thread(self, thread_id: str) -> str:
         """The thread whose id keys this thread's effects: itself, or for a copy, the
         thread it was copied from (so the copy finds its source's effects)."""
-        known = self._origin_known(str(thread_id))  # type: ignore[attr-defined]
-        if known is not None:
-            return known
-        rows = self._query(_sql.SELECT_ORIGIN, (str(thread_id),))
-        remember = self._remember_origin  # type: ignore[attr-defined]
-        return remember(str(thread_id), rows[0] if rows else None)  # type: ignore[no-any-return]
+        return self.keying(thread_id)[0]
+
+    def keying(self, thread_id: str) -> tuple[str, bool]:
+        """`(key_thread, legacy)`: the thread whose id keys this thread's effects, and
+        whether effects recorded before keys were anchored to the requesting message
+        may be found under their legacy keys (see `graph_durable.nodes.anchor`)."""
+        rows = self._query(_sql.SELECT_KEYING, self._keying_params(str(thread_id)))  # type: ignore[attr-defined]
+        return self._keying_of(rows)  # type: ignore[attr-defined,no-any-return]
 
     def live_leases(self) -> dict[str, tuple[str, int, float]]:
         """`{thread_id: (owner, token, expires_at)}` of every live lease."""

@@ -108,6 +108,12 @@ MIGRATIONS: list[str] = [
         copied_at REAL NOT NULL
     );
     """,
+    # 3: keys are anchored to the requesting message since this version. Threads with
+    # effects from before keep finding them under their legacy keys (task namespace).
+    """
+    CREATE TABLE legacy_key_threads (thread_id TEXT PRIMARY KEY);
+    INSERT INTO legacy_key_threads (thread_id) SELECT DISTINCT thread_id FROM effects;
+    """,
 ]
 
 # PostgreSQL: the same tables in PostgreSQL's types, numbered on their own.
@@ -190,5 +196,11 @@ PG_MIGRATIONS: list[str] = [
         origin_thread_id TEXT NOT NULL,
         copied_at DOUBLE PRECISION NOT NULL
     );
+    """,
+    # 3: keys are anchored to the requesting message since this version. Threads with
+    # effects from before keep finding them under their legacy keys (task namespace).
+    """
+    CREATE TABLE legacy_key_threads (thread_id TEXT PRIMARY KEY);
+    INSERT INTO legacy_key_threads (thread_id) SELECT DISTINCT thread_id FROM effects;
     """,
 ]

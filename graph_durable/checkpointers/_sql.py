@@ -58,10 +58,17 @@ DELETE_THREAD_LEDGER: tuple[str, ...] = (
     "DELETE FROM effect_events WHERE thread_id = ?",
     "DELETE FROM thread_flow_versions WHERE thread_id = ?",
     "DELETE FROM thread_origins WHERE thread_id = ?",
+    "DELETE FROM legacy_key_threads WHERE thread_id = ?",
 )
 # Keys are derived from a thread's origin: the thread itself, or for a copy, the thread
 # its history came from (transitively), so the copy finds its source's effects.
 SELECT_ORIGIN = "SELECT origin_thread_id FROM thread_origins WHERE thread_id = ?"
+# The key thread, and whether effects of its family may carry legacy keys (migration 3).
+SELECT_KEYING = (
+    "SELECT k.key_thread, EXISTS (SELECT 1 FROM legacy_key_threads l "
+    "WHERE l.thread_id IN (?, k.key_thread)) FROM (SELECT COALESCE((SELECT origin_thread_id "
+    "FROM thread_origins WHERE thread_id = ?), ?) AS key_thread) k"
+)
 ORIGIN_OF_COPY = (
     "COALESCE((SELECT origin_thread_id FROM thread_origins WHERE thread_id = ?), ?)"
 )
@@ -251,6 +258,38 @@ def plan_intent(
              now, *actor),
         ),
     ], record
+
+
+def plan_inherit(
+    *, key: str, thread_id: str, checkpoint_ns: str, now: float,
+    actor: tuple[str | None, int | None],
+) -> tuple[Statement, Statement]:
+    """Take over the effect a thread of the same family (a copy, or the thread a copy
+    came from) already recorded under `key`; run before `plan_intent`'s insert.
+
+    Keys embed the key thread, so a row with this key in another thread is the same
+    requested call, claimed there: the claim gets that row's status, receipt and
+    stored result, and resumes it (a receipt is replayed; an outcome not known yet is
+    reconciled), so the call is sent at most once across a thread and its copies.
+    Decisions are not inherited: a question is answered in the thread that asks it.
+    The insert changes no row when no other thread holds the key.
+    """
+    insert = (
+        "INSERT OR IGNORE INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, "
+        "args, status, receipt, result_type, result, error, attempts, asked, created_at, "
+        "updated_at) SELECT ?, key, ?, tool_call_id, tool, args, status, receipt, result_type, "
+        "result, error, attempts, 0, ?, ? FROM effects WHERE key = ? AND thread_id <> ? "
+        "ORDER BY created_at LIMIT 1",
+        (thread_id, checkpoint_ns, now, now, key, thread_id),
+    )
+    event = (
+        "INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token) "
+        "SELECT key, thread_id, 'intent', '{\"inherited\": true, \"status\": \"' || status "
+        "|| '\", \"tool\": \"' || tool || '\"}', ?, ?, ? FROM effects "
+        "WHERE thread_id = ? AND key = ?",
+        (now, *actor, thread_id, key),
+    )
+    return insert, event
 
 
 def refusal(

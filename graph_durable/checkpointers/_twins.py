@@ -139,6 +139,10 @@ class AsyncFromSync:
         """Async `key_thread`."""
         return self.key_thread(thread_id)
 
+    async def akeying(self, thread_id: str) -> tuple[str, bool]:
+        """Async `keying`."""
+        return self.keying(thread_id)
+
     async def aclaim_many(
         self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
     ) -> list[tuple[EffectRecord, bool]]:

@@ -295,24 +295,33 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     async def akey_thread(self, thread_id: str) -> str:
         """The thread whose id keys this thread's effects: itself, or for a copy, the
         thread it was copied from (so the copy finds its source's effects)."""
-        known = self._origin_known(str(thread_id))
-        if known is not None:
-            return known
-        rows = await self._fetchall(_sql.SELECT_ORIGIN, (str(thread_id),))
-        return self._remember_origin(str(thread_id), rows[0] if rows else None)
+        return (await self.akeying(thread_id))[0]
+
+    async def akeying(self, thread_id: str) -> tuple[str, bool]:
+        """`(key_thread, legacy)`; see `DurableSqliteSaver.keying`."""
+        rows = await self._fetchall(_sql.SELECT_KEYING, self._keying_params(str(thread_id)))
+        return self._keying_of(rows)
 
     def key_thread(self, thread_id: str) -> str:
         """Sync `akey_thread`, from a thread other than the saver's event loop."""
         return self._sync(self.akey_thread(thread_id))
+
+    def keying(self, thread_id: str) -> tuple[str, bool]:
+        """Sync `akeying`, from a thread other than the saver's event loop."""
+        return self._sync(self.akeying(thread_id))
 
     async def _apply_one_txn(
         self, cur: aiosqlite.Cursor, one: IntentWrite | TransitionWrite,
         actor: tuple[str | None, int | None],
     ) -> EffectRecord:
         if isinstance(one, IntentWrite):
-            plan, record = self._plan_intent(one, actor)
-            (insert, params), event = plan
-            await cur.execute(insert, params)
+            (inherit, inherited), (insert, event), record = self._plan_intent(one, actor)
+            await cur.execute(*inherit)
+            if cur.rowcount == 1:
+                await cur.execute(*inherited)
+                await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
+                raise IntentExists(_sql.effect_from_row(await cur.fetchone()))
+            await cur.execute(*insert)
             if cur.rowcount == 0:
                 await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
                 raise IntentExists(_sql.effect_from_row(await cur.fetchone()))

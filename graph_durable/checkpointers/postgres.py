@@ -383,7 +383,11 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         actor: tuple[str | None, int | None],
     ) -> EffectRecord:
         if isinstance(one, IntentWrite):
-            (insert, event), record = self._plan_intent(one, actor)
+            (inherit, inherited), (insert, event), record = self._plan_intent(one, actor)
+            if _run(cur, *inherit).rowcount == 1:
+                _run(cur, *inherited)
+                row = _run(cur, _sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+                raise IntentExists(_sql.effect_from_row(row))
             if _run(cur, *insert).rowcount == 0:
                 # The key is already known: the intent stands, report what is recorded.
                 row = _run(cur, _sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()

@@ -291,9 +291,12 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         actor: tuple[str | None, int | None],
     ) -> EffectRecord:
         if isinstance(one, IntentWrite):
-            plan, record = self._plan_intent(one, actor)
-            (insert, params), event = plan
-            if cur.execute(insert, params).rowcount == 0:
+            (inherit, inherited), (insert, event), record = self._plan_intent(one, actor)
+            if cur.execute(*inherit).rowcount == 1:
+                cur.execute(*inherited)
+                row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+                raise IntentExists(_sql.effect_from_row(row))
+            if cur.execute(*insert).rowcount == 0:
                 # The key is already known: the intent stands, report what is recorded.
                 row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
                 raise IntentExists(_sql.effect_from_row(row))

@@ -24,6 +24,7 @@ from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
 from graph_durable.errors import DurabilityError, NotDurableCheckpointer
 from graph_durable.leases import active_lease
 from graph_durable.ledger import EffectRecord, TransitionWrite, WriteBatch
+from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions
 from graph_durable.nodes.protocol import (
@@ -192,10 +193,12 @@ class GuardCore:
     """Routes each tool call through the ledger according to its `Effect` policy."""
 
     def __init__(
-        self, effects: Mapping[str, Effect] | None = None, default: Effect | None = None
+        self, effects: Mapping[str, Effect] | None = None, default: Effect | None = None,
+        messages_key: str = "messages",
     ) -> None:
         self.effects = dict(effects or {})
         self.default = default or Effect()
+        self.messages_key = messages_key
         self._durable_checkpoints: set[tuple[str, str, str]] = set()
         for name, policy in self.effects.items():
             if not isinstance(policy, Effect):
@@ -205,58 +208,71 @@ class GuardCore:
         """The policy of `tool` (the default for tools not named in `effects`)."""
         return self.effects.get(tool, self.default)
 
+    def _writes(self, tool_call: Mapping[str, Any], has_tool: bool) -> bool:
+        """Whether the ledger guards this call (a write to a tool the node has)."""
+        return has_tool and not self.policy_for(tool_call["name"]).read_only
+
     def _context(
-        self, tool_call: Mapping[str, Any], has_tool: bool, config: Mapping[str, Any],
-        key_thread: str | None = None,
-    ) -> tuple[_Task, CallContext] | None:
-        """The call's task and protocol context; `None` for calls the ledger skips.
+        self, task: _Task, tool_call: Mapping[str, Any], state: Any, keying: tuple[str, bool],
+    ) -> CallContext:
+        """The call's task and protocol context.
 
-        `key_thread` is the thread whose id keys the effects (`saver.key_thread`),
-        asked of the saver here when not given.
+        `keying` is `saver.keying(thread_id)`: the thread whose id keys the effects, and
+        whether the thread may hold effects under legacy keys. The key's anchor is the
+        AIMessage in `state` that requested the call (`graph_durable.nodes.anchor`).
         """
-        policy = self.policy_for(tool_call["name"])
-        if not has_tool or policy.read_only:
-            return None
-        task = _Task(config, tool_call)
-        if key_thread is None:
-            key_thread = task.saver.key_thread(task.thread_id)
-        return task, CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call), policy,
-                                 key_thread)
+        anchor = call_anchor(state, tool_call.get("id"), task.checkpoint_ns, self.messages_key)
+        return CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call),
+                                 self.policy_for(tool_call["name"]), keying[0], anchor)
 
-    async def _akey_thread(self, config: Mapping[str, Any], tool: str | None = None
-                           ) -> str | None:
-        """`saver.akey_thread` for async drivers (`None` when the ledger is not involved)."""
-        if tool is not None and self.policy_for(tool).read_only:
-            return None
-        conf = config.get("configurable", {})
-        saver = conf.get(CONFIG_KEY_CHECKPOINTER)
-        if not isinstance(saver, DurableSaverMixin):
-            return None  # _Task explains what is wrong
-        return await saver.akey_thread(str(conf.get("thread_id", "")))  # type: ignore[attr-defined]
+    @staticmethod
+    def _adopt_legacy_key(ctx: CallContext, legacy: EffectRecord | None) -> None:
+        """Key the call as before the upgrade if its effect was recorded that way."""
+        if legacy is not None:
+            ctx.key = legacy.key
+
+    def _prepare(self, request: ToolCallRequest) -> tuple[_Task, CallContext]:
+        task = _Task(_config_of(request), request.tool_call)
+        keying = task.saver.keying(task.thread_id)
+        ctx = self._context(task, request.tool_call, request.state, keying)
+        if keying[1]:
+            self._adopt_legacy_key(ctx, task.saver.effect(ctx.legacy_key(), task.thread_id))
+        return task, ctx
+
+    async def _aprepare(self, request: ToolCallRequest) -> tuple[_Task, CallContext]:
+        task = _Task(_config_of(request), request.tool_call)
+        keying = await task.saver.akeying(task.thread_id)  # type: ignore[attr-defined]
+        ctx = self._context(task, request.tool_call, request.state, keying)
+        if keying[1]:
+            self._adopt_legacy_key(
+                ctx, await task.saver.aeffect(ctx.legacy_key(), task.thread_id))  # type: ignore[attr-defined]
+        return task, ctx
 
     # -- claiming a step's calls together (before any of them runs) -----------------------
 
-    def _start(self, tool_calls: list[tuple[Mapping[str, Any], bool]],
-               config: Mapping[str, Any], key_thread: str | None = None) -> list[Started]:
-        """Run each reconcilable write call's protocol up to its claim (`before_intent`
-        included).
+    def _reconcilable_calls(self, tool_calls: list[tuple[Mapping[str, Any], bool]]
+                            ) -> list[Mapping[str, Any]]:
+        """The step's write calls to claim ahead, together.
 
         Only calls whose provider dedupes or can be asked are claimed ahead: after a
         crash, an intent for a call not sent yet costs them a lookup or a deduplicated
         re-send. A call that only a human could reconcile claims right before it is
         sent, so after a crash a human is asked only about calls that were on their way.
+        Nothing is claimed ahead when tool_call_ids repeat (each call claims on its own).
         """
         ids = [call.get("id") for call, _ in tool_calls]
         if len(set(ids)) != len(ids):
-            return []  # duplicate tool_call_ids: let each call claim on its own
+            return []
+        return [call for call, has_tool in tool_calls
+                if self._writes(call, has_tool) and self.policy_for(call["name"]).reconcilable]
+
+    def _start(self, calls: list[Mapping[str, Any]], config: Mapping[str, Any], state: Any,
+               keying: tuple[str, bool]) -> list[Started]:
+        """Run each call's protocol up to its claim (`before_intent` included)."""
         started: list[Started] = []
-        for call, has_tool in tool_calls:
-            if not self.policy_for(call["name"]).reconcilable:
-                continue
-            prepared = self._context(call, has_tool, config, key_thread)
-            if prepared is None:  # a tool the node does not have
-                continue
-            task, ctx = prepared
+        for call in calls:
+            task = _Task(config, call)
+            ctx = self._context(task, call, state, keying)
             protocol = run_call(ctx)
             op = protocol.send(None)
             assert isinstance(op, Claim), op
@@ -264,32 +280,42 @@ class GuardCore:
         return started
 
     def claim_step(
-        self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any]
+        self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any],
+        state: Any = None,
     ) -> dict[str, Started]:
         """Claim a step's reconcilable write calls in one transaction; `{tool_call_id:
         started}`.
 
-        `tool_calls` holds `(tool_call, has_tool)` pairs. Pass each `Started` to `run` as
-        `started=`: its protocol continues after the claim.
+        `tool_calls` holds `(tool_call, has_tool)` pairs, `state` the node's input state
+        (where the requesting AIMessage is). Pass each `Started` to `run` as `started=`:
+        its protocol continues after the claim.
         """
-        started = self._start(tool_calls, config)
-        if not started:
+        calls = self._reconcilable_calls(tool_calls)
+        if not calls:
             return {}
+        first = _Task(config, calls[0])
+        keying = first.saver.keying(first.thread_id)
+        if keying[1]:
+            return {}  # legacy keys are looked up call by call
+        started = self._start(calls, config, state, keying)
         task = started[0].task
         self._check_requesting_checkpoint(task, started[0].ctx.tool_call)
         return _claimed(started, task.saver.claim_many([s.claim.intent for s in started],
                                                       task.config))
 
     async def aclaim_step(
-        self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any]
+        self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any],
+        state: Any = None,
     ) -> dict[str, Started]:
         """Async `claim_step`."""
-        if not any(has_tool and self.policy_for(call["name"]).reconcilable
-                   for call, has_tool in tool_calls):
+        calls = self._reconcilable_calls(tool_calls)
+        if not calls:
             return {}
-        started = self._start(tool_calls, config, await self._akey_thread(config))
-        if not started:
+        first = _Task(config, calls[0])
+        keying = await first.saver.akeying(first.thread_id)  # type: ignore[attr-defined]
+        if keying[1]:
             return {}
+        started = self._start(calls, config, state, keying)
         task = started[0].task
         await self._acheck_requesting_checkpoint(task, started[0].ctx.tool_call)
         return _claimed(started, await task.saver.aclaim_many(
@@ -336,11 +362,9 @@ class GuardCore:
             task, ctx, protocol = started.task, started.ctx, started.protocol
             value: Any = started.claimed
         else:
-            prepared = self._context(request.tool_call, request.tool is not None,
-                                     _config_of(request))
-            if prepared is None:
+            if not self._writes(request.tool_call, request.tool is not None):
                 return execute(request)
-            task, ctx = prepared
+            task, ctx = self._prepare(request)
             self._check_requesting_checkpoint(task, request.tool_call)
             protocol = run_call(ctx)
             value = None
@@ -487,13 +511,9 @@ class GuardCore:
             task, ctx, protocol = started.task, started.ctx, started.protocol
             value: Any = started.claimed
         else:
-            config = _config_of(request)
-            key_thread = await self._akey_thread(config, request.tool_call["name"])
-            prepared = self._context(request.tool_call, request.tool is not None, config,
-                                     key_thread)
-            if prepared is None:
+            if not self._writes(request.tool_call, request.tool is not None):
                 return await execute(request)
-            task, ctx = prepared
+            task, ctx = await self._aprepare(request)
             await self._acheck_requesting_checkpoint(task, request.tool_call)
             protocol = run_call(ctx)
             value = None

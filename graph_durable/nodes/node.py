@@ -89,7 +89,7 @@ class EffectGuardNode(ToolNode):
         wrap_tool_call: ToolCallWrapper | None = None,
         awrap_tool_call: AsyncToolCallWrapper | None = None,
     ) -> None:
-        self._guard = GuardCore(effects, default)
+        self._guard = GuardCore(effects, default, messages_key=messages_key)
         self._read_only_errors = handle_tool_errors
         self._user_wrap = wrap_tool_call
         self._user_awrap = awrap_tool_call
@@ -129,7 +129,8 @@ class EffectGuardNode(ToolNode):
 
     def _func(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
         self._guard.resolve_decisions(config)
-        state = _TaskState(started=self._guard.claim_step(self._calls_of(input), config))
+        state = _TaskState(started=self._guard.claim_step(
+            self._calls_of(input), config, self._extract_state(input, config)))
         token = _TASK.set(state)
         try:
             output = super()._func(input, config, runtime)
@@ -140,8 +141,8 @@ class EffectGuardNode(ToolNode):
 
     async def _afunc(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
         await self._guard.aresolve_decisions(config)
-        state = _TaskState(
-            started=await self._guard.aclaim_step(self._calls_of(input), config))
+        state = _TaskState(started=await self._guard.aclaim_step(
+            self._calls_of(input), config, self._extract_state(input, config)))
         token = _TASK.set(state)
         try:
             output = await super()._afunc(input, config, runtime)

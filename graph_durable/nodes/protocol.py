@@ -18,7 +18,7 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolInvocationError
 
-from graph_durable.errors import NotApplied, Retryable
+from graph_durable.errors import NotApplied, Retryable, UnkeyableToolCall
 from graph_durable.ledger import (
     TERMINAL_STATUSES,
     EffectRecord,
@@ -123,16 +123,33 @@ class CallContext:
     policy: Effect
     key_thread_id: str | None = None
     """The thread whose id keys the effects: the thread, or the one it was copied from."""
+    anchor: str | None = None
+    """What the call is anchored to (`graph_durable.nodes.anchor`); the task's
+    namespace when not given."""
     key: str = field(init=False)
     args_json: str = field(init=False)
 
     def __post_init__(self) -> None:
         call = self.tool_call
+        if not isinstance(call.get("id"), str) or not call["id"]:
+            raise UnkeyableToolCall(
+                f"A call to {call.get('name')!r} in thread {self.thread_id!r} has tool_call_id "
+                f"{call.get('id')!r}; nothing was sent. The key of an effect is derived from "
+                "its tool_call_id: give every tool call a non-empty string id (chat models "
+                "do; check the code that builds the AIMessage).",
+                thread_id=self.thread_id, tool_call_id=None,
+            )
         self.key_thread_id = self.key_thread_id or self.thread_id
+        self.anchor = self.anchor or self.checkpoint_ns
         self.args_json = encode_args(call["args"], thread_id=self.thread_id,
                                      tool_call_id=call["id"], tool=call["name"])
-        self.key = key_of_encoded(self.key_thread_id, self.checkpoint_ns, call["id"],
+        self.key = key_of_encoded(self.key_thread_id, self.anchor, call["id"],
                                   call["name"], self.args_json)
+
+    def legacy_key(self) -> str:
+        """The key this call had before keys were anchored to the requesting message."""
+        return key_of_encoded(self.key_thread_id or self.thread_id, self.checkpoint_ns,
+                              self.tool_call_id, self.tool, self.args_json)
 
     @property
     def tool_call_id(self) -> str:
@@ -347,7 +364,7 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
     # edit: nothing was sent under the old key, so the edited call gets a new one.
     edited_args = dict(decision["edited_action"]["args"])
     edited_key = derive_key(thread_id=ctx.key_thread_id or ctx.thread_id,
-                            checkpoint_ns=ctx.checkpoint_ns,
+                            anchor=ctx.anchor or ctx.checkpoint_ns,
                             tool_call_id=ctx.tool_call_id, tool=ctx.tool, args=edited_args)
     _, edited = yield Write(WriteBatch(ctx.thread_id, (
         ctx.transition(record, S.SKIPPED, "resolved",

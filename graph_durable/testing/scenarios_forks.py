@@ -1,0 +1,189 @@
+"""Scenarios for fork tests: one charge, then re-running the thread from a named checkpoint.
+
+`build_charge_agent` builds a ReAct-style graph (model -> EffectGuardNode -> model) with
+one tool, `charge`, writing to a `FakeProvider` (file `<provider_dir>/charge.sqlite`).
+Its scripted model asks for the same call, with the same tool_call_id and args, in two
+turns: the first user message gets a charge then an answer, and a second user message
+gets the same call again, in a new AIMessage. The scripted AIMessages carry no ids, so
+each model turn gets its own message id (a fixed id would make the second message
+replace the first in the state).
+
+`run_fork_child` runs one invocation in a new process, like
+`graph_durable.testing.child.run_child`, with one more way to resume:
+`resume_at_checkpoint` invokes `None` with the config returned by `get_state`, which
+names the latest checkpoint id (a run that names a checkpoint id is a fork in
+LangGraph's eyes, even when it names the latest one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from typing import Any, Literal
+
+import aiosqlite
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import StructuredTool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+
+from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+from graph_durable.nodes import EffectGuardNode, current_effect
+from graph_durable.policy import Effect
+from graph_durable.testing.child import ChildResult, load_factory, summarize
+from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE, FaultPlan
+from graph_durable.testing.models import ScriptedChatModel
+from graph_durable.testing.providers import FakeProvider
+from graph_durable.testing.scenarios import EffectsAgent
+
+__all__ = [
+    "CHARGE_ARGS",
+    "CHARGE_CALL_ID",
+    "assemble_charge_agent",
+    "build_charge_agent",
+    "build_charge_agent_async",
+    "charge_script",
+    "run_fork_child",
+]
+
+CHARGE_CALL_ID = "call_charge"
+CHARGE_ARGS = {"customer": "ana", "cents": 500}
+
+ForkAction = Literal["start", "resume", "resume_at_checkpoint"]
+
+
+def charge_script() -> list[AIMessage]:
+    """Turn 0 asks for the charge, turn 1 answers; turns 2 and 3 repeat both, with the
+    same tool_call_id and args in a new AIMessage."""
+    call = {"name": "charge", "args": dict(CHARGE_ARGS), "id": CHARGE_CALL_ID}
+    return [
+        AIMessage(content="", tool_calls=[dict(call)]),
+        AIMessage(content="Charged."),
+        AIMessage(content="", tool_calls=[dict(call)]),
+        AIMessage(content="Charged again."),
+    ]
+
+
+def _policy(mode: str) -> Effect:
+    if mode == "dedupe":
+        return Effect(idempotent=True)
+    if mode == "blind":
+        return Effect()
+    raise ValueError(f"charge agent mode is 'dedupe' or 'blind', not {mode!r}")
+
+
+def assemble_charge_agent(saver: Any, provider_dir: str, mode: str) -> EffectsAgent:
+    """The charge agent on a given saver (sync or async)."""
+    os.makedirs(provider_dir, exist_ok=True)
+    provider = FakeProvider(os.path.join(provider_dir, "charge.sqlite"), mode,  # type: ignore[arg-type]
+                            name="charge")
+
+    def charge(customer: str, cents: int) -> dict[str, Any]:
+        return provider.apply(current_effect().key, {"customer": customer, "cents": cents})
+
+    async def acharge(customer: str, cents: int) -> dict[str, Any]:
+        return provider.apply(current_effect().key, {"customer": customer, "cents": cents})
+
+    tool = StructuredTool.from_function(charge, coroutine=acharge, name="charge",
+                                        description="Charge a customer.")
+    model = ScriptedChatModel(script=charge_script())
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    async def aagent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    is_async = isinstance(saver, AsyncDurableSqliteSaver)
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", aagent if is_async else agent)
+    builder.add_node("tools", EffectGuardNode([tool], effects={"charge": _policy(mode)}))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return EffectsAgent(graph=builder.compile(checkpointer=saver), saver=saver,
+                        providers={"charge": provider},
+                        inputs={"messages": [HumanMessage("Charge Ana 5 EUR.")]})
+
+
+def build_charge_agent(db_path: str, provider_dir: str, mode: str = "blind") -> EffectsAgent:
+    """The charge agent on a `DurableSqliteSaver` at `db_path`.
+
+    Args:
+        db_path: The agent's SQLite database (checkpoints and ledger).
+        provider_dir: Folder of the provider's database (`charge.sqlite`).
+        mode: `blind` (`Effect()`, no dedupe, no lookup) or `dedupe` (`Effect(idempotent=True)`).
+    """
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    return assemble_charge_agent(saver, provider_dir, mode)
+
+
+async def build_charge_agent_async(db_path: str, provider_dir: str,
+                                   mode: str = "blind") -> EffectsAgent:
+    """`build_charge_agent` on an `AsyncDurableSqliteSaver` (close `saver.conn` after)."""
+    saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path))
+    return assemble_charge_agent(saver, provider_dir, mode)
+
+
+# -- child process -----------------------------------------------------------------------
+
+
+def run_fork_child(
+    factory: str,
+    kwargs: dict[str, Any],
+    *,
+    thread_id: str,
+    action: ForkAction = "start",
+    fault: FaultPlan | None = None,
+    timeout: float = 60.0,
+) -> ChildResult:
+    """Run one invocation of a sync scenario's graph in a new process and wait for it.
+
+    Args:
+        factory: `module:attribute` of the scenario factory.
+        kwargs: JSON-serializable keyword arguments for the factory.
+        thread_id: Thread to run.
+        action: `start` (invoke the inputs), `resume` (invoke `None` with the plain
+            thread config) or `resume_at_checkpoint` (invoke `None` with
+            `graph.get_state(config).config`, which names the latest checkpoint id).
+        fault: A plan that kills the child at a fault point.
+        timeout: Seconds before the child is killed and the run reported as an error.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_FAULTS, ENV_TRACE)}
+    if fault is not None:
+        env.update(fault.to_env())
+    spec = {"factory": factory, "kwargs": kwargs, "thread_id": thread_id, "action": action}
+    proc = subprocess.run(
+        [sys.executable, "-c", "from graph_durable.testing.scenarios_forks import main; main()",
+         json.dumps(spec)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout,
+    )
+    killed = proc.returncode == -signal.SIGKILL
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise RuntimeError(f"fork child of {factory} (thread {thread_id!r}, {action}) failed "
+                           f"with exit code {proc.returncode}:\n{proc.stderr[-4000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    summary: dict[str, Any] = json.loads(lines[-1]) if lines else {}
+    return ChildResult(proc.returncode, killed, summary, proc.stderr)
+
+
+def main() -> None:
+    """Child entry point of `run_fork_child` (the spec is the last argument, as JSON)."""
+    spec = json.loads(sys.argv[-1])
+    scenario = load_factory(spec["factory"])(**spec["kwargs"])
+    graph = scenario.graph
+    config = {"configurable": {"thread_id": spec["thread_id"]}}
+    if spec["action"] == "start":
+        graph.invoke(scenario.inputs, config, durability="sync")
+    elif spec["action"] == "resume":
+        graph.invoke(None, config, durability="sync")
+    elif spec["action"] == "resume_at_checkpoint":
+        graph.invoke(None, graph.get_state(config).config, durability="sync")
+    else:
+        raise ValueError(f"unknown action {spec['action']!r}")
+    print(json.dumps(summarize(graph.get_state(config)), default=str), flush=True)
