@@ -133,6 +133,12 @@ def match_decisions(
             f"Resume value {resume!r} is neither a decision nor a mapping "
             "{tool_call_id: decision}", None, thread_id,
         )
+    not_ids = [name for name in resume if not isinstance(name, str)]
+    if not_ids:
+        raise _invalid(
+            f"Decisions must be keyed by tool_call_id (a string); got keys {not_ids!r}; "
+            f"pending: {sorted(by_call)}", None, thread_id,
+        )
     unknown = sorted(set(resume) - set(by_call))
     if unknown:
         raise _invalid(

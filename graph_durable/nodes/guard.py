@@ -7,6 +7,7 @@ and the task-level step that turns a resume value into journaled decisions.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import inspect
 import threading
@@ -200,6 +201,12 @@ class GuardCore:
         self.default = default or Effect()
         self.messages_key = messages_key
         self._durable_checkpoints: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
+        # Sync attempts abandoned after their timeout, by (thread_id, key).
+        self._abandoned: dict[tuple[str, str], threading.Thread] = {}
+        # Calls running now, by (thread_id, key): a second copy of the same call in
+        # one step waits for the first and gets its answer (see `_once`).
+        self._running: dict[tuple[str, str], concurrent.futures.Future[Any]] = {}
         for name, policy in self.effects.items():
             if not isinstance(policy, Effect):
                 raise TypeError(f"effects[{name!r}] must be an Effect, got {policy!r}")
@@ -368,11 +375,26 @@ class GuardCore:
             self._check_requesting_checkpoint(task, request.tool_call)
             protocol = run_call(ctx)
             value = None
+        running, leader = self._lead(task, ctx)
+        if not leader:
+            protocol.close()
+            return _same_answer(running.result())
+        try:
+            result = self._drive(task, ctx, request, execute, on_ask, protocol, value)
+        except BaseException as exc:
+            self._settle(task, ctx, running, error=exc)
+            raise
+        self._settle(task, ctx, running, result=result)
+        return result
+
+    def _drive(self, task: _Task, ctx: CallContext, request: ToolCallRequest,
+               execute: Callable[[ToolCallRequest], ToolResult], on_ask: OnAsk,
+               protocol: Protocol, value: Any) -> ToolResult:
         while True:
             try:
                 op = protocol.send(value)
             except StopIteration as done:
-                return done.value
+                return done.value  # type: ignore[no-any-return]
             if isinstance(op, Read):
                 value = getattr(task.saver, op.name)(*op.args)
             elif isinstance(op, Claim):
@@ -388,15 +410,60 @@ class GuardCore:
             else:
                 value = on_ask(op, interrupt_id_for(task.checkpoint_ns))
 
+    # -- the same call twice in one step: run once, answer both ---------------------------
+
+    def _lead(self, task: _Task, ctx: CallContext) -> tuple[concurrent.futures.Future[Any], bool]:
+        """`(running, leader)`: the future of the call with this key running now in this
+        process, and whether this caller runs it (else it waits for its answer).
+
+        A model may repeat a tool call, same id and same args, in one AIMessage: one
+        requested call, one key, so one effect, and both calls get its answer.
+        """
+        slot = (task.thread_id, ctx.key)
+        with self._lock:
+            running = self._running.get(slot)
+            if running is not None:
+                return running, False
+            running = self._running[slot] = concurrent.futures.Future()
+            return running, True
+
+    def _settle(self, task: _Task, ctx: CallContext, running: concurrent.futures.Future[Any],
+                result: Any = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._running.pop((task.thread_id, ctx.key), None)
+        if error is not None:
+            running.set_exception(error)
+        else:
+            running.set_result(result)
+
+    # A run that names a checkpoint id (time travel, `get_state().config`) first writes
+    # a fork checkpoint, and LangGraph saves it in the background while the first step
+    # already runs, even with durability="sync"; such a save is waited for this long.
+    FORK_SAVE_WAIT = 5.0
+
     def _check_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any]) -> None:
         where = self._checkpoint_to_verify(task)
-        if where is not None:
-            self._verified(task, call, where, task.saver.checkpoint_exists(*where))
+        if where is None:
+            return
+        stored = task.saver.checkpoint_exists(*where)
+        deadline, pause = time.monotonic() + self.FORK_SAVE_WAIT, 0.005
+        while not stored and time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+            stored = task.saver.checkpoint_exists(*where)
+        self._verified(task, call, where, stored)
 
     async def _acheck_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any]) -> None:
         where = self._checkpoint_to_verify(task)
-        if where is not None:
-            self._verified(task, call, where, await task.saver.acheckpoint_exists(*where))
+        if where is None:
+            return
+        stored = await task.saver.acheckpoint_exists(*where)
+        deadline, pause = time.monotonic() + self.FORK_SAVE_WAIT, 0.005
+        while not stored and time.monotonic() < deadline:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.1)
+            stored = await task.saver.acheckpoint_exists(*where)
+        self._verified(task, call, where, stored)
 
     def _checkpoint_to_verify(self, task: _Task) -> tuple[str, str, str] | None:
         """The checkpoint the task runs from, unless already known to be stored."""
@@ -442,6 +509,9 @@ class GuardCore:
         op: CallTool,
     ) -> Outcome:
         self._check_lease(task)
+        still_running = self._still_running(task, op)
+        if still_running is not None:
+            return still_running
         call_request = self._edited(request, op)
         effect = self._effect_context(task, op)
 
@@ -475,6 +545,8 @@ class GuardCore:
         worker.start()
         worker.join(timeout)
         if worker.is_alive():
+            with self._lock:
+                self._abandoned[(task.thread_id, op.record.key)] = worker
             return Outcome(timed_out=True)
         error = box.get("error")
         if isinstance(error, GraphBubbleUp) or (
@@ -482,6 +554,21 @@ class GuardCore:
         ):
             raise error
         return Outcome(value=box.get("value"), error=error)
+
+    def _still_running(self, task: _Task, op: CallTool) -> Outcome | None:
+        """Refuse to send while an attempt abandoned after its timeout still runs here."""
+        slot = (task.thread_id, op.record.key)
+        with self._lock:
+            worker = self._abandoned.get(slot)
+            if worker is not None and not worker.is_alive():
+                del self._abandoned[slot]
+                worker = None
+        if worker is None:
+            return None
+        return Outcome(outstanding=True, error=RuntimeError(
+            f"an earlier attempt of tool call {op.record.tool_call_id!r} ({op.record.tool}), "
+            "abandoned after its timeout, is still running in this process and may still "
+            "land; not sent again. Decide once it has ended, or mark it applied or skip it"))
 
     def _lookup(self, ctx: CallContext, op: Lookup) -> Outcome:
         lookup = ctx.policy.lookup
@@ -517,11 +604,26 @@ class GuardCore:
             await self._acheck_requesting_checkpoint(task, request.tool_call)
             protocol = run_call(ctx)
             value = None
+        running, leader = self._lead(task, ctx)
+        if not leader:
+            protocol.close()
+            return _same_answer(await asyncio.wrap_future(running))
+        try:
+            result = await self._adrive(task, ctx, request, execute, on_ask, protocol, value)
+        except BaseException as exc:
+            self._settle(task, ctx, running, error=exc)
+            raise
+        self._settle(task, ctx, running, result=result)
+        return result
+
+    async def _adrive(self, task: _Task, ctx: CallContext, request: ToolCallRequest,
+                      execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
+                      on_ask: OnAsk, protocol: Protocol, value: Any) -> ToolResult:
         while True:
             try:
                 op = protocol.send(value)
             except StopIteration as done:
-                return done.value
+                return done.value  # type: ignore[no-any-return]
             if isinstance(op, Read):
                 value = await getattr(task.saver, "a" + op.name)(*op.args)
             elif isinstance(op, Claim):
@@ -573,6 +675,11 @@ class GuardCore:
         except Exception as exc:
             return Outcome(error=exc)
         return Outcome(value=found)
+
+
+def _same_answer(result: Any) -> Any:
+    """The answer of a call's first copy, for a second copy of it."""
+    return result.model_copy() if isinstance(result, ToolMessage) else result
 
 
 def raise_interrupts(asks: list[tuple[Ask, str]]) -> None:

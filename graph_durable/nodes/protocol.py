@@ -111,6 +111,10 @@ class Outcome:
     value: Any = None
     error: BaseException | None = None
     timed_out: bool = False
+    outstanding: bool = False
+    """An earlier attempt of this process may still land (it timed out, or is still
+    running): nothing may be sent again until a lookup finds the effect or a human
+    decides, since a lookup's "absent" is not conclusive while an attempt is out."""
 
 
 @dataclass
@@ -202,7 +206,8 @@ def _note_edit(result: Any, args: dict[str, Any]) -> Any:
 
 def _error_text(outcome: Outcome, timeout: float | None) -> str:
     if outcome.timed_out:
-        return f"no answer within {timeout} s (timeout)"
+        return (f"no answer within {timeout} s (timeout); the attempt may still land, so "
+                "nothing is sent again until the effect is found or a human decides")
     error = outcome.error
     return f"{type(error).__name__}: {error}"
 
@@ -293,7 +298,8 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
             return message
         [record] = yield Write(ctx.transition(
             record, S.UNKNOWN, "unknown", error=_error_text(outcome, ctx.policy.timeout)))
-        return (yield from _reconcile(ctx, record, may_resend=may_resend))
+        return (yield from _reconcile(
+            ctx, record, may_resend=may_resend and not (outcome.timed_out or outcome.outstanding)))
 
 
 def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protocol:
@@ -342,6 +348,8 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
     kind = decision["type"]
     data = {"decision": kind, **({"reviewer": decision["reviewer"]} if "reviewer" in decision
                                  else {})}
+    if kind == "edit" and dict(decision["edited_action"]["args"]) == record.args:
+        kind = "approve"  # an edit form submitted unchanged approves the call as asked
     if kind in ("approve", "retry"):
         [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt",
                                               bump_attempts=True, decision=None, data=data))
