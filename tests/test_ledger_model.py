@@ -7,7 +7,7 @@ import pytest
 from graph_durable.errors import UnkeyableToolCall
 from graph_durable.ledger import EffectStatus, derive_key
 
-BASE = {"thread_id": "t", "checkpoint_ns": "tools:1", "tool_call_id": "c1", "tool": "pay",
+BASE = {"thread_id": "t", "anchor": "msg:m1", "tool_call_id": "c1", "tool": "pay",
         "args": {"cents": 5, "to": "ana"}}
 
 
@@ -16,7 +16,7 @@ def test_key_is_stable_and_ignores_argument_order() -> None:
 
 
 @pytest.mark.parametrize("change", [
-    {"thread_id": "u"}, {"checkpoint_ns": "tools:2"}, {"tool_call_id": "c2"},
+    {"thread_id": "u"}, {"anchor": "msg:m2"}, {"tool_call_id": "c2"},
     {"tool": "refund"}, {"args": {"cents": 6, "to": "ana"}},
 ])
 def test_key_changes_with_every_part(change) -> None:

@@ -350,6 +350,16 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
                                  else {})}
     if kind == "edit" and dict(decision["edited_action"]["args"]) == record.args:
         kind = "approve"  # an edit form submitted unchanged approves the call as asked
+    if kind == "retry" and ctx.policy.lookup is not None:
+        # A lookup is cheap and conclusive now that no attempt is out: a late landing of
+        # an earlier attempt is found, not sent again.
+        found = yield Lookup(record.key)
+        if found.error is None and found.value is not None:
+            message = ctx.message(found.value)
+            yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
+                                       receipt=found.value, result=message, decision=None,
+                                       data={**data, "source": "lookup"}))
+            return message
     if kind in ("approve", "retry"):
         [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt",
                                               bump_attempts=True, decision=None, data=data))

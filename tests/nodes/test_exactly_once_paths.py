@@ -157,10 +157,11 @@ def test_a_timeout_with_a_lookup_never_sends_while_the_attempt_may_land(db, tmp_
 
     @tool
     def charge(cents: int) -> str:
-        """Charge, slowly."""
-        key = current_effect().key
-        time.sleep(1.0)
-        return f"charged {provider.apply(key, {'cents': cents})['id']}"
+        """Charge; the first attempt is slow and lands after the guard gave up."""
+        effect = current_effect()
+        if effect.attempt == 1:
+            time.sleep(1.0)
+        return f"charged {provider.apply(effect.key, {'cents': cents})['id']}"
 
     graph = build(saver, [charge], {"charge": Effect(lookup=provider.find, timeout=0.3)},
                   call("charge", {"cents": 5}))
@@ -172,10 +173,12 @@ def test_a_timeout_with_a_lookup_never_sends_while_the_attempt_may_land(db, tmp_
     result = graph.invoke(Command(resume={"type": "retry"}), CONFIG, durability="sync")
     assert "still running" in result["__interrupt__"][0].value["error"]
     time.sleep(1.2)
-    assert provider.count() == 1
+    assert provider.count() == 1  # the abandoned attempt landed
     result = graph.invoke(Command(resume={"type": "retry"}), CONFIG, durability="sync")
     assert result["messages"][-1].content == "done"
-    assert provider.count() == 1  # the retry looked the key up before sending
+    assert provider.count() == 1 and len(provider.requests()) == 1
+    receipt = [e for e in saver.events("t") if e.kind == "receipt"]
+    assert receipt[0].data["source"] == "lookup"  # the retry looked the key up first
 
 
 async def test_async_timeout_with_a_lookup_does_not_resend(tmp_path) -> None:
