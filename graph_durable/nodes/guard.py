@@ -46,6 +46,7 @@ from graph_durable.faults import fault_point
 
 __all__ = [
     "GuardCore",
+    "withdrawal",
     "OnAsk",
     "Started",
     "interrupt_id_for",
@@ -53,9 +54,15 @@ __all__ = [
     "raise_interrupts",
 ]
 
+# LangGraph internals the guard reads, each pinned by tests/nodes/test_langgraph_internals.py:
+# the task's saver (to write the ledger beside the checkpoints), its durability mode (the
+# durability barrier), its scratchpad and resume map (to validate an answer before
+# LangGraph stores it), the checkpoint it runs from, and `_interrupt_id` (the id
+# LangGraph gives a task's interrupts, so answers keyed by it reach the guard).
 CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
 CONFIG_KEY_DURABILITY = "__pregel_durability"
 CONFIG_KEY_SCRATCHPAD = "__pregel_scratchpad"
+CONFIG_KEY_RESUME_MAP = "__pregel_resume_map"
 CONFIG_KEY_CHECKPOINT_MAP = "checkpoint_map"
 
 OnAsk = Callable[[Ask, str], Any]
@@ -70,17 +77,30 @@ def interrupt_id_for(checkpoint_ns: str) -> str:
 
 
 def _peek_resume(conf: Mapping[str, Any]) -> Any:
-    """The resume value offered to this task, read without consuming it.
+    """The resume value offered to this task's guard, read without consuming it.
 
     LangGraph stores a resume value once `interrupt()` returns it, so a value that turns
     out malformed would be replayed forever. Peeking lets the guard validate first.
+
+    The task's `scratchpad.resume` also holds the answers its tools' own `interrupt()`
+    calls already got (stored by LangGraph); those are the tools', never the guard's.
+    The guard's value is the bare resume value, or the one this run's resume map
+    addressed to the task (LangGraph appends it last).
     """
     scratchpad = conf.get(CONFIG_KEY_SCRATCHPAD)
     if scratchpad is None:
         return None
-    if scratchpad.resume:
-        return scratchpad.resume[0]
-    return scratchpad.get_null_resume(False)
+    bare = scratchpad.get_null_resume(False)
+    if bare is not None:
+        return bare
+    resume_map = conf.get(CONFIG_KEY_RESUME_MAP)
+    if not scratchpad.resume or not resume_map:
+        return None
+    last = scratchpad.resume[-1]
+    ns = str(conf.get("checkpoint_ns", ""))
+    addressed = (resume_map.get(_interrupt_id(ns, len(scratchpad.resume) - 1)),
+                 resume_map.get(_interrupt_id(ns, 0)))
+    return last if any(last is value for value in addressed) else None
 
 
 def _config_of(request: ToolCallRequest) -> Mapping[str, Any]:
@@ -210,6 +230,11 @@ class GuardCore:
         for name, policy in self.effects.items():
             if not isinstance(policy, Effect):
                 raise TypeError(f"effects[{name!r}] must be an Effect, got {policy!r}")
+
+    @staticmethod
+    def task_saver(config: Mapping[str, Any]) -> Any:
+        """The durable saver of the task `config` belongs to."""
+        return _Task(config, {}).saver
 
     def policy_for(self, tool: str) -> Effect:
         """The policy of `tool` (the default for tools not named in `effects`)."""
@@ -526,6 +551,8 @@ class GuardCore:
         if timeout is None:
             try:
                 return Outcome(value=call())
+            except GraphInterrupt as paused:
+                return Outcome(paused=paused)
             except GraphBubbleUp:
                 raise
             except Exception as exc:
@@ -549,6 +576,8 @@ class GuardCore:
                 self._abandoned[(task.thread_id, op.record.key)] = worker
             return Outcome(timed_out=True)
         error = box.get("error")
+        if isinstance(error, GraphInterrupt):
+            return Outcome(paused=error)
         if isinstance(error, GraphBubbleUp) or (
             error is not None and not isinstance(error, Exception)
         ):
@@ -658,6 +687,8 @@ class GuardCore:
             )
         except asyncio.TimeoutError:
             return Outcome(timed_out=True)
+        except GraphInterrupt as paused:
+            return Outcome(paused=paused)
         except GraphBubbleUp:
             raise
         except Exception as exc:
@@ -675,6 +706,22 @@ class GuardCore:
         except Exception as exc:
             return Outcome(error=exc)
         return Outcome(value=found)
+
+
+def withdrawal(asks: list[tuple[Ask, str]]) -> WriteBatch | None:
+    """Unask the questions of a task that a tool's own interrupt cut short.
+
+    A task raises one interrupt at a time: the tool's goes out alone, and the guard's
+    questions are asked again when the task runs after the tool's answer.
+    """
+    if not asks:
+        return None
+    thread_id = asks[0][0].record.thread_id
+    return WriteBatch(thread_id, tuple(
+        TransitionWrite(thread_id=thread_id, key=ask.record.key, to=ask.record.status,
+                        kind="withdrawn", asked=False,
+                        data={"reason": "a tool of the same step asked its own question"})
+        for ask, _ in asks))
 
 
 def _same_answer(result: Any) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.errors import GraphBubbleUp
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import (
     AsyncToolCallWrapper,
@@ -26,6 +26,7 @@ from graph_durable.nodes.guard import (
     Started,
     pending_placeholder,
     raise_interrupts,
+    withdrawal,
 )
 from graph_durable.nodes.protocol import Ask
 from graph_durable.policy import Effect
@@ -134,6 +135,11 @@ class EffectGuardNode(ToolNode):
         token = _TASK.set(state)
         try:
             output = super()._func(input, config, runtime)
+        except GraphInterrupt:
+            unask = withdrawal(state.asks)
+            if unask is not None:
+                self._guard.task_saver(config).apply(unask, config)
+            raise
         finally:
             _TASK.reset(token)
         raise_interrupts(state.asks)
@@ -146,6 +152,11 @@ class EffectGuardNode(ToolNode):
         token = _TASK.set(state)
         try:
             output = await super()._afunc(input, config, runtime)
+        except GraphInterrupt:
+            unask = withdrawal(state.asks)
+            if unask is not None:
+                await self._guard.task_saver(config).aapply(unask, config)
+            raise
         finally:
             _TASK.reset(token)
         raise_interrupts(state.asks)

@@ -111,6 +111,9 @@ class Outcome:
     value: Any = None
     error: BaseException | None = None
     timed_out: bool = False
+    paused: BaseException | None = None
+    """The tool asked a question of its own (LangGraph's `interrupt()`) before applying
+    anything; re-raised once journaled, and the tool is called again with the answer."""
     outstanding: bool = False
     """An earlier attempt of this process may still land (it timed out, or is still
     running): nothing may be sent again until a lookup finds the effect or a human
@@ -259,6 +262,11 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
     """Call the tool with the record's key; retry `Retryable`; classify the outcome."""
     while True:
         outcome = yield CallTool(record, args=record.args)
+        if outcome.paused is not None:
+            yield Write(ctx.transition(
+                record, S.IN_FLIGHT, "paused", decision={"type": "resume_tool"},
+                data={"reason": "the tool paused on its own interrupt before applying anything"}))
+            raise outcome.paused
         error = outcome.error
         if not outcome.timed_out and error is None:
             result = outcome.value
@@ -350,6 +358,13 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
                                  else {})}
     if kind == "edit" and dict(decision["edited_action"]["args"]) == record.args:
         kind = "approve"  # an edit form submitted unchanged approves the call as asked
+    if kind == "resume_tool":
+        # The tool paused on its own question; LangGraph hands it the answer when it is
+        # called again. Clearing the mark first means a crash from here on is an
+        # ordinary in-flight effect, reconciled, never silently sent twice.
+        [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt", decision=None,
+                                              data={"reason": "resume the paused tool"}))
+        return (yield from _send(ctx, record, may_resend=False))
     if kind == "retry" and ctx.policy.lookup is not None:
         # A lookup is cheap and conclusive now that no attempt is out: a late landing of
         # an earlier attempt is found, not sent again.
