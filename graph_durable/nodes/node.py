@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -43,6 +44,15 @@ class _TaskState:
     """Questions asked by the calls, raised as one interrupt when the task ends."""
     started: dict[str, Started] = field(default_factory=dict)
     """Write calls claimed together before the task ran them, by tool_call_id."""
+    running: int = 0
+    """Async calls of the task still running (see `settled`)."""
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def settled(self, timeout: float = 30.0) -> None:
+        """Wait until the task's async calls have ended. `asyncio.gather` lets the others
+        run on when one raises; a tool's interrupt must not leave a question half-asked."""
+        if self.running:
+            await asyncio.wait_for(self.idle.wait(), timeout)
 
     def take_started(self, request: ToolCallRequest) -> Started | None:
         started = self.started.pop(request.tool_call["id"], None)
@@ -153,6 +163,7 @@ class EffectGuardNode(ToolNode):
         try:
             output = await super()._afunc(input, config, runtime)
         except GraphInterrupt:
+            await state.settled()
             unask = withdrawal(state.asks)
             if unask is not None:
                 await self._guard.task_saver(config).aapply(unask, config)
@@ -196,8 +207,17 @@ class EffectGuardNode(ToolNode):
                     raise
                 except Exception as exc:
                     return self._read_only_error(req, exc)
-            return await self._guard.arun(req, execute, self._defer_ask,
-                                           self._started(req))
+            state = _TASK.get()
+            if state is None:
+                return await self._guard.arun(req, execute, self._defer_ask, None)
+            state.running += 1
+            try:
+                return await self._guard.arun(req, execute, self._defer_ask,
+                                               state.take_started(req))
+            finally:
+                state.running -= 1
+                if not state.running:
+                    state.idle.set()
 
         if self._user_awrap is not None:
             return await self._user_awrap(request, guarded)

@@ -101,3 +101,36 @@ def test_a_tool_question_beside_an_approval_in_the_same_step(saver, tmp_path) ->
                           durability="sync")
     assert result["messages"][-1].content == "done"
     assert provider.count() == 1 and mail.count() == 1
+
+
+async def test_async_tool_question_and_an_approval_beside_it(tmp_path) -> None:
+    from graph_durable import AsyncDurableSqliteSaver
+    from tests.nodes import test_guard_async as agraph
+
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
+    mail = FakeProvider(str(tmp_path / "m.sqlite"), "blind", name="mail")
+
+    @tool
+    async def charge(cents: int) -> str:
+        """Charge after the customer confirms."""
+        if interrupt({"question": f"charge {cents} cents?"}) != "yes":
+            return "customer declined"
+        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
+
+    @tool
+    async def send(to: str) -> str:
+        """Send a mail."""
+        return f"sent {mail.apply(current_effect().key, {'to': to})['id']}"
+
+    async with AsyncDurableSqliteSaver.from_conn_string(str(tmp_path / "a.sqlite")) as saver:
+        graph = agraph.build(saver, [charge, send], {"send": Effect(approval=True)},
+                             call("charge", {"cents": 5}, "c1"), call("send", {"to": "a"}, "c2"))
+        result = await agraph.run(graph)
+        assert result["__interrupt__"][0].value == {"question": "charge 5 cents?"}
+        result = await agraph.run(graph, Command(resume="yes"))
+        assert result["__interrupt__"][0].value["tool_call_id"] == "c2"
+        result = await agraph.run(graph, Command(resume={"type": "approve"}))
+        assert result["messages"][-1].content == "done"
+        assert [e.kind for e in await saver.aevents("t", (await saver.aeffects("t"))[0].key)
+                ][:2] == ["intent", "paused"]
+    assert provider.count() == 1 and mail.count() == 1
