@@ -12,6 +12,8 @@ does not load LangGraph until something needs it.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
@@ -73,6 +75,23 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
+
+
+class _Package(types.ModuleType):
+    """The package module: `review` names the function, whatever was imported first.
+
+    Importing the submodule `graph_durable.review` (the CLI and the test kit do) makes
+    Python set the package attribute `review` to that module, which would shadow the
+    exported function of the same name; the module stays reachable in `sys.modules`.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "review" and isinstance(value, types.ModuleType):
+            value = value.review
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__() -> list[str]:

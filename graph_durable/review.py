@@ -8,6 +8,13 @@
 Decisions are matched to tool calls by tool_call_id. `command()` groups them by the
 interrupt that asked, so the same code answers a `ToolNode` that asks about several
 calls in one interrupt and a `create_agent` graph that asks once per call.
+
+Questions asked inside subgraphs are listed too: LangGraph reports a subgraph's interrupt
+on the parent's task, with the id of the task that asked (namespace
+`child:<task_id>|tools:<task_id>`), and resumes it from the parent with
+`Command(resume={interrupt_id: value})`, the command `command()` builds. Each subgraph
+keeps its own conversation, so the same tool_call_id can be pending in two of them: then
+name the question with `interrupt_id=` as well.
 """
 
 from __future__ import annotations
@@ -60,30 +67,44 @@ class Review:
     graph: Any
     config: dict[str, Any]
     pending: list[PendingItem]
-    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decisions: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """Decisions taken so far, by `(interrupt_id, tool_call_id)`."""
 
-    def _item(self, tool_call_id: str, kind: str) -> PendingItem:
-        for item in self.pending:
-            if item.tool_call_id == tool_call_id:
-                if kind not in item.allowed_decisions:
-                    raise InvalidDecision(
-                        f"Tool call {tool_call_id!r} ({item.tool}) is pending {item.kind}; it "
-                        f"accepts {list(item.allowed_decisions)}, not {kind!r}.",
-                        thread_id=self.thread_id, tool_call_id=tool_call_id,
-                    )
-                return item
-        raise InvalidDecision(
-            f"No pending decision for tool call {tool_call_id!r} in thread "
-            f"{self.thread_id!r}; pending: {[i.tool_call_id for i in self.pending]}.",
-            thread_id=self.thread_id, tool_call_id=tool_call_id,
-        )
+    def _item(self, tool_call_id: str, kind: str, interrupt_id: str | None = None
+              ) -> PendingItem:
+        found = [item for item in self.pending if item.tool_call_id == tool_call_id
+                 and interrupt_id in (None, item.interrupt_id)]
+        if not found:
+            where = "" if interrupt_id is None else f" in interrupt {interrupt_id!r}"
+            raise InvalidDecision(
+                f"No pending decision for tool call {tool_call_id!r}{where} in thread "
+                f"{self.thread_id!r}; pending: {[i.tool_call_id for i in self.pending]}.",
+                thread_id=self.thread_id, tool_call_id=tool_call_id,
+            )
+        if len(found) > 1:
+            asked = ", ".join(f"{i.interrupt_id} ({i.tool} {json.dumps(i.args, default=str)})"
+                              for i in found)
+            raise InvalidDecision(
+                f"Tool call id {tool_call_id!r} is pending in {len(found)} interrupts of thread "
+                f"{self.thread_id!r} (subgraphs keep their own tool_call_ids): {asked}. "
+                "Name the one you decide with interrupt_id=.",
+                thread_id=self.thread_id, tool_call_id=tool_call_id,
+            )
+        [item] = found
+        if kind not in item.allowed_decisions:
+            raise InvalidDecision(
+                f"Tool call {tool_call_id!r} ({item.tool}) is pending {item.kind}; it "
+                f"accepts {list(item.allowed_decisions)}, not {kind!r}.",
+                thread_id=self.thread_id, tool_call_id=tool_call_id,
+            )
+        return item
 
     def _decide(self, tool_call_id: str, decision: dict[str, Any],
-                reviewer: str | None) -> Review:
-        self._item(tool_call_id, decision["type"])
+                reviewer: str | None, interrupt_id: str | None = None) -> Review:
+        item = self._item(tool_call_id, decision["type"], interrupt_id)
         if reviewer is not None:
             decision["reviewer"] = reviewer
-        self.decisions[tool_call_id] = decision
+        self.decisions[(item.interrupt_id, item.tool_call_id)] = decision
         return self
 
     @property
@@ -91,37 +112,50 @@ class Review:
         """The reviewed thread."""
         return str(self.config["configurable"]["thread_id"])
 
-    def approve(self, tool_call_id: str, *, reviewer: str | None = None) -> Review:
+    # Every decision method takes `interrupt_id=`: needed only when the same tool_call_id
+    # is pending in several interrupts (e.g. in two subgraphs).
+
+    def approve(self, tool_call_id: str, *, reviewer: str | None = None,
+                interrupt_id: str | None = None) -> Review:
         """Send the call as requested."""
-        return self._decide(tool_call_id, {"type": "approve"}, reviewer)
+        return self._decide(tool_call_id, {"type": "approve"}, reviewer, interrupt_id)
 
     def edit(self, tool_call_id: str, args: dict[str, Any], *,
-             reviewer: str | None = None) -> Review:
+             reviewer: str | None = None, interrupt_id: str | None = None) -> Review:
         """Send the call with edited arguments (under a new key: nothing was sent)."""
-        item = self._item(tool_call_id, "edit")
+        item = self._item(tool_call_id, "edit", interrupt_id)
         action = {"name": item.tool, "args": dict(args)}
-        return self._decide(tool_call_id, {"type": "edit", "edited_action": action}, reviewer)
+        return self._decide(tool_call_id, {"type": "edit", "edited_action": action}, reviewer,
+                            item.interrupt_id)
 
-    def reject(self, tool_call_id: str, message: str, *, reviewer: str | None = None) -> Review:
+    def reject(self, tool_call_id: str, message: str, *, reviewer: str | None = None,
+               interrupt_id: str | None = None) -> Review:
         """Do not send; the model sees `message` as an error."""
-        return self._decide(tool_call_id, {"type": "reject", "message": message}, reviewer)
+        return self._decide(tool_call_id, {"type": "reject", "message": message}, reviewer,
+                            interrupt_id)
 
     def mark_applied(self, tool_call_id: str, receipt: Any, *,
-                     reviewer: str | None = None) -> Review:
+                     reviewer: str | None = None, interrupt_id: str | None = None) -> Review:
         """The effect did happen (you checked): record `receipt`, do not call again."""
-        return self._decide(tool_call_id, {"type": "applied", "receipt": receipt}, reviewer)
+        return self._decide(tool_call_id, {"type": "applied", "receipt": receipt}, reviewer,
+                            interrupt_id)
 
-    def retry(self, tool_call_id: str, *, reviewer: str | None = None) -> Review:
+    def retry(self, tool_call_id: str, *, reviewer: str | None = None,
+              interrupt_id: str | None = None) -> Review:
         """The effect did not happen (you checked): call again with the same key."""
-        return self._decide(tool_call_id, {"type": "retry"}, reviewer)
+        return self._decide(tool_call_id, {"type": "retry"}, reviewer, interrupt_id)
 
     def skip(self, tool_call_id: str, message: str = "", *,
-             reviewer: str | None = None) -> Review:
+             reviewer: str | None = None, interrupt_id: str | None = None) -> Review:
         """Give up on the effect; the model sees `message` as an error."""
-        return self._decide(tool_call_id, {"type": "skip", "message": message}, reviewer)
+        return self._decide(tool_call_id, {"type": "skip", "message": message}, reviewer,
+                            interrupt_id)
 
     def command(self) -> Command:
         """The `Command(resume=...)` carrying the decisions, grouped by interrupt.
+
+        The resume value is `{interrupt_id: {tool_call_id: decision}}`, which LangGraph
+        routes to the task that asked, in this graph or in any of its subgraphs.
 
         Raises:
             InvalidDecision: an interrupt asks about several calls and only some of
@@ -132,7 +166,9 @@ class Review:
             groups.setdefault(item.interrupt_id, []).append(item)
         resume: dict[str, dict[str, Any]] = {}
         for interrupt_id, items in groups.items():
-            decided = [i for i in items if i.tool_call_id in self.decisions]
+            chosen = {i.tool_call_id: self.decisions.get((interrupt_id, i.tool_call_id))
+                      for i in items}
+            decided = [i for i in items if chosen[i.tool_call_id] is not None]
             if not decided:
                 continue
             if len(decided) != len(items):
@@ -142,8 +178,7 @@ class Review:
                     f"{[i.tool_call_id for i in decided]} in thread {self.thread_id!r}; "
                     "decide them too.", thread_id=self.thread_id,
                 )
-            resume[interrupt_id] = {i.tool_call_id: self.decisions[i.tool_call_id]
-                                    for i in items}
+            resume[interrupt_id] = {c: d for c, d in chosen.items() if d is not None}
         if not resume:
             raise InvalidDecision(
                 f"No decisions taken for thread {self.thread_id!r}; pending: "
@@ -162,15 +197,18 @@ class Review:
     def _repr_html_(self) -> str:
         if not self.pending:
             return f"<p>Thread <code>{html.escape(self.thread_id)}</code>: nothing pending.</p>"
+        # A tool_call_id pending twice (in two subgraphs) is told apart by its interrupt.
+        repeated = len({i.tool_call_id for i in self.pending}) < len(self.pending)
         header = ("kind", "tool_call_id", "tool", "args", "attempts", "error", "allowed",
-                  "decision")
+                  "decision") + (("interrupt_id",) if repeated else ())
         rows = []
         for item in self.pending:
-            decision = self.decisions.get(item.tool_call_id)
+            decision = self.decisions.get((item.interrupt_id, item.tool_call_id))
             cells = (item.kind, item.tool_call_id, item.tool,
                      json.dumps(item.args, ensure_ascii=False, default=str), item.attempts,
                      item.error or "", ", ".join(item.allowed_decisions),
-                     json.dumps(decision, default=str) if decision else "")
+                     json.dumps(decision, default=str) if decision else "",
+                     ) + ((item.interrupt_id,) if repeated else ())
             rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
                         + "</tr>")
         head = "".join(f"<th>{h}</th>" for h in header)

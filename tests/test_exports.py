@@ -50,3 +50,13 @@ def test_importing_the_package_does_not_load_langgraph() -> None:
             "print('langgraph' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_review_is_the_function_whatever_is_imported_first() -> None:
+    import subprocess
+    import sys
+
+    code = ("import graph_durable.cli\n"
+            "from graph_durable import areview, review\n"
+            "assert callable(review) and review.__name__ == 'review', review\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
