@@ -33,6 +33,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "TransitionWrite",
     "WriteBatch",
+    "answered",
     "canonical_json",
     "derive_key",
 ]
@@ -78,6 +79,14 @@ _ALLOWED: dict[EffectStatus, frozenset[EffectStatus]] = {
 
 TERMINAL_STATUSES = frozenset({_S.APPLIED, _S.FAILED, _S.REJECTED, _S.SKIPPED})
 """Statuses whose stored result is replayed, never re-executed."""
+
+
+def answered(record: EffectRecord | None) -> bool:
+    """Whether the question an interrupt asked about `record` needs no human any more:
+    the effect is settled, or a decision was journaled and waits to be carried out
+    (a worker stopped between journaling it and acting on it; resuming acts on it)."""
+    return record is not None and (
+        record.status in TERMINAL_STATUSES or (record.decision is not None and not record.asked))
 
 
 class EffectRecord(BaseModel):
@@ -241,6 +250,9 @@ class TransitionWrite:
     result: Any | _Unset = _UNSET
     decision: dict[str, Any] | None | _Unset = _UNSET
     asked: bool | _Unset = _UNSET
+    checkpoint_ns: str | _Unset = _UNSET
+    """The task now handling the effect: a question is answered in the task that asked
+    it, which after a fork or time travel is not the task that recorded the intent."""
     defer: bool = False
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from graph_durable.errors import GraphDurableError, LeaseHeld
-from graph_durable.ledger import EffectStatus
+from graph_durable.ledger import EffectStatus, answered
 
 __all__ = ["RecoveryOutcome", "ThreadStatus", "recover", "thread_status"]
 
@@ -76,6 +76,10 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
     # Only an interrupt the checkpoint holds is pending: a worker killed between asking
     # (ledger) and interrupting (checkpoint) left an orphan that must be resumed to ask.
     interrupts = [w for w in latest.pending_writes if w[1] == INTERRUPT]
+    if interrupts and _all_answered(saver, thread_id, interrupts):
+        return ThreadStatus(thread_id, "orphaned",
+                            "its questions were answered and the decisions journaled, but its "
+                            "worker stopped before acting on them: resume it (recover)", nxt)
     asked = [r for r in saver.effects(thread_id) if r.asked] if interrupts else []
     unknown = tuple(r.tool_call_id for r in asked if r.status is EffectStatus.UNKNOWN)
     if unknown:
@@ -95,6 +99,20 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
                             f"has next steps {list(nxt)}, no pending interrupt and no live "
                             "lease: its worker stopped; resume it (recover)", nxt)
     return ThreadStatus(thread_id, "done", "ran to its end")
+
+
+def _all_answered(saver: Any, thread_id: str, interrupts: list[Any]) -> bool:
+    """Whether every pending interrupt is the guard's and each of its questions has a
+    journaled decision (any other interrupt waits for its own answer)."""
+    for write in interrupts:
+        values = write[2] if isinstance(write[2], list | tuple) else [write[2]]
+        for interrupt in values:
+            value = getattr(interrupt, "value", None)
+            if not isinstance(value, dict) or "key" not in value:
+                return False
+            if not answered(saver.effect(value["key"], thread_id)):
+                return False
+    return True
 
 
 @dataclass(frozen=True)

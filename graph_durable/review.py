@@ -28,6 +28,7 @@ from langgraph.types import Command
 
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.errors import InvalidDecision
+from graph_durable.ledger import answered
 
 __all__ = ["PendingItem", "Review", "areview", "review"]
 
@@ -224,6 +225,8 @@ def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
         if not isinstance(value, dict) or value.get("type") not in _KINDS:
             continue
         record = saver.effect(value["key"], thread_id) if saver is not None else None
+        if answered(record):
+            continue  # decided before a crash: resuming carries the decision out
         items.append(PendingItem(
             kind=_KINDS[value["type"]],
             tool_call_id=value["tool_call_id"],
@@ -259,6 +262,8 @@ async def areview(graph: Any, config: dict[str, Any]) -> Review:
     items = []
     for item in _pending_from(state, None, thread_id):
         record = await saver.aeffect(item.key, thread_id) if saver is not None else None
+        if answered(record):
+            continue
         if record is not None:
             item = PendingItem(**{**item.__dict__, "attempts": record.attempts,
                                   "error": record.error})

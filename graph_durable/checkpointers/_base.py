@@ -289,6 +289,8 @@ class DurableSaverMixin:
             )
         if write.asked is not _UNSET:
             columns["asked"] = int(write.asked)
+        if write.checkpoint_ns is not _UNSET:
+            columns["checkpoint_ns"] = write.checkpoint_ns
         return columns
 
     def _plan_update(self, write: TransitionWrite, now: float) -> _sql.Statement:

@@ -346,7 +346,8 @@ def _ask(ctx: CallContext, record: EffectRecord) -> Protocol:
         payload = approval_payload(record, ctx.policy.description)
     else:
         payload = unknown_payload(record)
-    [record] = yield Write(ctx.transition(record, record.status, "asked", asked=True))
+    [record] = yield Write(ctx.transition(record, record.status, "asked", asked=True,
+                                          checkpoint_ns=ctx.checkpoint_ns))
     return (yield Ask(record, payload))
 
 

@@ -1,0 +1,81 @@
+"""Bugs the randomized explorer (`graph_durable.testing.explorer`) found, each pinned
+by name. The seeds that found them are in the docstrings; replay one with
+`python -m graph_durable.testing.explorer --seed N --episodes 1 --paths all`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from langchain_core.messages import HumanMessage
+from langchain_core.tools import tool
+from langgraph.types import Command
+
+from graph_durable import (
+    DurableSqliteSaver,
+    Effect,
+    EffectStatus,
+    current_effect,
+    recover,
+    review,
+    thread_status,
+)
+from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
+from tests.nodes.test_guard import CONFIG, build, call
+
+
+@pytest.fixture(autouse=True)
+def _disarm():
+    yield
+    disarm()
+
+
+def _setup(tmp_path: Path, effects: dict[str, Effect]):
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
+
+    @tool
+    def charge(cents: int) -> str:
+        """Charge."""
+        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
+
+    graph = build(saver, [charge], effects, call("charge", {"cents": 5}))
+    return provider, saver, graph
+
+
+def test_decided_before_a_crash_is_orphaned_not_waiting_and_recover_finishes_it(tmp_path) -> None:
+    """Seeds 1000 and 1033: a worker killed after journaling a decision left a thread that
+    `recover` judged `waiting` (the checkpoint still holds the interrupt) and that
+    `review` listed as pending, where a new answer would be ignored."""
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    arm(FaultPlan("after_decision", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke(Command(resume={"type": "approve"}), CONFIG, durability="sync")
+    disarm()
+    assert review(graph, CONFIG).pending == []
+    status = thread_status(saver, "t")
+    assert status.status == "orphaned" and "journaled" in status.reason
+    [outcome] = recover(graph, saver, owner="sweeper")
+    assert outcome.outcome == "resumed" and outcome.status == "done"
+    assert provider.count() == 1
+    assert saver.effects("t")[0].status is EffectStatus.APPLIED
+
+
+def test_a_question_asked_in_a_fork_is_answered_in_the_fork(tmp_path) -> None:
+    """Seeds 1012 and 1020: after an `update_state` fork the tools step runs as a new
+    task; the question it asked was still filed under the old task, so answering it
+    asked the same again, forever."""
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    before_tools = next(s for s in graph.get_state_history(CONFIG) if s.next == ("tools",))
+    fork = graph.update_state(before_tools.config, None)
+    result = graph.invoke(None, fork, durability="sync")
+    [question] = result["__interrupt__"]
+    assert question.value["tool_call_id"] == "c1"
+    result = graph.invoke(Command(resume={"type": "approve"}), CONFIG, durability="sync")
+    assert "__interrupt__" not in result
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1
