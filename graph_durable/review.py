@@ -69,11 +69,13 @@ class Review:
     config: dict[str, Any]
     pending: list[PendingItem]
     decisions: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    """Decisions taken so far, by `(interrupt_id, tool_call_id)`."""
+    """Decisions taken so far, by `(interrupt_id, key)`."""
 
     def _item(self, tool_call_id: str, kind: str, interrupt_id: str | None = None
               ) -> PendingItem:
-        found = [item for item in self.pending if item.tool_call_id == tool_call_id
+        # A call is named by its tool_call_id, or by its effect key when a model gave
+        # two calls of one message the same id.
+        found = [item for item in self.pending if tool_call_id in (item.tool_call_id, item.key)
                  and interrupt_id in (None, item.interrupt_id)]
         if not found:
             where = "" if interrupt_id is None else f" in interrupt {interrupt_id!r}"
@@ -86,9 +88,10 @@ class Review:
             asked = ", ".join(f"{i.interrupt_id} ({i.tool} {json.dumps(i.args, default=str)})"
                               for i in found)
             raise InvalidDecision(
-                f"Tool call id {tool_call_id!r} is pending in {len(found)} interrupts of thread "
-                f"{self.thread_id!r} (subgraphs keep their own tool_call_ids): {asked}. "
-                "Name the one you decide with interrupt_id=.",
+                f"Tool call id {tool_call_id!r} is pending {len(found)} times in thread "
+                f"{self.thread_id!r} (subgraphs keep their own tool_call_ids, and a model may "
+                f"repeat one): {asked}. Name the one you decide with interrupt_id=, or by "
+                f"its effect key: {[i.key for i in found]}.",
                 thread_id=self.thread_id, tool_call_id=tool_call_id,
             )
         [item] = found
@@ -105,7 +108,7 @@ class Review:
         item = self._item(tool_call_id, decision["type"], interrupt_id)
         if reviewer is not None:
             decision["reviewer"] = reviewer
-        self.decisions[(item.interrupt_id, item.tool_call_id)] = decision
+        self.decisions[(item.interrupt_id, item.key)] = decision
         return self
 
     @property
@@ -167,9 +170,11 @@ class Review:
             groups.setdefault(item.interrupt_id, []).append(item)
         resume: dict[str, dict[str, Any]] = {}
         for interrupt_id, items in groups.items():
-            chosen = {i.tool_call_id: self.decisions.get((interrupt_id, i.tool_call_id))
-                      for i in items}
-            decided = [i for i in items if chosen[i.tool_call_id] is not None]
+            ids = [i.tool_call_id for i in items]
+            # Name each call by its tool_call_id, or by its key where the id repeats.
+            chosen = {(i.tool_call_id if ids.count(i.tool_call_id) == 1 else i.key):
+                      self.decisions.get((interrupt_id, i.key)) for i in items}
+            decided = [i for i in items if self.decisions.get((interrupt_id, i.key))]
             if not decided:
                 continue
             if len(decided) != len(items):

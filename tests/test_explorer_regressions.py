@@ -79,3 +79,29 @@ def test_a_question_asked_in_a_fork_is_answered_in_the_fork(tmp_path) -> None:
     assert "__interrupt__" not in result
     assert result["messages"][-1].content == "done"
     assert provider.count() == 1
+
+
+def test_two_different_calls_under_one_tool_call_id_are_answered_by_key(tmp_path) -> None:
+    """Seeds 1021, 2000s: a model that gave two different calls of one message the same
+    tool_call_id left two questions no answer keyed by tool_call_id could tell apart."""
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
+
+    @tool
+    def charge(cents: int) -> str:
+        """Charge."""
+        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
+
+    graph = build(saver, [charge], {"charge": Effect(approval=True)},
+                  call("charge", {"cents": 5}, "dup"), call("charge", {"cents": 7}, "dup"))
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    r = review(graph, CONFIG)
+    assert [i.tool_call_id for i in r.pending] == ["dup", "dup"]
+    with pytest.raises(Exception, match="effect key"):
+        r.approve("dup")
+    five, seven = sorted(r.pending, key=lambda i: i.args["cents"])
+    result = r.approve(five.key).reject(seven.key, "too much").resume()
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1
+    assert sorted((rec.args["cents"], rec.status.value) for rec in saver.effects("t")) == [
+        (5, "applied"), (7, "rejected")]

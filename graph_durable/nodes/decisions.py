@@ -113,6 +113,10 @@ def match_decisions(
 ) -> dict[str, dict[str, Any]]:
     """Match a resume value to the effects a task asked about, by tool_call_id.
 
+    A mapping may also name an effect by its key: a model that gives two different
+    calls of one message the same tool_call_id leaves the key as the only name that
+    tells them apart (`review` uses it then).
+
     Returns:
         `{key: decision}` for every asked effect.
 
@@ -120,7 +124,10 @@ def match_decisions(
         InvalidDecision: a decision for an unknown tool call, a missing decision, a type
             the interrupt does not allow, or a malformed decision.
     """
-    by_call = {record.tool_call_id: record for record in asked}
+    by_call: dict[str, list[EffectRecord]] = {}
+    for record in asked:
+        by_call.setdefault(record.tool_call_id, []).append(record)
+    by_key = {record.key: record for record in asked}
     if _is_decision(resume):
         if len(asked) != 1:
             raise _invalid(
@@ -139,19 +146,28 @@ def match_decisions(
             f"Decisions must be keyed by tool_call_id (a string); got keys {not_ids!r}; "
             f"pending: {sorted(by_call)}", None, thread_id,
         )
-    unknown = sorted(set(resume) - set(by_call))
-    if unknown:
-        raise _invalid(
-            f"Decisions name tool calls that are not pending: {unknown}; pending: "
-            f"{sorted(by_call)}", None, thread_id,
-        )
-    missing = [record for record in asked if record.tool_call_id not in resume]
+    chosen: dict[str, dict[str, Any]] = {}
+    for name, decision in resume.items():
+        if name in by_key:
+            record = by_key[name]
+        elif len(by_call.get(name, ())) == 1:
+            [record] = by_call[name]
+        elif name in by_call:
+            raise _invalid(
+                f"Tool call id {name!r} names {len(by_call[name])} different pending calls "
+                f"(the model repeated the id); name each by its effect key instead: "
+                f"{[r.key for r in by_call[name]]}", by_call[name][0], thread_id,
+            )
+        else:
+            raise _invalid(
+                f"Decisions name tool calls that are not pending: {[name]}; pending: "
+                f"{sorted(by_call)}", None, thread_id,
+            )
+        chosen[record.key] = _check_shape(decision, record, thread_id)
+    missing = [record for record in asked if record.key not in chosen]
     if missing:
         raise _invalid(
             f"No decision for tool call {missing[0].tool_call_id!r} ({missing[0].tool}); "
             f"every pending call needs one: {sorted(by_call)}", missing[0], thread_id,
         )
-    return {
-        record.key: _check_shape(resume[record.tool_call_id], record, thread_id)
-        for record in asked
-    }
+    return chosen
