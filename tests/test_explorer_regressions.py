@@ -105,3 +105,19 @@ def test_two_different_calls_under_one_tool_call_id_are_answered_by_key(tmp_path
     assert provider.count() == 1
     assert sorted((rec.args["cents"], rec.status.value) for rec in saver.effects("t")) == [
         (5, "applied"), (7, "rejected")]
+
+
+def test_a_call_approved_in_a_copy_and_in_its_source_is_sent_once(tmp_path) -> None:
+    """Seeds 14004, 14085 (`copy_both`): a copy taken while a blind call awaited approval;
+    approving it in both threads sent it twice."""
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    saver.copy_thread("t", "fork")
+    fork = {"configurable": {"thread_id": "fork"}}
+    for config in (fork, CONFIG):
+        result = graph.invoke(Command(resume={"type": "approve"}), config, durability="sync")
+        assert result["messages"][-1].content == "done"
+        assert result["messages"][2].content == "charged effect-1"
+    assert provider.count() == 1 and len(provider.requests()) == 1
+    receipt = [e for e in saver.events("t") if e.kind == "receipt"][0]
+    assert receipt.data == {"source": "family", "thread": "fork", "status": "applied"}

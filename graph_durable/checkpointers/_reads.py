@@ -58,6 +58,12 @@ class SyncLedgerReads:
             rows = self._query(_sql.SELECT_EFFECT, (str(thread_id), key))
         return _sql.effect_from_row(rows[0]) if rows else None
 
+    def sent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
+        """The effect `key` as another thread of the family (a copy, or the thread a
+        copy came from) holds it once sent or on its way, or `None`."""
+        rows = self._query(_sql.SELECT_SENT_IN_FAMILY, (key, str(thread_id)))
+        return _sql.effect_from_row(rows[0]) if rows else None
+
     def effects(
         self, thread_id: str | None = None, status: EffectStatus | str | None = None
     ) -> list[EffectRecord]:

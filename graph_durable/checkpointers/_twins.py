@@ -97,6 +97,10 @@ class AsyncFromSync:
         """Async `effect`."""
         return self.effect(key, thread_id=thread_id)
 
+    async def asent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
+        """Async `sent_in_family`."""
+        return self.sent_in_family(key, thread_id)
+
     async def aeffects(
         self, thread_id: str | None = None, status: EffectStatus | str | None = None
     ) -> list[EffectRecord]:

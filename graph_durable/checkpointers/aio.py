@@ -422,6 +422,16 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             rows = await self._fetchall(_sql.SELECT_EFFECT, (str(thread_id), key))
         return _sql.effect_from_row(rows[0]) if rows else None
 
+    async def asent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
+        """The effect `key` as another thread of the family holds it once sent or on its
+        way, or `None` (see `DurableSqliteSaver.sent_in_family`)."""
+        rows = await self._fetchall(_sql.SELECT_SENT_IN_FAMILY, (key, str(thread_id)))
+        return _sql.effect_from_row(rows[0]) if rows else None
+
+    def sent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
+        """Sync `asent_in_family`, from a thread other than the saver's event loop."""
+        return self._sync(self.asent_in_family(key, thread_id))
+
     async def aeffects(
         self, thread_id: str | None = None, status: EffectStatus | str | None = None
     ) -> list[EffectRecord]:

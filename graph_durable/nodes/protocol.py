@@ -351,6 +351,22 @@ def _ask(ctx: CallContext, record: EffectRecord) -> Protocol:
     return (yield Ask(record, payload))
 
 
+def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecord,
+                       data: dict[str, Any]) -> Protocol:
+    """A decision to send a call that a copy of this thread (or its source) already sent:
+    replay its receipt, or reconcile its outcome; never send it a second time."""
+    why = {**data, "reason": f"already sent by thread {sent.thread_id!r} of the same family"}
+    [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt", decision=None,
+                                          data=why))
+    if sent.status is S.APPLIED:
+        result = yield Read("stored_result", (sent.thread_id, sent.key))
+        yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
+                                   receipt=sent.receipt, result=result,
+                                   data={"source": "family", "thread": sent.thread_id}))
+        return result
+    return (yield from _reconcile(ctx, record, may_resend=False))
+
+
 def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
     """Carry out a journaled decision (the journal entry already exists)."""
     decision = record.decision or {}
@@ -377,6 +393,9 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
                                        data={**data, "source": "lookup"}))
             return message
     if kind in ("approve", "retry"):
+        sent = yield Read("sent_in_family", (record.key, ctx.thread_id))
+        if sent is not None:
+            return (yield from _adopt_family_send(ctx, record, sent, data))
         [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt",
                                               bump_attempts=True, decision=None, data=data))
         fault_point("after_intent", tool=ctx.tool)
