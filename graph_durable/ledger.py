@@ -82,11 +82,14 @@ TERMINAL_STATUSES = frozenset({_S.APPLIED, _S.FAILED, _S.REJECTED, _S.SKIPPED})
 
 
 def answered(record: EffectRecord | None) -> bool:
-    """Whether the question an interrupt asked about `record` needs no human any more:
-    the effect is settled, or a decision was journaled and waits to be carried out
-    (a worker stopped between journaling it and acting on it; resuming acts on it)."""
-    return record is not None and (
-        record.status in TERMINAL_STATUSES or (record.decision is not None and not record.asked))
+    """Whether the question an interrupt asked about `record` needs no human any more.
+
+    A journaled decision clears `asked`, so a question is answered once its record is no
+    longer asked: the decision waits to be carried out, is being carried out, or was (a
+    worker stopped in between; resuming the thread goes on with it). A new question
+    about the same effect asks again.
+    """
+    return record is not None and not record.asked
 
 
 class EffectRecord(BaseModel):

@@ -25,6 +25,8 @@ Status = Literal["running", "waiting", "needs_human", "done", "failed", "orphane
 INTERRUPT = "__interrupt__"
 ERROR = "__error__"
 TASKS = "__pregel_tasks"
+RESUME = "__resume__"
+START = "__start__"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class ThreadStatus:
 def _next_nodes(channel_values: dict[str, Any]) -> tuple[str, ...]:
     nodes = [name.removeprefix("branch:to:") for name in channel_values
              if name.startswith("branch:to:")]
+    if START in channel_values:
+        nodes.append(START)  # the input checkpoint: killed before the first step
     if channel_values.get(TASKS):
         nodes.append("(sent tasks)")
     return tuple(sorted(nodes))
@@ -75,7 +79,10 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
                             nxt)
     # Only an interrupt the checkpoint holds is pending: a worker killed between asking
     # (ledger) and interrupting (checkpoint) left an orphan that must be resumed to ask.
-    interrupts = [w for w in latest.pending_writes if w[1] == INTERRUPT]
+    # An interrupt whose task has since written its results was answered: the worker
+    # stopped before the next checkpoint.
+    finished = {w[0] for w in latest.pending_writes if w[1] not in (INTERRUPT, RESUME, ERROR)}
+    interrupts = [w for w in latest.pending_writes if w[1] == INTERRUPT and w[0] not in finished]
     if interrupts and _all_answered(saver, thread_id, interrupts):
         return ThreadStatus(thread_id, "orphaned",
                             "its questions were answered and the decisions journaled, but its "

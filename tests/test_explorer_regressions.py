@@ -121,3 +121,44 @@ def test_a_call_approved_in_a_copy_and_in_its_source_is_sent_once(tmp_path) -> N
     assert provider.count() == 1 and len(provider.requests()) == 1
     receipt = [e for e in saver.events("t") if e.kind == "receipt"][0]
     assert receipt.data == {"source": "family", "thread": "fork", "status": "applied"}
+
+
+def test_a_thread_killed_right_after_its_input_checkpoint_is_orphaned(tmp_path) -> None:
+    """Seeds 14017, 14143 (`recover_misjudged`): the input checkpoint has no next node
+    but `__start__`, and the thread was judged done; `recover` never resumed it."""
+    provider, saver, graph = _setup(tmp_path, {})
+    arm(FaultPlan("after_put", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    disarm()
+    status = thread_status(saver, "t")
+    assert status.status == "orphaned" and status.next == ("__start__",)
+    [outcome] = recover(graph, saver, owner="sweeper")
+    assert outcome.status == "done" and provider.count() == 1
+
+
+def test_an_answered_step_whose_checkpoint_was_lost_is_orphaned(tmp_path) -> None:
+    """Seeds 12051, 14034 (`recover_misjudged`): the resumed step wrote its results, the
+    worker died before the next checkpoint, and the old interrupt (here a tool's own
+    question) made the thread look `waiting`."""
+    from langgraph.types import interrupt
+
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
+
+    @tool
+    def charge(cents: int) -> str:
+        """Charge once the customer confirms."""
+        interrupt("confirm?")
+        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
+
+    graph = build(saver, [charge], {}, call("charge", {"cents": 5}))
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    assert thread_status(saver, "t").status == "waiting"
+    arm(FaultPlan("before_put", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke(Command(resume="yes"), CONFIG, durability="sync")
+    disarm()
+    assert thread_status(saver, "t").status == "orphaned"
+    [outcome] = recover(graph, saver, owner="sweeper")
+    assert outcome.status == "done" and provider.count() == 1
