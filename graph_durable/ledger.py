@@ -81,15 +81,22 @@ TERMINAL_STATUSES = frozenset({_S.APPLIED, _S.FAILED, _S.REJECTED, _S.SKIPPED})
 """Statuses whose stored result is replayed, never re-executed."""
 
 
-def answered(record: EffectRecord | None) -> bool:
-    """Whether the question an interrupt asked about `record` needs no human any more.
+def answered(record: EffectRecord | None, asks: str | None = None) -> bool:
+    """Whether an interrupt's question about `record` needs no human any more.
 
     A journaled decision clears `asked`, so a question is answered once its record is no
     longer asked: the decision waits to be carried out, is being carried out, or was (a
-    worker stopped in between; resuming the thread goes on with it). A new question
-    about the same effect asks again.
+    worker stopped in between; resuming the thread goes on with it). `asks` is what the
+    interrupt asked (`approval` or `unknown`): a record asked about something else was
+    asked anew by a run that stopped before its interrupt was saved, so the saved
+    question is stale and resuming asks the new one.
     """
-    return record is not None and not record.asked
+    if record is None:
+        return False
+    if not record.asked:
+        return True
+    asked_now = "approval" if record.status is EffectStatus.AWAITING_APPROVAL else "unknown"
+    return asks is not None and asks != asked_now
 
 
 class EffectRecord(BaseModel):

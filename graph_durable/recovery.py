@@ -117,7 +117,8 @@ def _all_answered(saver: Any, thread_id: str, interrupts: list[Any]) -> bool:
             value = getattr(interrupt, "value", None)
             if not isinstance(value, dict) or "key" not in value:
                 return False
-            if not answered(saver.effect(value["key"], thread_id)):
+            asks = "unknown" if value.get("type") == "effect_unknown" else "approval"
+            if not answered(saver.effect(value["key"], thread_id), asks):
                 return False
     return True
 

@@ -230,7 +230,7 @@ def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
         if not isinstance(value, dict) or value.get("type") not in _KINDS:
             continue
         record = saver.effect(value["key"], thread_id) if saver is not None else None
-        if answered(record):
+        if answered(record, _KINDS[value["type"]]):
             continue  # decided before a crash: resuming carries the decision out
         items.append(PendingItem(
             kind=_KINDS[value["type"]],
@@ -267,7 +267,7 @@ async def areview(graph: Any, config: dict[str, Any]) -> Review:
     items = []
     for item in _pending_from(state, None, thread_id):
         record = await saver.aeffect(item.key, thread_id) if saver is not None else None
-        if answered(record):
+        if answered(record, item.kind):
             continue
         if record is not None:
             item = PendingItem(**{**item.__dict__, "attempts": record.attempts,

@@ -162,3 +162,76 @@ def test_an_answered_step_whose_checkpoint_was_lost_is_orphaned(tmp_path) -> Non
     assert thread_status(saver, "t").status == "orphaned"
     [outcome] = recover(graph, saver, owner="sweeper")
     assert outcome.status == "done" and provider.count() == 1
+
+
+def test_a_retry_in_a_copy_of_a_thread_that_crashed_in_flight_is_sent(tmp_path) -> None:
+    """Seed 30066: the source still held the call in flight, so every `retry` in the copy
+    was turned back into the same question."""
+    provider, saver, graph = _setup(tmp_path, {})
+    arm(FaultPlan("after_intent", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    disarm()
+    saver.copy_thread("t", "fork")
+    fork = {"configurable": {"thread_id": "fork"}}
+    [question] = graph.invoke(None, fork, durability="sync")["__interrupt__"]
+    assert question.value["type"] == "effect_unknown"
+    result = graph.invoke(Command(resume={"type": "retry"}), fork, durability="sync")
+    assert result["messages"][-1].content == "done" and provider.count() == 1
+
+
+def test_an_edit_in_the_source_of_a_copy_that_sent_the_call_sends_nothing(tmp_path) -> None:
+    """Seed 30188: the copy approved and sent the call; an edit of the same call in the
+    source sent it again under the edited arguments."""
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    saver.copy_thread("t", "fork")
+    fork = {"configurable": {"thread_id": "fork"}}
+    graph.invoke(Command(resume={"type": "approve"}), fork, durability="sync")
+    edit = {"type": "edit", "edited_action": {"name": "charge", "args": {"cents": 9}}}
+    result = graph.invoke(Command(resume=edit), CONFIG, durability="sync")
+    assert result["messages"][2].content == "charged effect-1"
+    assert provider.count() == 1
+
+
+def test_a_question_asked_anew_by_a_run_that_died_is_not_the_saved_one(tmp_path) -> None:
+    """Seed 30204: an approved call became `unknown` in a run killed before it raised its
+    interrupt; the saved approval question was taken for the new one (`needs_human`),
+    and `recover` never re-ran the step to ask it."""
+    import time as clock
+
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
+
+    @tool
+    def charge(cents: int) -> str:
+        """Charge, slowly: past its timeout."""
+        clock.sleep(0.6)
+        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
+
+    @tool
+    def book(room: str) -> str:
+        """Book, once the charge has timed out."""
+        clock.sleep(0.5)
+        return f"booked {provider.apply(current_effect().key, {'room': room})['id']}"
+
+    graph = build(saver, [charge, book], {"charge": Effect(approval=True, timeout=0.3),
+                                          "book": Effect(approval=True)},
+                  call("charge", {"cents": 5}, "c1"), call("book", {"room": "A"}, "c2"))
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    both = {"c1": {"type": "approve"}, "c2": {"type": "approve"}}
+    arm(FaultPlan("after_receipt", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke(Command(resume=both), CONFIG, durability="sync")
+    disarm()
+    assert saver.effect(review_key(saver, "c1"), "t").status is EffectStatus.UNKNOWN
+    assert thread_status(saver, "t").status == "orphaned"
+    assert review(graph, CONFIG).pending == []
+    [outcome] = recover(graph, saver, owner="sweeper")
+    assert outcome.status == "needs_human"
+    [item] = review(graph, CONFIG).pending
+    assert (item.tool_call_id, item.kind) == ("c1", "unknown")
+
+
+def review_key(saver: DurableSqliteSaver, tool_call_id: str) -> str:
+    return next(r.key for r in saver.effects("t") if r.tool_call_id == tool_call_id)

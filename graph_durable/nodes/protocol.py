@@ -392,10 +392,15 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
                                        receipt=found.value, result=message, decision=None,
                                        data={**data, "source": "lookup"}))
             return message
-    if kind in ("approve", "retry"):
+    if kind in ("approve", "edit", "retry"):
         sent = yield Read("sent_in_family", (record.key, ctx.thread_id))
-        if sent is not None:
+        # An approval or an edit assumes nothing was sent; a copy (or the source) of this
+        # thread that sent the call makes that false, so the call is not sent again, in
+        # any form. A retry answers the very doubt a sibling's open attempt raises; only
+        # a sibling's receipt still stands against it.
+        if sent is not None and (kind != "retry" or sent.status is S.APPLIED):
             return (yield from _adopt_family_send(ctx, record, sent, data))
+    if kind in ("approve", "retry"):
         [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt",
                                               bump_attempts=True, decision=None, data=data))
         fault_point("after_intent", tool=ctx.tool)
