@@ -1,5 +1,8 @@
 """Test kit shipped with graph_durable: fake providers, deterministic fault injection,
-and crash sweeps (`crash_matrix`) over a scenario's every fault point."""
+crash sweeps (`crash_matrix`) over a scenario's every fault point, and a randomized
+explorer (`explore`) of generated episodes."""
+
+from typing import Any
 
 from graph_durable.testing.crash import (
     CrashPoint,
@@ -15,6 +18,7 @@ __all__ = [
     "CrashPoint",
     "CrashReport",
     "CrashRow",
+    "ExplorerReport",
     "FakeProvider",
     "FaultPlan",
     "InjectedCrash",
@@ -22,5 +26,18 @@ __all__ = [
     "crash_matrix",
     "default_resolver",
     "disarm",
+    "explore",
     "fault_point",
 ]
+
+_EXPLORER = ("ExplorerReport", "explore")
+
+
+def __getattr__(name: str) -> Any:
+    """The explorer's names, imported on first use: `python -m
+    graph_durable.testing.explorer` must find its module not yet imported."""
+    if name in _EXPLORER:
+        from graph_durable.testing import explorer
+
+        return getattr(explorer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

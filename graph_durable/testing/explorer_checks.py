@@ -1,0 +1,205 @@
+"""The explorer's invariants, checked on the provider's side, the ledger and the threads.
+
+`check_episode` reads an episode's database and provider files once every thread has
+run (or given up) and returns one line per broken invariant, each starting with its
+kind:
+
+- `DUPLICATE`: a key applied more than once at a provider, or a logical call (`item`)
+  applied more often than distinct model messages requested it. A model message asked
+  again (time travel before a model step) is a new request by design; a crash, a
+  resume, a fork or a copy of the same message is not.
+- `LEDGER`: the ledger disagrees with a provider: `applied` without the effect (or
+  with another receipt), `failed`/`rejected` (or skipped for an edit) with it, or an
+  effect no ledger knows; once every thread finished (and no fork left a branch
+  behind, whose in-flight calls nobody resumes), an effect whose ledger status is not
+  `applied` or `skipped`.
+- `EXACTLY-ONCE`: a finished thread answered a call as applied, but the provider does
+  not hold exactly one effect under the key of that answer.
+- `STRANDED`: a finished thread holds a call without an answer, or the placeholder of a
+  pending decision.
+
+`ledger_snapshot` is what must not change when a malformed decision is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections import Counter, defaultdict
+from contextlib import closing
+from typing import Any
+
+from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+from graph_durable.ledger import EffectStatus
+from graph_durable.testing.providers import FakeProvider
+
+__all__ = ["check_episode", "ledger_snapshot", "provider_effects"]
+
+S = EffectStatus
+
+
+def provider_effects(provider_dir: str, tools: dict[str, dict[str, Any]]
+                     ) -> list[dict[str, Any]]:
+    """Every effect applied at the episode's providers, with `tool` added."""
+    found = []
+    for name, spec in tools.items():
+        path = os.path.join(provider_dir, f"{name}.sqlite")
+        if spec["mode"] == "read" or not os.path.exists(path):
+            continue
+        found += [{**e, "tool": name} for e in FakeProvider(path, "lookup", name=name).effects()]
+    return found
+
+
+def ledger_snapshot(db_path: str) -> tuple[list[Any], list[Any]]:
+    """Every effect record and journal event of the database, as plain data."""
+    with closing(sqlite3.connect(db_path, check_same_thread=False)) as conn:
+        saver = DurableSqliteSaver(conn)
+        return ([r.model_dump(mode="json") for r in saver.effects()],
+                [e.model_dump(mode="json") for e in saver.events()])
+
+
+def _receipt_of(content: Any) -> Any:
+    """The provider receipt a write tool's ToolMessage carries (edit note stripped)."""
+    if not isinstance(content, str):
+        return None
+    if content.startswith("[arguments edited by reviewer:"):
+        content = content.split("] ", 1)[-1]
+    try:
+        return json.loads(content)
+    except ValueError:
+        return None
+
+
+def _requests(saver: DurableSqliteSaver, threads: list[str]) -> dict[str, set[str]]:
+    """`{item: ids of the checkpointed AIMessages requesting it}`, over every branch."""
+    requested: dict[str, set[str]] = defaultdict(set)
+    for thread_id in threads:
+        for saved in saver.list({"configurable": {"thread_id": thread_id}}):
+            for message in saved.checkpoint["channel_values"].get("messages", []):
+                for call in getattr(message, "tool_calls", None) or []:
+                    requested[str(call["args"].get("item"))].add(str(message.id))
+    return requested
+
+
+def _final_messages(saver: DurableSqliteSaver, thread_id: str) -> list[Any]:
+    latest = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+    return [] if latest is None else latest.checkpoint["channel_values"].get("messages", [])
+
+
+def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[str, Any]],
+                    by_key: dict[str, list[dict[str, Any]]], records: dict[str, Any]
+                    ) -> list[str]:
+    problems = []
+    for position, message in enumerate(messages):
+        calls = getattr(message, "tool_calls", None) or []
+        answers = []
+        for later in messages[position + 1:]:
+            if later.type != "tool":
+                break
+            answers.append(later)
+        for call in calls:
+            if tools.get(call["name"], {}).get("mode") == "read":
+                continue
+            what = f"{thread_id}: call {call['id']} ({call['name']} {call['args'].get('item')})"
+            answer = next((a for a in answers if a.tool_call_id == call["id"]
+                           and a.name in (None, call["name"])), None)
+            if answer is None:
+                problems.append(f"STRANDED {what} finished without an answer")
+                continue
+            answers.remove(answer)
+            if answer.content == "awaiting a human decision":
+                problems.append(f"STRANDED {what} finished on a pending-decision placeholder")
+            if answer.status == "error":
+                continue
+            receipt = _receipt_of(answer.content)
+            key = receipt.get("key") if isinstance(receipt, dict) else None
+            if key is None:
+                problems.append(f"EXACTLY-ONCE {what} answered {answer.content!r}: no receipt")
+                continue
+            held = by_key.get(key, [])
+            if len(held) != 1 or held[0]["receipt"].get("id") != receipt.get("id"):
+                problems.append(f"EXACTLY-ONCE {what} answered applied under {key} "
+                                f"({receipt.get('id')}); the provider holds "
+                                f"{[e['receipt'].get('id') for e in held]} under it")
+            record = records.get(key)
+            if record is not None and record.status is not S.APPLIED:
+                problems.append(f"LEDGER {what} answered applied; its ledger status is "
+                                f"{record.status.value}")
+    return problems
+
+
+def _check_ledger(records_by_thread: dict[str, dict[str, Any]],
+                  by_key: dict[str, list[dict[str, Any]]], all_finished: bool) -> list[str]:
+    problems = []
+    for thread_id, records in records_by_thread.items():
+        for key, record in records.items():
+            what = (f"{thread_id}: {record.tool_call_id} ({record.tool} "
+                    f"{record.args.get('item')}) is {record.status.value} under {key}")
+            held = by_key.get(key, [])
+            edited = (record.decision or {}).get("edited_key")
+            if record.status is S.APPLIED:
+                receipt_id = (record.receipt.get("id") if isinstance(record.receipt, dict)
+                              else None)
+                if not held:
+                    problems.append(f"LEDGER {what}; the provider holds no effect under it")
+                elif receipt_id is not None and receipt_id != held[0]["receipt"].get("id"):
+                    problems.append(f"LEDGER {what} with receipt {receipt_id}; the provider "
+                                    f"holds {held[0]['receipt'].get('id')}")
+            elif held and (record.status in (S.FAILED, S.REJECTED) or edited) and not any(
+                    other.get(key) is not None and other[key].status is S.APPLIED
+                    for other in records_by_thread.values()):
+                # (Another thread sharing the key, a copy's origin, may have sent it since.)
+                problems.append(f"LEDGER {what}; the provider applied it "
+                                f"({held[0]['receipt'].get('id')})")
+    for key, held in by_key.items():
+        statuses = {r.status for records in records_by_thread.values()
+                    for k, r in records.items() if k == key}
+        what = f"{held[0]['tool']} applied {held[0]['operation']} under {key}"
+        if not statuses:
+            problems.append(f"LEDGER {what}; no thread's ledger knows the key")
+        elif all_finished and not statuses & {S.APPLIED, S.SKIPPED}:
+            problems.append(f"LEDGER {what}; every thread has finished and the ledger says "
+                            f"{sorted(s.value for s in statuses)}")
+    return problems
+
+
+def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
+                  threads: list[str], finished: list[str], abandoned: list[str] = (),
+                  forked: bool = False) -> list[str]:
+    """The broken invariants of an episode (see the module docstring); `[]` if none.
+
+    Args:
+        db_path, provider_dir: The episode's database and provider folder.
+        tools: The episode's tools (`explorer_scenario`).
+        threads: Every thread the episode ran (copies included).
+        finished: The threads that ran to their end.
+        abandoned: Threads left behind on purpose (the original of a copy).
+        forked: Whether a time travel or fork left a branch of a thread behind.
+    """
+    effects = provider_effects(provider_dir, tools)
+    by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for effect in effects:
+        by_key[effect["key"]].append(effect)
+    if not os.path.exists(db_path):
+        return [f"LEDGER {e['tool']} applied {e['operation']}: there is no database"
+                for e in effects]
+    with closing(sqlite3.connect(db_path, check_same_thread=False)) as conn:
+        saver = DurableSqliteSaver(conn)
+        requested = _requests(saver, threads)
+        records_by_thread = {t: {r.key: r for r in saver.effects(t)} for t in threads}
+        problems = [f"DUPLICATE {held[0]['tool']} applied key {key} ({held[0]['operation']}) "
+                    f"{len(held)} times" for key, held in by_key.items() if len(held) > 1]
+        per_item = Counter(e["operation"] for e in effects)
+        for item, count in sorted(per_item.items()):
+            allowed = len(requested.get(item, ()))
+            if count > allowed and not any(p.startswith("DUPLICATE") and f"({item})" in p
+                                           for p in problems):
+                problems.append(f"DUPLICATE call {item} applied {count} times, requested by "
+                                f"{allowed} model message(s)")
+        settled = not forked and set(finished) | set(abandoned) >= set(threads)
+        problems += _check_ledger(records_by_thread, by_key, settled)
+        for thread_id in finished:
+            problems += _check_finished(thread_id, _final_messages(saver, thread_id), tools,
+                                        by_key, records_by_thread[thread_id])
+    return problems

@@ -1,0 +1,413 @@
+"""Drive one explorer episode through real child processes, then check its invariants.
+
+`run_episode(episode, directory, server)` scripts the episode's provider faults, then
+runs the thread in children of a `ForkServer`: each child is one invocation (start,
+resume one way or another, decide), armed with the next crash of the episode. After a
+SIGKILL the thread is resumed the way the crash says; a pause is answered by a reviewer
+that, like a person with the provider's dashboard, approves, edits or rejects approvals
+and settles unknown outcomes from the provider's records, sometimes after first trying
+a malformed decision (which must raise `InvalidDecision` and change nothing). Once every
+thread has finished (or cannot), `explorer_checks.check_episode` checks the invariants.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import time
+from collections import Counter
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph_durable.testing.explorer_checks import (
+    check_episode,
+    ledger_snapshot,
+    provider_effects,
+)
+from graph_durable.testing.explorer_child import DOCUMENTED_ERRORS
+from graph_durable.testing.explorer_model import STABLE_PATHS, Crash, Episode, Resume
+from graph_durable.testing.explorer_scenario import open_providers
+from graph_durable.testing.forkserver import ForkServer
+from graph_durable.testing.providers import FakeProvider
+
+__all__ = ["EpisodeResult", "run_episode"]
+
+STEP = "graph_durable.testing.explorer_child:run_step"
+LEASE_TTL = 0.4
+MAX_PROCESSES = 80
+ALLOWED_WHEN_LEASED = ("LeaseHeld", "LeaseLost")
+APPROVALS = ("effect_approval", "tool_approval")
+"""Interrupt types asking for an approval (today's, and LangChain's per-call shape)."""
+DOCUMENTED = {error.__name__ for error in DOCUMENTED_ERRORS}
+
+
+@dataclass
+class EpisodeResult:
+    """What one episode did, and the invariants it broke."""
+
+    episode: Episode
+    problems: list[str] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+    """One line per child process: how it ran and how it ended."""
+    processes: int = 0
+    crashes: int = 0
+    """Crashes that fired (SIGKILLs)."""
+    vias: list[str] = field(default_factory=list)
+    """How each process ran (`start`, `decide`, a resume path, `restart`...)."""
+    pauses: int = 0
+    malformed: int = 0
+    """Malformed decisions refused as they must be."""
+    sidesteps: Counter[str] = field(default_factory=Counter)
+    """Known bugs met at run time and stepped around, by path class."""
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Whether every invariant held."""
+        return not self.problems
+
+    @property
+    def kinds(self) -> set[str]:
+        """The kinds of broken invariants (`DUPLICATE`, `LEDGER`, ...)."""
+        return {problem.split(" ", 1)[0] for problem in self.problems}
+
+
+class _Reviewer:
+    """Answers pauses as a careful person with the providers' dashboards would."""
+
+    def __init__(self, episode: Episode, provider_dir: str) -> None:
+        self.episode = episode
+        self.provider_dir = provider_dir
+        self.rounds = 0
+
+    def _rng(self, what: str) -> random.Random:
+        return random.Random(f"{self.episode.reviewer.get('seed', 0)}-{self.rounds}-{what}")
+
+    def _found(self, tool: str, key: str) -> dict[str, Any] | None:
+        path = os.path.join(self.provider_dir, f"{tool}.sqlite")
+        return FakeProvider(path, "lookup", name=tool).find(key)
+
+    def decide(self, interrupts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """`{tool_call_id or key: decision}`, one valid decision per pending call."""
+        self.rounds += 1
+        rng = self._rng("valid")
+        decisions = {}
+        questions = [i["value"] for i in interrupts]
+        ids = [q["tool_call_id"] for q in questions]
+        for question in questions:
+            roll = rng.random()
+            tool = question.get("tool") or question.get("name")
+            if question["type"] in APPROVALS:
+                if roll < 0.55:
+                    decision: dict[str, Any] = {"type": "approve"}
+                elif roll < 0.8:
+                    args = dict(question["args"])
+                    if not self.episode.reviewer.get("edit_unchanged"):
+                        args["n"] = int(args.get("n", 0)) + 1
+                    decision = {"type": "edit", "edited_action": {"name": tool, "args": args}}
+                else:
+                    decision = {"type": "reject", "message": "not this one"}
+            else:
+                receipt = self._found(tool, question["key"])
+                if receipt is not None:
+                    decision = ({"type": "applied", "receipt": receipt} if roll < 0.85
+                                else {"type": "skip", "message": "leave it"})
+                else:
+                    decision = {"type": "retry"} if roll < 0.7 else {"type": "skip"}
+            # A model that repeats a tool_call_id leaves the key as the call's only name.
+            name = question["tool_call_id"]
+            decisions[name if ids.count(name) == 1 else question["key"]] = decision
+        return decisions
+
+    def malformed(self, interrupts: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """A resume value that must be refused, or `None` this round."""
+        if not self.episode.reviewer.get("malformed"):
+            return None
+        rng = self._rng("malformed")
+        if rng.random() < 0.4:
+            return None
+        valid = self.decide(interrupts)
+        self.rounds -= 1
+        first = interrupts[0]["value"]
+        call = first["tool_call_id"]
+        approval = first["type"] in APPROVALS
+        broken = rng.choice([
+            {"type": "bogus"},
+            {"type": "retry"} if approval else {"type": "approve"},
+            {"type": "edit"} if approval else {"type": "applied"},
+            {"type": "reject", "message": 5} if approval else {"type": "skip", "message": 5},
+            {"type": "edit", "edited_action": {"name": "nope", "args": {}}} if approval
+            else "applied",
+        ])
+        by_call: dict[str, Any] = {**valid, call: broken}
+        if rng.random() < 0.25:
+            by_call = {**valid, "call_nobody_asked": {"type": "approve"}}
+        elif len(valid) > 1 and rng.random() < 0.3:
+            by_call = {call: valid[call]}  # the other pending calls left unanswered
+        return {interrupts[0]["id"]: by_call}
+
+
+class _Stop(Exception):
+    """An episode that cannot go on; the message is its problem line."""
+
+
+class _Run:
+    """One episode in progress: its threads, crashes still to fire, and pauses so far."""
+
+    def __init__(self, episode: Episode, directory: str, server: ForkServer,
+                 timeout: float, classes: frozenset[str]) -> None:
+        self.episode = episode
+        self.classes = classes
+        self.server = server
+        self.timeout = timeout
+        self.files = {"db_path": os.path.join(directory, "agent.sqlite"),
+                      "provider_dir": os.path.join(directory, "providers")}
+        self.output = os.path.join(directory, "children.log")
+        self.result = EpisodeResult(episode)
+        self.reviewer = _Reviewer(episode, self.files["provider_dir"])
+        self.crashes: list[Crash] = list(episode.crashes)
+        self.after = episode.after
+        self.phase = 0
+        self.threads = ["t"]
+        self.finished: list[str] = []
+        self.abandoned: list[str] = []
+        self.queue: list[str] = []
+        self.skip_malformed = False
+        self.dead_lease_until = 0.0
+        """When the lease of the last process killed holding one has surely expired;
+        until then another process is refused (`LeaseHeld`, or `LeaseLost` without a
+        lease)."""
+
+    def run(self) -> None:
+        providers = open_providers(self.files["provider_dir"], self.episode.tools)
+        for item, (tool, faults) in self.episode.faults().items():
+            providers[tool].script_faults(*faults, operation=item)  # type: ignore[arg-type]
+        self.drive("t", Resume("start"))
+        while self.queue:
+            self.drive(self.queue.pop(0), Resume("plain"))
+
+    def child(self, thread_id: str, how: Resume, *, crashable: bool = True,
+              **extra: Any) -> tuple[Crash | None, dict[str, Any]]:
+        """Run one child process: `(the crash that killed it, or None; its report)`."""
+        armed = self.crashes[0] if (crashable and self.crashes
+                                    and self.phase >= self.crashes[0].phase) else None
+        via, flavour = how.via, self.episode.flavour
+        if via == "async":
+            via, flavour = "plain", "async"
+        spec = {**self.files, "tools": self.episode.tools,
+                "turns": self.episode.scenario_turns(), "thread_id": thread_id, "via": via,
+                "pick": how.pick, "flavour": flavour, "sequential": self.episode.sequential,
+                **extra}
+        if self.episode.leased or via == "recover":
+            spec["lease"] = {"owner": f"worker-{self.result.processes}", "ttl": LEASE_TTL}
+        outcome = self.server.run(STEP, spec, fault=armed.plan() if armed else None,
+                                  timeout=self.timeout, output_path=self.output)
+        self.result.processes += 1
+        self.result.vias.append(how.via)
+        if outcome.killed:
+            if armed is None:
+                raise _Stop(f"CHILD {how.via} on {thread_id} was SIGKILLed, no crash armed")
+            self.crashes.pop(0)
+            self.result.crashes += 1
+            if "lease" in spec:
+                self.dead_lease_until = time.monotonic() + LEASE_TTL + 0.05
+            self.result.log.append(f"{how.via} on {thread_id}: SIGKILL at {armed.point}"
+                                   f"{' of ' + armed.tool if armed.tool else ''} "
+                                   f"#{armed.occurrence}")
+            return armed, {}
+        if outcome.result is None:
+            details = outcome.error or outcome.stderr[-1500:] or "(no output)"
+            last = [line for line in details.splitlines() if line.strip()][-1:] or [""]
+            raise _Stop(f"CHILD {how.via} on {thread_id} failed outside the graph's run "
+                        f"(exit code {outcome.exitcode}): {last[0]}\n{details}")
+        report = outcome.result
+        raised = report.get("raised")
+        self.result.log.append(
+            f"{report['via']} on {thread_id}: next={report['next']} "
+            f"pending={[i['value'].get('tool_call_id') for i in report['interrupts']]}"
+            + (f" raised {raised['type']}: {raised['message'][:300]}" if raised else ""))
+        return None, report
+
+    def copy(self, thread_id: str, how: Resume) -> str:
+        """Copy `thread_id` (`saver.copy_thread`) and return the copy's id."""
+        from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+
+        target = f"{thread_id}-copy{len(self.threads)}"
+        with DurableSqliteSaver.from_conn_string(self.files["db_path"]) as saver:
+            saver.copy_thread(thread_id, target)
+        self.result.log.append(f"{how.via} {thread_id} -> {target}")
+        self.result.vias.append(how.via)
+        self.threads.append(target)
+        if how.via == "copy_both":
+            self.queue.append(thread_id)
+        else:
+            self.abandoned.append(thread_id)
+        return target
+
+    def drive(self, thread_id: str, how: Resume) -> None:
+        """Run `thread_id` to its end: crash as planned, resume, answer every pause."""
+        stalls, repeats, extra, asked = 0, 0, {}, None
+        while self.result.processes < MAX_PROCESSES:
+            if how.via in ("copy_thread", "copy_both"):
+                thread_id, how = self.copy(thread_id, how), Resume()
+            crash, report = self.child(thread_id, how, **extra)
+            extra = {}
+            if crash is not None:
+                how, stalls = crash.then, 0
+                continue
+            how = Resume()
+            if self._refused(report) or not report["checkpointed"]:
+                stalls += 1  # a dead worker's lease; or killed before the input was saved
+            elif report["interrupts"]:
+                if self.asked_again(thread_id, report["interrupts"]):
+                    continue
+                repeats = repeats + 1 if report["interrupts"] == asked else 0
+                if repeats >= 3:
+                    raise _Stop(f"STRANDED {thread_id}: answering "
+                                f"{[i['value']['tool_call_id'] for i in asked or []]} asks "
+                                "the same again")
+                asked, stalls = report["interrupts"], 0
+                self.phase += 1
+                self.result.pauses += 1
+                self.try_malformed(thread_id, asked)
+                decisions: Any = self.reviewer.decide(asked)
+                style = "raw" if self.episode.reviewer.get("raw") else "review"
+                if style == "raw" and len(asked) == 1 and self.reviewer.rounds % 2:
+                    [decisions] = decisions.values()  # a bare decision: one call is pending
+                how, extra = Resume("decide"), {"decisions": decisions, "style": style}
+            elif not report["done"]:
+                stalls += 1  # a dead worker's lease has not expired yet, or a stuck thread
+                self.wait_for_dead_lease()
+                if report["via"] == "recover" and not self.misjudged(thread_id, report):
+                    how = Resume("recover")
+            elif self.after is not None:
+                how, self.after = self.after, None
+            else:
+                self.finished.append(thread_id)
+                return
+            if stalls > 4:
+                raise _Stop(f"STRANDED {thread_id} stops at {report.get('next')} with nothing "
+                            "pending, and resuming does not move it")
+        raise _Stop(f"STRANDED {thread_id} did not finish within {MAX_PROCESSES} processes")
+
+    def _refused(self, report: dict[str, Any]) -> bool:
+        """Whether the run raised what a leased run may raise; raises `_Stop` otherwise."""
+        raised = report.get("raised")
+        for outcome in report.get("recovered", []):
+            if outcome.get("error"):  # recover() reports what the resume raised
+                name = outcome["error"].split(":", 1)[0]
+                raised = raised or {"type": name, "message": outcome["error"],
+                                    "documented": name in DOCUMENTED, "traceback": ""}
+        if raised is None:
+            return False
+        # A lease this short may also expire under a live worker (LeaseLost): the
+        # documented way to stop it; what it leaves behind is checked like any crash.
+        leased_run = self.episode.leased or report["via"] == "recover"
+        lease_expired = raised["type"] == "LeaseLost" and leased_run
+        dead_worker = (raised["type"] in ALLOWED_WHEN_LEASED
+                       and time.monotonic() < self.dead_lease_until + 0.5)
+        if lease_expired or dead_worker:
+            self.wait_for_dead_lease()
+            return True
+        documented = "documented" if raised["documented"] else "undocumented"
+        raise _Stop(f"EXCEPTION ({documented}) {raised['type']} in {report['via']}: "
+                    f"{raised['message'][:600]}"
+                    + ("" if raised["documented"] else f"\n{raised['traceback']}"))
+
+    def known_bug(self, path_class: str, problem: str) -> bool:
+        """Report a known bug met at run time if its class is enabled (`False`), else
+        count it and tell the caller to step around it (`True`)."""
+        if path_class in self.classes:
+            if problem not in self.result.problems:
+                self.result.problems.append(problem)
+            return False
+        self.result.sidesteps[path_class] += 1
+        self.result.log.append(f"stepped around known bug {path_class}")
+        return True
+
+    def asked_again(self, thread_id: str, interrupts: list[dict[str, Any]]) -> bool:
+        """Whether calls are pending again although their decisions were journaled
+        before a crash (`recover()` leaves such a thread waiting), and the driver
+        resumes instead of answering."""
+        from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+
+        with closing(sqlite3.connect(self.files["db_path"], check_same_thread=False)) as conn:
+            saver = DurableSqliteSaver(conn)
+            records = [saver.effect(i["value"]["key"], thread_id) for i in interrupts]
+        decided = [r.tool_call_id for r in records if r is not None and not r.asked]
+        if not decided:
+            return False
+        self.skip_malformed = True  # a decision nobody waits for is ignored, not refused
+        return self.known_bug("recover_after_decision", (
+            f"ASKED-TWICE {thread_id}: {decided} pending again after a crash although "
+            "their decisions were journaled before it; a new answer is silently ignored"))
+
+    def misjudged(self, thread_id: str, report: dict[str, Any]) -> bool:
+        """Whether `recover()` passed over an unfinished thread with nothing pending
+        because `thread_status` misjudges it (not `orphaned`, and no live lease)."""
+        from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+        from graph_durable.recovery import thread_status
+
+        with DurableSqliteSaver.from_conn_string(self.files["db_path"]) as saver:
+            status = thread_status(saver, thread_id)
+        if status.status in ("orphaned", "running"):
+            return False
+        self.known_bug("recover_misjudged", (
+            f"STATUS {thread_id} has not finished and nothing is pending (next="
+            f"{report['next']}), but thread_status says {status.status} ({status.reason}), "
+            "so recover() never resumes it"))
+        return True
+
+    def wait_for_dead_lease(self) -> None:
+        """Sleep until the lease of a killed process has expired."""
+        time.sleep(max(0.0, self.dead_lease_until - time.monotonic()))
+
+    def try_malformed(self, thread_id: str, interrupts: list[dict[str, Any]]) -> None:
+        """Maybe answer with a malformed decision first: it must change nothing."""
+        payload = None if self.skip_malformed else self.reviewer.malformed(interrupts)
+        self.skip_malformed = False
+        if payload is None:
+            return
+        self.wait_for_dead_lease()
+        before = (ledger_snapshot(self.files["db_path"]),
+                  provider_effects(self.files["provider_dir"], self.episode.tools))
+        _, report = self.child(thread_id, Resume("decide"), crashable=False,
+                               decisions=payload, style="malformed")
+        raised = report.get("raised") or {}
+        if raised.get("type") != "InvalidDecision":
+            raise _Stop(f"MALFORMED decision {payload} was not refused with InvalidDecision: "
+                        f"{raised.get('type', 'accepted')} {raised.get('message', '')[:300]}")
+        after = (ledger_snapshot(self.files["db_path"]),
+                 provider_effects(self.files["provider_dir"], self.episode.tools))
+        if after != before:
+            raise _Stop(f"MALFORMED decision {payload} was refused but changed the ledger or "
+                        "a provider")
+        if report["interrupts"] != interrupts:
+            raise _Stop(f"MALFORMED decision {payload} was refused but the pending interrupts "
+                        f"changed from {interrupts} to {report['interrupts']}")
+        self.result.malformed += 1
+
+
+def run_episode(episode: Episode, directory: str, server: ForkServer, *,
+                paths: frozenset[str] = STABLE_PATHS, timeout: float = 60.0) -> EpisodeResult:
+    """Run `episode` in `directory` (created) with children of `server`; check it.
+
+    `paths` are the path classes enabled: a known bug that shows only at run time
+    (`RUNTIME_BUGS`) is reported when its class is enabled, else stepped around
+    (counted in `EpisodeResult.sidesteps`).
+    """
+    os.makedirs(directory, exist_ok=True)
+    started = time.monotonic()
+    run = _Run(episode, directory, server, timeout, frozenset(paths))
+    try:
+        run.run()
+    except _Stop as stop:
+        run.result.problems.append(str(stop))
+    run.result.problems += check_episode(
+        run.files["db_path"], run.files["provider_dir"], episode.tools, run.threads,
+        run.finished, run.abandoned,
+        forked=bool({"time_travel", "update_state"} & set(run.result.vias)))
+    run.result.duration = time.monotonic() - started
+    return run.result

@@ -1,0 +1,161 @@
+"""The explorer's scenario: an agent built from a generated episode, rebuildable by name.
+
+`build_explorer_agent(db_path, provider_dir, tools, turns)` builds a ReAct-style graph
+(scripted model -> `EffectGuardNode` -> model) whose every argument is JSON, so a child
+process rebuilds the same graph on the same database and providers (the scenario
+protocol of `graph_durable.testing.crash`). `build_explorer_agent_async` is its twin on
+`AsyncDurableSqliteSaver`, for `ainvoke`.
+
+- `tools`: `{name: spec}`. A spec is `{"mode": ..., "policy": ..., "approval": bool,
+  "retries": int, "timeout": float | None}`. `mode` is the `FakeProvider` contract
+  (`dedupe`, `lookup`, `blind`) or `read` for a read-only tool without a provider;
+  `policy` is what the graph declares: `idempotent`, `lookup`, `blind` (`Effect()`) or
+  `read_only`; `approval` is a bool or `"odd"` (a predicate: `odd_items`). A policy
+  the provider does not honour (`idempotent` on a `blind` provider) is a
+  misconfiguration the explorer must catch.
+- `turns`: per model turn, the calls of its AIMessage: `{"tool", "id", "item", "n"}`.
+  `item` names the logical call: the tool writes with `operation=item`, so a provider
+  counts each logical call's effects apart, and faults are scripted per item.
+
+Write tools return the provider's receipt (`{"id", "key", "item", "n"}`), which becomes
+the ToolMessage content, so a test can read back under which key a call was applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from typing import Any
+
+import aiosqlite
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.tools import StructuredTool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+
+from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+from graph_durable.nodes import EffectGuardNode, current_effect
+from graph_durable.policy import Effect
+from graph_durable.testing.explorer_model import HANG_SECONDS, SLOW_SECONDS
+from graph_durable.testing.models import ScriptedChatModel
+from graph_durable.testing.providers import FakeProvider
+from graph_durable.testing.scenarios import EffectsAgent
+
+__all__ = [
+    "build_explorer_agent",
+    "build_explorer_agent_async",
+    "odd_items",
+    "open_providers",
+    "script_for",
+]
+
+
+
+def open_providers(provider_dir: str, tools: dict[str, dict[str, Any]]
+                   ) -> dict[str, FakeProvider]:
+    """The providers of the write tools, by tool name (files `<name>.sqlite`)."""
+    os.makedirs(provider_dir, exist_ok=True)
+    return {
+        name: FakeProvider(os.path.join(provider_dir, f"{name}.sqlite"), spec["mode"],
+                           name=name, slow_seconds=SLOW_SECONDS, hang_seconds=HANG_SECONDS)
+        for name, spec in tools.items() if spec["mode"] != "read"
+    }
+
+
+def script_for(turns: list[list[dict[str, Any]]]) -> list[AIMessage]:
+    """One AIMessage per turn carrying its calls, then a closing answer."""
+    script = [
+        AIMessage(content="", tool_calls=[
+            {"name": call["tool"], "args": {"item": call["item"], "n": call["n"]},
+             "id": call["id"]}
+            for call in calls
+        ])
+        for calls in turns
+    ]
+    return [*script, AIMessage(content="All done.")]
+
+
+def odd_items(tool_call: dict[str, Any]) -> bool:
+    """Approval predicate `"odd"`: calls whose item ends in an odd digit need approval."""
+    return str(tool_call["args"].get("item", "0"))[-1] in "13579"
+
+
+def _policy(spec: dict[str, Any], provider: FakeProvider | None) -> Effect:
+    kind = spec["policy"]
+    if kind == "read_only":
+        return Effect(read_only=True)
+    approval = odd_items if spec.get("approval") == "odd" else bool(spec.get("approval"))
+    options = {"approval": approval, "retries": int(spec.get("retries", 0)),
+               "timeout": spec.get("timeout")}
+    if kind == "idempotent":
+        return Effect(idempotent=True, **options)
+    if kind == "lookup":
+        assert provider is not None
+        return Effect(lookup=provider.find, **options)
+    return Effect(**options)
+
+
+def _write_tool(provider: FakeProvider) -> StructuredTool:
+    def write(item: str, n: int) -> dict[str, Any]:
+        effect = current_effect()
+        return provider.apply(effect.key, {"item": item, "n": n}, operation=item,
+                              fencing_token=effect.fencing_token)
+
+    async def awrite(item: str, n: int) -> dict[str, Any]:
+        effect = current_effect()
+        # In a worker thread, as a network client would be: a timeout abandons the
+        # attempt, which may still land, instead of blocking the event loop.
+        return await asyncio.to_thread(provider.apply, effect.key, {"item": item, "n": n},
+                                       operation=item, fencing_token=effect.fencing_token)
+
+    return StructuredTool.from_function(write, coroutine=awrite, name=provider.name,
+                                        description=f"Write one item to {provider.name}.")
+
+
+def _read_tool(name: str) -> StructuredTool:
+    def read(item: str, n: int) -> dict[str, Any]:
+        return {"read": item, "n": n}
+
+    async def aread(item: str, n: int) -> dict[str, Any]:
+        return read(item, n)
+
+    return StructuredTool.from_function(read, coroutine=aread, name=name,
+                                        description=f"Read one item from {name}.")
+
+
+def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
+              turns: list[list[dict[str, Any]]]) -> EffectsAgent:
+    providers = open_providers(provider_dir, tools)
+    node_tools = [_write_tool(providers[name]) if name in providers else _read_tool(name)
+                  for name in tools]
+    effects = {name: _policy(spec, providers.get(name)) for name, spec in tools.items()}
+    model = ScriptedChatModel(script=script_for(turns))
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectGuardNode(node_tools, effects=effects))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return EffectsAgent(graph=builder.compile(checkpointer=saver), saver=saver,
+                        providers=providers, inputs={"messages": [HumanMessage("Go.")]})
+
+
+def build_explorer_agent(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
+                         turns: list[list[dict[str, Any]]]) -> EffectsAgent:
+    """Build the episode's agent on a `DurableSqliteSaver` (see the module docstring)."""
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    return _assemble(saver, provider_dir, tools, turns)
+
+
+async def build_explorer_agent_async(db_path: str, provider_dir: str,
+                                     tools: dict[str, dict[str, Any]],
+                                     turns: list[list[dict[str, Any]]]) -> EffectsAgent:
+    """`build_explorer_agent` on an `AsyncDurableSqliteSaver` (same arguments)."""
+    saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path))
+    return _assemble(saver, provider_dir, tools, turns)

@@ -1,0 +1,140 @@
+"""The explorer: generated episodes, SIGKILLed in real processes, keep every invariant.
+
+The long test runs `EXPLORER_EPISODES` episodes (default 500, three to four minutes on two
+cores) of the stable path classes; `GRAPH_DURABLE_EXPLORER_EPISODES` and
+`GRAPH_DURABLE_EXPLORER_SEED` change the count and the first seed. A failure prints
+each failing seed, a shrunk episode and the commands that replay them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graph_durable.testing import explore
+from graph_durable.testing.explorer import replay
+from graph_durable.testing.explorer_model import (
+    ALL_PATHS,
+    KNOWN_BUGS,
+    RESUME_PATHS,
+    RUNTIME_PATHS,
+    STABLE_PATHS,
+    Call,
+    Crash,
+    Episode,
+    Resume,
+    generate,
+    resolve_paths,
+)
+from graph_durable.testing.faults import FaultPlan
+from graph_durable.testing.forkserver import ForkServer
+
+pytestmark = pytest.mark.crash
+
+EXPLORER_EPISODES = int(os.environ.get("GRAPH_DURABLE_EXPLORER_EPISODES", "500"))
+EXPLORER_SEED = int(os.environ.get("GRAPH_DURABLE_EXPLORER_SEED", "1"))
+
+MISDECLARED = {"mode": "blind", "policy": "idempotent", "approval": False, "retries": 0,
+               "timeout": None}
+"""A provider that does not dedupe, declared idempotent: a re-send applies it again."""
+
+
+def planted_bug_episode() -> Episode:
+    """One call to a misdeclared provider, killed once the effect is applied."""
+    return Episode(seed=0, tools={"charge": dict(MISDECLARED)},
+                   turns=[[Call("charge", "call_0_0", "x00")]],
+                   crashes=[Crash("after_effect", "charge", 1, 0, Resume("plain"))])
+
+
+def test_generation_is_deterministic_and_stays_in_its_paths() -> None:
+    for seed in range(300):
+        episode = generate(seed)
+        assert generate(seed) == episode
+        assert Episode.from_json(episode.to_json()) == episode
+        assert episode.paths() <= STABLE_PATHS, seed
+        assert 1 <= len(episode.turns) <= 3
+        assert all(1 <= len(turn) <= 5 for turn in episode.turns)
+    generated = set().union(*(generate(seed, ALL_PATHS).paths() for seed in range(600)))
+    assert generated == ALL_PATHS - set(RUNTIME_PATHS)
+    only_recover = set().union(*(generate(seed, {"recover"}).paths() for seed in range(100)))
+    assert only_recover == {"recover"}
+
+
+def test_path_classes_are_chosen_by_name() -> None:
+    assert resolve_paths(None) == resolve_paths("stable") == STABLE_PATHS
+    assert ALL_PATHS - set(KNOWN_BUGS) == STABLE_PATHS
+    assert resolve_paths("all,-copy_both") == ALL_PATHS - {"copy_both"}
+    assert resolve_paths("stable,time_travel") == STABLE_PATHS | {"time_travel"}
+    assert resolve_paths(["reused_call_id"]) == {"reused_call_id", "plain"}
+    with pytest.raises(ValueError, match="Unknown path class"):
+        resolve_paths("teleport")
+
+
+def test_fork_server_children_are_real_processes_killed_by_sigkill(tmp_path: Path) -> None:
+    episode = planted_bug_episode()
+    spec = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path / "p"),
+            "tools": episode.tools, "turns": episode.scenario_turns(), "thread_id": "t",
+            "via": "start"}
+    target = "graph_durable.testing.explorer_child:run_step"
+    with ForkServer(["graph_durable.testing.explorer_child"]) as server:
+        killed = server.run(target, spec, fault=FaultPlan("after_effect", "charge"))
+        resumed = server.run(target, {**spec, "via": "plain"})
+    assert killed.exitcode == -signal.SIGKILL and killed.killed and killed.result is None
+    assert resumed.exitcode == 0 and resumed.result["done"], resumed.error
+
+
+def test_the_explorer_detects_a_planted_bug(tmp_path: Path) -> None:
+    result = replay(planted_bug_episode(), directory=str(tmp_path / "one"))
+    assert not result.ok
+    assert result.crashes == 1
+    assert any(p.startswith("DUPLICATE charge applied key") for p in result.problems), \
+        result.problems
+    assert "EXACTLY-ONCE" in result.kinds
+    # The same episode on a provider that honours the policy keeps every invariant.
+    honest = planted_bug_episode()
+    honest.tools["charge"]["mode"] = "dedupe"
+    assert replay(honest, directory=str(tmp_path / "honest")).problems == []
+
+    report = explore(8, 0, planted_bug=True, workers=2, directory=str(tmp_path / "random"))
+    assert not report.ok
+    failure = report.failures[0]
+    assert "DUPLICATE" in {p.split(" ", 1)[0] for p in failure.problems}
+    assert failure.shrunk is not None
+    assert sum(len(t) for t in failure.shrunk.turns) <= sum(len(t) for t in failure.episode.turns)
+    rendered = report.render()
+    assert f"seed={failure.seed}" in rendered
+    assert (f"python -m graph_durable.testing.explorer --seed {failure.seed} --episodes 1 "
+            "--planted-bug") in rendered
+    assert "replay shrunk: python -m graph_durable.testing.explorer --replay" in rendered
+
+
+def test_the_command_line_replays_a_seed_and_an_episode(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "graph_durable.testing.explorer"]
+    ok = subprocess.run([*command, "--seed", "7", "--episodes", "2", "--workers", "1"],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "explorer: 2 episodes (seeds 7...8)" in ok.stdout
+    assert "RuntimeWarning" not in ok.stderr
+    failing = subprocess.run([*command, "--replay", planted_bug_episode().to_json()],
+                             capture_output=True, text=True, timeout=300)
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "DUPLICATE" in failing.stdout
+
+
+def test_stable_paths_keep_every_invariant(tmp_path: Path) -> None:
+    report = explore(EXPLORER_EPISODES, EXPLORER_SEED, workers=2, directory=str(tmp_path))
+    print(report.render())
+    assert report.ok, report.render()
+    assert report.episodes == EXPLORER_EPISODES
+    # The run did what it claims: crashes, pauses, refused malformed decisions, and
+    # every stable way of resuming.
+    assert report.crashes >= EXPLORER_EPISODES // 2
+    assert report.pauses >= EXPLORER_EPISODES // 2
+    assert report.malformed >= EXPLORER_EPISODES // 20
+    stable_resumes = set(RESUME_PATHS) & STABLE_PATHS
+    assert stable_resumes <= set(report.vias), report.vias
