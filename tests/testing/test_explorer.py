@@ -1,6 +1,6 @@
 """The explorer: generated episodes, SIGKILLed in real processes, keep every invariant.
 
-The long test runs `EXPLORER_EPISODES` episodes (default 500, three to four minutes on two
+The long test runs `EXPLORER_EPISODES` episodes (default 300, about two minutes on two
 cores) of the stable path classes; `GRAPH_DURABLE_EXPLORER_EPISODES` and
 `GRAPH_DURABLE_EXPLORER_SEED` change the count and the first seed. A failure prints
 each failing seed, a shrunk episode and the commands that replay them.
@@ -36,7 +36,7 @@ from graph_durable.testing.forkserver import ForkServer
 
 pytestmark = pytest.mark.crash
 
-EXPLORER_EPISODES = int(os.environ.get("GRAPH_DURABLE_EXPLORER_EPISODES", "500"))
+EXPLORER_EPISODES = int(os.environ.get("GRAPH_DURABLE_EXPLORER_EPISODES", "300"))
 EXPLORER_SEED = int(os.environ.get("GRAPH_DURABLE_EXPLORER_SEED", "1"))
 
 MISDECLARED = {"mode": "blind", "policy": "idempotent", "approval": False, "retries": 0,
