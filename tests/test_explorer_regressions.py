@@ -235,3 +235,18 @@ def test_a_question_asked_anew_by_a_run_that_died_is_not_the_saved_one(tmp_path)
 
 def review_key(saver: DurableSqliteSaver, tool_call_id: str) -> str:
     return next(r.key for r in saver.effects("t") if r.tool_call_id == tool_call_id)
+
+
+def test_an_approval_in_the_source_of_a_copy_that_sent_an_edit_sends_nothing(tmp_path) -> None:
+    """Seed 40694: the copy sent the call as a reviewer edited it; approving the call as
+    asked in the source sent it a second time."""
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    saver.copy_thread("t", "fork")
+    fork = {"configurable": {"thread_id": "fork"}}
+    edit = {"type": "edit", "edited_action": {"name": "charge", "args": {"cents": 9}}}
+    graph.invoke(Command(resume=edit), fork, durability="sync")
+    result = graph.invoke(Command(resume={"type": "approve"}), CONFIG, durability="sync")
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1
+    assert "charged effect-1" in result["messages"][2].content

@@ -40,10 +40,13 @@ SELECT_EFFECT = f"SELECT {EFFECT_COLUMNS} FROM effects WHERE thread_id = ? AND k
 SELECT_EFFECT_BY_KEY = (
     f"SELECT {EFFECT_COLUMNS} FROM effects WHERE key = ? ORDER BY created_at LIMIT 1"
 )
-# The same requested call, sent (or on its way) by another thread of the family.
+# The same requested call, sent (or on its way) by another thread of the family, as
+# asked or as a reviewer edited it there.
 SELECT_SENT_IN_FAMILY = (
     f"SELECT {EFFECT_COLUMNS} FROM effects WHERE key = ? AND thread_id <> ? "
-    "AND status IN ('in_flight', 'unknown', 'applied') ORDER BY created_at LIMIT 1"
+    "AND (status IN ('in_flight', 'unknown', 'applied') "
+    "OR (status = 'skipped' AND decision LIKE '%\"edited_key\"%')) "
+    "ORDER BY created_at LIMIT 1"
 )
 SELECT_RESULT = "SELECT result_type, result FROM effects WHERE thread_id = ? AND key = ?"
 SELECT_ASKED_IN_TASK = (

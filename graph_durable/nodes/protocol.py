@@ -358,6 +358,10 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
     why = {**data, "reason": f"already sent by thread {sent.thread_id!r} of the same family"}
     [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt", decision=None,
                                           data=why))
+    edited_key = (sent.decision or {}).get("edited_key")
+    if sent.status is S.SKIPPED and edited_key is not None:
+        # Sent there as a reviewer edited it: that effect is this call's.
+        sent = (yield Read("effect", (edited_key, sent.thread_id))) or sent
     if sent.status is S.APPLIED:
         result = yield Read("stored_result", (sent.thread_id, sent.key))
         yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,

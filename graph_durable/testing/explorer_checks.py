@@ -142,6 +142,13 @@ def _check_ledger(records_by_thread: dict[str, dict[str, Any]],
                 receipt_id = (record.receipt.get("id") if isinstance(record.receipt, dict)
                               else None)
                 if not held:
+                    # Taken over from a copy that sent the call as a reviewer edited it
+                    # there: the provider holds it under the edited key.
+                    held = next((by_key.get(other[key].decision["edited_key"], [])
+                                 for other in records_by_thread.values()
+                                 if other.get(key) is not None
+                                 and (other[key].decision or {}).get("edited_key")), [])
+                if not held:
                     problems.append(f"LEDGER {what}; the provider holds no effect under it")
                 elif receipt_id is not None and receipt_id != held[0]["receipt"].get("id"):
                     problems.append(f"LEDGER {what} with receipt {receipt_id}; the provider "
