@@ -250,3 +250,24 @@ def test_an_approval_in_the_source_of_a_copy_that_sent_an_edit_sends_nothing(tmp
     assert result["messages"][-1].content == "done"
     assert provider.count() == 1
     assert "charged effect-1" in result["messages"][2].content
+
+
+def test_a_call_edited_in_a_copy_is_asked_again_not_replayed_empty_in_the_source(
+        tmp_path) -> None:
+    """Seeds 40272, 40415: the source took over the copy's `skipped` record of an edited
+    call, had no result to replay, and answered the call with `None`."""
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    crash_before_intent = FaultPlan("before_intent", action="raise")
+    arm(crash_before_intent)
+    with pytest.raises(InjectedCrash):
+        graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    disarm()
+    saver.copy_thread("t", "fork")
+    fork = {"configurable": {"thread_id": "fork"}}
+    graph.invoke(None, fork, durability="sync")
+    edit = {"type": "edit", "edited_action": {"name": "charge", "args": {"cents": 9}}}
+    graph.invoke(Command(resume=edit), fork, durability="sync")
+    [question] = graph.invoke(None, CONFIG, durability="sync")["__interrupt__"]
+    assert question.value["tool_call_id"] == "c1"
+    result = graph.invoke(Command(resume={"type": "approve"}), CONFIG, durability="sync")
+    assert result["messages"][-1].content == "done" and provider.count() == 1

@@ -279,7 +279,8 @@ def plan_inherit(
     requested call, claimed there: the claim gets that row's status, receipt and
     stored result, and resumes it (a receipt is replayed; an outcome not known yet is
     reconciled), so the call is sent at most once across a thread and its copies.
-    Decisions are not inherited: a question is answered in the thread that asks it.
+    Decisions are not inherited: a question is answered in the thread that asks it, and
+    a call rejected or skipped there is asked anew here.
     The insert changes no row when no other thread holds the key.
     """
     insert = (
@@ -287,7 +288,7 @@ def plan_inherit(
         "args, status, receipt, result_type, result, error, attempts, asked, created_at, "
         "updated_at) SELECT ?, key, ?, tool_call_id, tool, args, status, receipt, result_type, "
         "result, error, attempts, 0, ?, ? FROM effects WHERE key = ? AND thread_id <> ? "
-        "ORDER BY created_at LIMIT 1",
+        "AND status NOT IN ('rejected', 'skipped') ORDER BY created_at LIMIT 1",
         (thread_id, checkpoint_ns, now, now, key, thread_id),
     )
     event = (
