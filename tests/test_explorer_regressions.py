@@ -271,3 +271,24 @@ def test_a_call_edited_in_a_copy_is_asked_again_not_replayed_empty_in_the_source
     assert question.value["tool_call_id"] == "c1"
     result = graph.invoke(Command(resume={"type": "approve"}), CONFIG, durability="sync")
     assert result["messages"][-1].content == "done" and provider.count() == 1
+
+
+def test_the_same_edit_made_again_on_a_replayed_question_is_not_an_error(tmp_path) -> None:
+    """Seed 40151: an edit whose edited call the thread's history already held raised
+    `IllegalTransition` (the edited intent existed)."""
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    edit = {"type": "edit", "edited_action": {"name": "charge", "args": {"cents": 9}}}
+    graph.invoke(Command(resume=edit), CONFIG, durability="sync")
+    [original] = [r for r in saver.effects("t") if r.args == {"cents": 5}]
+    with sqlite3.connect(tmp_path / "a.sqlite") as conn:  # the question asked once more
+        conn.execute("UPDATE effects SET status = 'awaiting_approval', decision = ?, asked = 0 "
+                     "WHERE key = ?", ('{"type": "edit", "edited_action": {"name": "charge", '
+                                       '"args": {"cents": 9}}}', original.key))
+    result = graph.invoke(None, before_tools_config(graph), durability="sync")
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1
+
+
+def before_tools_config(graph):
+    return next(s for s in graph.get_state_history(CONFIG) if s.next == ("tools",)).config

@@ -428,11 +428,16 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
     edited_key = derive_key(thread_id=ctx.key_thread_id or ctx.thread_id,
                             anchor=ctx.anchor or ctx.checkpoint_ns,
                             tool_call_id=ctx.tool_call_id, tool=ctx.tool, args=edited_args)
+    resolved = ctx.transition(record, S.SKIPPED, "resolved",
+                              decision={**decision, "edited_key": edited_key},
+                              data={**data, "edited_key": edited_key})
+    known = yield Read("effect", (edited_key, ctx.thread_id))
+    if known is not None:
+        # The same edit was made before in this thread's history (a fork or time travel
+        # replays the question): that edited call is this one, replayed or reconciled.
+        yield Write(resolved)
+        return (yield from _resume(ctx, known))
     _, edited = yield Write(WriteBatch(ctx.thread_id, (
-        ctx.transition(record, S.SKIPPED, "resolved",
-                       decision={**decision, "edited_key": edited_key},
-                       data={**data, "edited_key": edited_key}),
-        _intent(ctx, S.IN_FLIGHT, record_args=edited_args, key=edited_key),
-    )))
+        resolved, _intent(ctx, S.IN_FLIGHT, record_args=edited_args, key=edited_key))))
     fault_point("after_intent", tool=ctx.tool)
     return (yield from _send(ctx, edited, may_resend=False))
