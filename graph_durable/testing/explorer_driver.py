@@ -131,7 +131,7 @@ class _Reviewer:
         valid = self.decide(interrupts)
         self.rounds -= 1
         first = interrupts[0]["value"]
-        call = first["tool_call_id"]
+        call = first["tool_call_id"] if first["tool_call_id"] in valid else first["key"]
         approval = first["type"] in APPROVALS
         broken = rng.choice([
             {"type": "bogus"},
