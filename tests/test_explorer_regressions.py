@@ -292,3 +292,32 @@ def test_the_same_edit_made_again_on_a_replayed_question_is_not_an_error(tmp_pat
 
 def before_tools_config(graph):
     return next(s for s in graph.get_state_history(CONFIG) if s.next == ("tools",)).config
+
+
+def test_a_call_a_copy_skipped_with_an_unknown_outcome_is_unknown_in_the_source(
+        tmp_path) -> None:
+    """Seed 132: the copy sent the call first, lost the answer and skipped it; the
+    source claimed the key afresh and sent the call again."""
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
+    provider.script_faults("lost")
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
+
+    @tool
+    def charge(cents: int) -> str:
+        """Charge."""
+        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
+
+    graph = build(saver, [charge], {}, call("charge", {"cents": 5}))
+    arm(FaultPlan("before_intent", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    disarm()
+    saver.copy_thread("t", "fork")
+    fork = {"configurable": {"thread_id": "fork"}}
+    [question] = graph.invoke(None, fork, durability="sync")["__interrupt__"]
+    assert question.value["type"] == "effect_unknown" and provider.count() == 1
+    graph.invoke(Command(resume={"type": "skip", "message": "leave it"}), fork,
+                 durability="sync")
+    [question] = graph.invoke(None, CONFIG, durability="sync")["__interrupt__"]
+    assert question.value["type"] == "effect_unknown"
+    assert provider.count() == 1

@@ -279,16 +279,22 @@ def plan_inherit(
     requested call, claimed there: the claim gets that row's status, receipt and
     stored result, and resumes it (a receipt is replayed; an outcome not known yet is
     reconciled), so the call is sent at most once across a thread and its copies.
-    Decisions are not inherited: a question is answered in the thread that asks it, and
-    a call rejected or skipped there is asked anew here.
+    Decisions are not inherited: a question is answered in the thread that asks it. A
+    call rejected there, or edited there into another call, was not sent under this key:
+    it is asked anew here. A call whose unknown outcome was skipped there may exist: it
+    is `unknown` here, and a human decides again.
     The insert changes no row when no other thread holds the key.
     """
+    skipped = "status = 'skipped'"
     insert = (
         "INSERT OR IGNORE INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, "
         "args, status, receipt, result_type, result, error, attempts, asked, created_at, "
-        "updated_at) SELECT ?, key, ?, tool_call_id, tool, args, status, receipt, result_type, "
-        "result, error, attempts, 0, ?, ? FROM effects WHERE key = ? AND thread_id <> ? "
-        "AND status NOT IN ('rejected', 'skipped') ORDER BY created_at LIMIT 1",
+        f"updated_at) SELECT ?, key, ?, tool_call_id, tool, args, CASE WHEN {skipped} THEN "
+        f"'unknown' ELSE status END, receipt, CASE WHEN {skipped} THEN NULL ELSE result_type "
+        f"END, CASE WHEN {skipped} THEN NULL ELSE result END, error, attempts, 0, ?, ? "
+        "FROM effects WHERE key = ? AND thread_id <> ? AND status <> 'rejected' "
+        f"AND NOT ({skipped} AND COALESCE(decision, '') LIKE '%\"edited_key\"%') "
+        "ORDER BY created_at LIMIT 1",
         (thread_id, checkpoint_ns, now, now, key, thread_id),
     )
     event = (
