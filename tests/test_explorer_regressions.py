@@ -321,3 +321,31 @@ def test_a_call_a_copy_skipped_with_an_unknown_outcome_is_unknown_in_the_source(
     [question] = graph.invoke(None, CONFIG, durability="sync")["__interrupt__"]
     assert question.value["type"] == "effect_unknown"
     assert provider.count() == 1
+
+
+def test_an_approval_in_the_source_after_the_copy_skipped_the_unknown_send(tmp_path) -> None:
+    """Seed 50184: both threads held the journaled approval; the copy sent the call, lost
+    the answer and skipped it; the source then sent it again."""
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
+    provider.script_faults("lost")
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
+
+    @tool
+    def charge(cents: int) -> str:
+        """Charge."""
+        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
+
+    graph = build(saver, [charge], {"charge": Effect(approval=True)}, call("charge", {"cents": 5}))
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    arm(FaultPlan("after_decision", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke(Command(resume={"type": "approve"}), CONFIG, durability="sync")
+    disarm()
+    saver.copy_thread("t", "fork")
+    fork = {"configurable": {"thread_id": "fork"}}
+    [question] = graph.invoke(None, fork, durability="sync")["__interrupt__"]
+    assert question.value["type"] == "effect_unknown" and provider.count() == 1
+    graph.invoke(Command(resume={"type": "skip"}), fork, durability="sync")
+    [question] = graph.invoke(None, CONFIG, durability="sync")["__interrupt__"]
+    assert question.value["type"] == "effect_unknown"
+    assert provider.count() == 1

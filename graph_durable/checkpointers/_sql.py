@@ -41,11 +41,11 @@ SELECT_EFFECT_BY_KEY = (
     f"SELECT {EFFECT_COLUMNS} FROM effects WHERE key = ? ORDER BY created_at LIMIT 1"
 )
 # The same requested call, sent (or on its way) by another thread of the family, as
-# asked or as a reviewer edited it there.
+# asked or as a reviewer edited it there. `skipped` is either (an unknown outcome left
+# in place, or an edit sent under another key); `failed` and `rejected` were not sent.
 SELECT_SENT_IN_FAMILY = (
     f"SELECT {EFFECT_COLUMNS} FROM effects WHERE key = ? AND thread_id <> ? "
-    "AND (status IN ('in_flight', 'unknown', 'applied') "
-    "OR (status = 'skipped' AND decision LIKE '%\"edited_key\"%')) "
+    "AND status IN ('in_flight', 'unknown', 'applied', 'skipped') "
     "ORDER BY created_at LIMIT 1"
 )
 SELECT_RESULT = "SELECT result_type, result FROM effects WHERE thread_id = ? AND key = ?"
