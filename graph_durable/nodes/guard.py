@@ -385,10 +385,13 @@ class GuardCore:
         execute: Callable[[ToolCallRequest], ToolResult],
         on_ask: OnAsk,
         started: Started | None = None,
+        repeats: bool = True,
     ) -> ToolResult:
         """Run one tool call through the protocol, synchronously.
 
         With `started` (from `claim_step`), the call's intent is already claimed.
+        `repeats=False` says no other call of the step has this call's id, so it need
+        not wait for a copy of itself (see `_lead`).
         """
         if started is not None:
             task, ctx, protocol = started.task, started.ctx, started.protocol
@@ -400,6 +403,8 @@ class GuardCore:
             self._check_requesting_checkpoint(task, request.tool_call)
             protocol = run_call(ctx)
             value = None
+        if not repeats:
+            return self._drive(task, ctx, request, execute, on_ask, protocol, value)
         running, leader = self._lead(task, ctx)
         if not leader:
             protocol.close()
@@ -621,6 +626,7 @@ class GuardCore:
         execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
         on_ask: OnAsk,
         started: Started | None = None,
+        repeats: bool = True,
     ) -> ToolResult:
         """Run one tool call through the protocol, asynchronously (see `run`)."""
         if started is not None:
@@ -633,6 +639,8 @@ class GuardCore:
             await self._acheck_requesting_checkpoint(task, request.tool_call)
             protocol = run_call(ctx)
             value = None
+        if not repeats:
+            return await self._adrive(task, ctx, request, execute, on_ask, protocol, value)
         running, leader = self._lead(task, ctx)
         if not leader:
             protocol.close()

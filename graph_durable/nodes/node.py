@@ -44,6 +44,9 @@ class _TaskState:
     """Questions asked by the calls, raised as one interrupt when the task ends."""
     started: dict[str, Started] = field(default_factory=dict)
     """Write calls claimed together before the task ran them, by tool_call_id."""
+    repeats: bool = True
+    """Whether a tool_call_id repeats among the step's calls (then copies of one call
+    wait for each other; see `GuardCore.run`)."""
     running: int = 0
     """Async calls of the task still running (see `settled`)."""
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -61,6 +64,11 @@ class _TaskState:
             # ahead); the call claims on its own and finds its key known.
             return None
         return started
+
+
+def _repeats(calls: list[tuple[dict[str, Any], bool]]) -> bool:
+    ids = [call.get("id") for call, _ in calls]
+    return not calls or len(set(ids)) != len(ids)
 
 
 _TASK: ContextVar[_TaskState | None] = ContextVar("graph_durable_task", default=None)
@@ -140,8 +148,9 @@ class EffectGuardNode(ToolNode):
 
     def _func(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
         self._guard.resolve_decisions(config)
+        calls = self._calls_of(input)
         state = _TaskState(started=self._guard.claim_step(
-            self._calls_of(input), config, self._extract_state(input, config)))
+            calls, config, self._extract_state(input, config)), repeats=_repeats(calls))
         token = _TASK.set(state)
         try:
             output = super()._func(input, config, runtime)
@@ -157,8 +166,9 @@ class EffectGuardNode(ToolNode):
 
     async def _afunc(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
         await self._guard.aresolve_decisions(config)
+        calls = self._calls_of(input)
         state = _TaskState(started=await self._guard.aclaim_step(
-            self._calls_of(input), config, self._extract_state(input, config)))
+            calls, config, self._extract_state(input, config)), repeats=_repeats(calls))
         token = _TASK.set(state)
         try:
             output = await super()._afunc(input, config, runtime)
@@ -192,7 +202,9 @@ class EffectGuardNode(ToolNode):
         def guarded(req: ToolCallRequest) -> Any:
             if self._guard.policy_for(req.tool_call["name"]).read_only:
                 return self._run_read_only(req, execute)
-            return self._guard.run(req, execute, self._defer_ask, self._started(req))
+            state = _TASK.get()
+            return self._guard.run(req, execute, self._defer_ask, self._started(req),
+                                   repeats=state is None or state.repeats)
 
         if self._user_wrap is not None:
             return self._user_wrap(request, guarded)
@@ -213,7 +225,7 @@ class EffectGuardNode(ToolNode):
             state.running += 1
             try:
                 return await self._guard.arun(req, execute, self._defer_ask,
-                                               state.take_started(req))
+                                               state.take_started(req), repeats=state.repeats)
             finally:
                 state.running -= 1
                 if not state.running:
