@@ -19,6 +19,7 @@ the copy's effects by the thread it came from.
 from __future__ import annotations
 
 import functools
+import re
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -116,9 +117,10 @@ def pg_sql(sql: str) -> str:
     """A ledger statement written for SQLite, in PostgreSQL's dialect.
 
     The ledger's statements use `?` placeholders and `INSERT OR IGNORE`; psycopg wants
-    `%s`, and PostgreSQL `ON CONFLICT DO NOTHING`.
+    `%s` (and a literal `%`, as in a `LIKE` pattern, doubled), and PostgreSQL
+    `ON CONFLICT DO NOTHING`.
     """
-    out = sql.replace("?", "%s")
+    out = re.sub(r"%(?!s)", "%%", sql).replace("?", "%s")
     if out.startswith("INSERT OR IGNORE INTO"):
         out = "INSERT INTO" + out[len("INSERT OR IGNORE INTO"):] + " ON CONFLICT DO NOTHING"
     return out
