@@ -32,8 +32,9 @@ def _disarm():
     disarm()
 
 
-def _setup(tmp_path: Path, effects: dict[str, Effect]):
+def _setup(tmp_path: Path, effects: dict[str, Effect], *faults: str):
     provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
+    provider.script_faults(*faults)
     saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
 
     @tool
@@ -298,16 +299,7 @@ def test_a_call_a_copy_skipped_with_an_unknown_outcome_is_unknown_in_the_source(
         tmp_path) -> None:
     """Seed 132: the copy sent the call first, lost the answer and skipped it; the
     source claimed the key afresh and sent the call again."""
-    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
-    provider.script_faults("lost")
-    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
-
-    @tool
-    def charge(cents: int) -> str:
-        """Charge."""
-        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
-
-    graph = build(saver, [charge], {}, call("charge", {"cents": 5}))
+    provider, saver, graph = _setup(tmp_path, {}, "lost")
     arm(FaultPlan("before_intent", action="raise"))
     with pytest.raises(InjectedCrash):
         graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
@@ -326,16 +318,7 @@ def test_a_call_a_copy_skipped_with_an_unknown_outcome_is_unknown_in_the_source(
 def test_an_approval_in_the_source_after_the_copy_skipped_the_unknown_send(tmp_path) -> None:
     """Seed 50184: both threads held the journaled approval; the copy sent the call, lost
     the answer and skipped it; the source then sent it again."""
-    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
-    provider.script_faults("lost")
-    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
-
-    @tool
-    def charge(cents: int) -> str:
-        """Charge."""
-        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
-
-    graph = build(saver, [charge], {"charge": Effect(approval=True)}, call("charge", {"cents": 5}))
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)}, "lost")
     graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
     arm(FaultPlan("after_decision", action="raise"))
     with pytest.raises(InjectedCrash):
