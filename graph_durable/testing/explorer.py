@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=None, help="run for this long (soak)")
     parser.add_argument("--paths", default="stable",
                         help="path classes: stable (default), all, or names, '-name' to drop "
-                             f"one; known bugs: {', '.join(sorted(KNOWN_BUGS))}")
+                             f"one; known bugs: {', '.join(sorted(KNOWN_BUGS)) or 'none'}")
     parser.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                         help="episodes at once (default: the CPUs, at most 4)")
     parser.add_argument("--planted-bug", action="store_true",

@@ -174,7 +174,6 @@ class _Run:
         self.finished: list[str] = []
         self.abandoned: list[str] = []
         self.queue: list[str] = []
-        self.skip_malformed = False
         self.dead_lease_until = 0.0
         """When the lease of the last process killed holding one has surely expired;
         until then another process is refused (`LeaseHeld`, or `LeaseLost` without a
@@ -261,7 +260,8 @@ class _Run:
             if self._refused(report) or not report["checkpointed"]:
                 stalls += 1  # a dead worker's lease; or killed before the input was saved
             elif report["interrupts"]:
-                if self.asked_again(thread_id, report["interrupts"]):
+                if self.asked_again(thread_id, report):
+                    how, stalls = Resume("recover"), stalls + 1
                     continue
                 repeats = repeats + 1 if report["interrupts"] == asked else 0
                 if repeats >= 3:
@@ -327,22 +327,30 @@ class _Run:
         self.result.log.append(f"stepped around known bug {path_class}")
         return True
 
-    def asked_again(self, thread_id: str, interrupts: list[dict[str, Any]]) -> bool:
-        """Whether calls are pending again although their decisions were journaled
-        before a crash (`recover()` leaves such a thread waiting), and the driver
-        resumes instead of answering."""
+    def asked_again(self, thread_id: str, report: dict[str, Any]) -> bool:
+        """Whether calls are still pending although their decisions were journaled
+        before a crash. That is right only while the killed worker's lease holds the
+        thread (`recover()` passed it by as `held_elsewhere`): then the driver waits
+        for the lease and recovers again (`True`). After a run that did resume the
+        thread it is a bug: the decisions were lost."""
         from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 
+        interrupts = report["interrupts"]
         with closing(sqlite3.connect(self.files["db_path"], check_same_thread=False)) as conn:
             saver = DurableSqliteSaver(conn)
             records = [saver.effect(i["value"]["key"], thread_id) for i in interrupts]
         decided = [r.tool_call_id for r in records if r is not None and not r.asked]
         if not decided:
             return False
-        self.skip_malformed = True  # a decision nobody waits for is ignored, not refused
-        return self.known_bug("recover_after_decision", (
-            f"ASKED-TWICE {thread_id}: {decided} pending again after a crash although "
-            "their decisions were journaled before it; a new answer is silently ignored"))
+        outcomes = [o.get("outcome") for o in report.get("recovered", [])]
+        if report["via"] == "recover" and "resumed" not in outcomes:
+            self.result.log.append(f"recover passed {thread_id} by ({outcomes}): the dead "
+                                   "worker's lease still held it")
+            self.wait_for_dead_lease()
+            return True
+        raise _Stop(f"ASKED-TWICE {thread_id}: {decided} pending again after a "
+                    f"{report['via']} run although their decisions were journaled before "
+                    "it; a new answer would be ignored")
 
     def misjudged(self, thread_id: str, report: dict[str, Any]) -> bool:
         """Whether `recover()` passed over an unfinished thread with nothing pending
@@ -366,8 +374,7 @@ class _Run:
 
     def try_malformed(self, thread_id: str, interrupts: list[dict[str, Any]]) -> None:
         """Maybe answer with a malformed decision first: it must change nothing."""
-        payload = None if self.skip_malformed else self.reviewer.malformed(interrupts)
-        self.skip_malformed = False
+        payload = self.reviewer.malformed(interrupts)
         if payload is None:
             return
         self.wait_for_dead_lease()
