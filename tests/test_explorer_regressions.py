@@ -332,3 +332,36 @@ def test_an_approval_in_the_source_after_the_copy_skipped_the_unknown_send(tmp_p
     [question] = graph.invoke(None, CONFIG, durability="sync")["__interrupt__"]
     assert question.value["type"] == "effect_unknown"
     assert provider.count() == 1
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_run_from_a_checkpoint_id_on_a_thread_leased_elsewhere_is_refused_at_once(
+        tmp_path, flavour) -> None:
+    """Seeds 40307, 40972, 50881: a worker killed under a lease; a run from
+    `get_state().config` (or time travel) before that lease expired had its fork
+    checkpoint refused by the fence in LangGraph's background save, waited 5 s for it,
+    and raised a misleading `DurabilityError`. It is `LeaseLost`, at once, and nothing
+    is sent."""
+    import asyncio
+    import time
+
+    from graph_durable import LeaseLost
+
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect()})
+    arm(FaultPlan("before_intent", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    disarm()
+    saver.acquire_lease("t", "dead-worker", ttl=30.0)
+    snapshot = graph.get_state(CONFIG)
+    assert snapshot.next == ("tools",) and not snapshot.interrupts
+    started = time.monotonic()
+    with pytest.raises(LeaseLost, match="dead-worker"):
+        if flavour == "sync":
+            graph.invoke(None, snapshot.config, durability="sync")
+        else:
+            asyncio.run(graph.ainvoke(None, snapshot.config, durability="sync"))
+    assert time.monotonic() - started < 2.0
+    assert provider.count() == 0
+    assert saver.effects("t") == []
+

@@ -127,6 +127,10 @@ class AsyncFromSync:
         """Async `checkpoint_exists`."""
         return self.checkpoint_exists(thread_id, checkpoint_ns, checkpoint_id)
 
+    async def alive_leases(self) -> dict[str, tuple[str, int, float]]:
+        """Async `live_leases`."""
+        return self.live_leases()  # type: ignore[attr-defined,no-any-return]
+
     async def aapply(
         self, write: LedgerWrite, config: RunnableConfig | None = None
     ) -> list[EffectRecord]:

@@ -23,7 +23,7 @@ from langgraph.types import Command, Interrupt, _interrupt_id
 
 from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
 from graph_durable.errors import DurabilityError, NotDurableCheckpointer
-from graph_durable.leases import active_lease
+from graph_durable.leases import active_lease, check_fence
 from graph_durable.ledger import EffectRecord, TransitionWrite, WriteBatch
 from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
@@ -477,6 +477,8 @@ class GuardCore:
             return
         stored = task.saver.checkpoint_exists(*where)
         deadline, pause = time.monotonic() + self.FORK_SAVE_WAIT, 0.005
+        if not stored:
+            _refused_by_fence(task, task.saver.live_leases())
         while not stored and time.monotonic() < deadline:
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
@@ -489,6 +491,8 @@ class GuardCore:
             return
         stored = await task.saver.acheckpoint_exists(*where)
         deadline, pause = time.monotonic() + self.FORK_SAVE_WAIT, 0.005
+        if not stored:
+            _refused_by_fence(task, await task.saver.alive_leases())
         while not stored and time.monotonic() < deadline:
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.1)
@@ -754,3 +758,13 @@ def pending_placeholder(ask: Ask) -> ToolMessage:
         status="error",
     )
 
+
+def _refused_by_fence(task: _Task, leases: Mapping[str, tuple[str, int, float]]) -> None:
+    """Raise `LeaseLost` when the fence refuses this run's writes to the thread.
+
+    The fork checkpoint a run from a checkpoint id saves in the background is then
+    refused, so waiting for it would only end in a misleading `DurabilityError`.
+    """
+    row = leases.get(task.thread_id)
+    if row is not None:
+        check_fence(row, task.thread_id, actor_of(task.config)[1], time.time())
