@@ -98,7 +98,9 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
         return ThreadStatus(thread_id, "waiting",
                             f"waiting for approval of {list(approvals)}" if approvals
                             else "waiting for input to an interrupt", nxt, approvals)
-    errors = [w[2] for w in latest.pending_writes if w[1] == ERROR]
+    # An error of a task that has since written its results is stale: a refused answer
+    # raised, and a later run of the same task succeeded before the worker stopped.
+    errors = [w[2] for w in latest.pending_writes if w[1] == ERROR and w[0] not in finished]
     if errors:
         return ThreadStatus(thread_id, "failed", f"a step raised: {errors[-1]!r}", nxt)
     if nxt:

@@ -365,3 +365,28 @@ def test_a_run_from_a_checkpoint_id_on_a_thread_leased_elsewhere_is_refused_at_o
     assert provider.count() == 0
     assert saver.effects("t") == []
 
+
+def test_a_refused_answer_then_a_worker_killed_after_the_step_wrote_is_orphaned(
+        tmp_path) -> None:
+    """Seed 50470: a refused (malformed) answer left an `__error__` write on the tools
+    task; the valid answer's run wrote the step's results and was killed before the next
+    checkpoint. `thread_status` read the stale error as `failed`, so `recover()` never
+    resumed the thread."""
+    from graph_durable import InvalidDecision
+
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    with pytest.raises(InvalidDecision):
+        graph.invoke(Command(resume={"type": "edit"}), CONFIG, durability="sync")
+    latest = saver.get_tuple(CONFIG)
+    [task_id] = {w[0] for w in latest.pending_writes if w[1] == "__error__"}
+    # What the valid answer's run saves before it is killed: the step's results, as
+    # LangGraph writes them for the task (here without the effect, which is asked anew).
+    saver.put_writes(latest.config, [("branch:to:agent", None)], task_id)
+    writes = [w[1] for w in saver.get_tuple(CONFIG).pending_writes]
+    assert "__error__" in writes and "branch:to:agent" in writes
+    status = thread_status(saver, "t")
+    assert status.status == "orphaned", status
+    [outcome] = recover(graph, saver, owner="sweeper")
+    assert outcome.outcome == "resumed" and outcome.status == "done"
+    assert graph.get_state(CONFIG).next == ()
