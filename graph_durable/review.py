@@ -26,7 +26,7 @@ from typing import Any
 
 from langgraph.types import Command
 
-from graph_durable.checkpointers._base import DurableSaverMixin
+from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import answered
 
@@ -248,8 +248,7 @@ def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
 
 
 def _saver_of(graph: Any) -> Any:
-    saver = getattr(graph, "checkpointer", None)
-    return saver if isinstance(saver, DurableSaverMixin) else None
+    return durable_saver(getattr(graph, "checkpointer", None))
 
 
 def review(graph: Any, config: dict[str, Any]) -> Review:

@@ -38,7 +38,7 @@ from graph_durable.ledger import (
     canonical_json,
 )
 
-__all__ = ["DurableSaverMixin", "IntentExists", "actor_of"]
+__all__ = ["DurableSaverMixin", "IntentExists", "actor_of", "durable_saver"]
 
 _log = logging.getLogger("graph_durable")
 
@@ -61,6 +61,30 @@ def actor_of(config: RunnableConfig | None) -> tuple[str | None, int | None]:
         return None, None
     conf = config.get("configurable", {})
     return conf.get(OWNER_KEY), conf.get(TOKEN_KEY)
+
+
+WRAPPER_INNER = "_inner"
+"""The attribute under which a saver wrapper keeps the saver it wraps: the LangGraph
+Agent Server's `_CustomCheckpointerAdapter` (langgraph-api) does. Pinned by
+`tests/nodes/test_langgraph_internals.py`."""
+
+
+def durable_saver(saver: Any) -> DurableSaverMixin | None:
+    """The durable saver a graph runs with: `saver` itself, or the one a wrapper holds.
+
+    The Agent Server wraps the saver `langgraph.json` names in an adapter that adds run
+    metadata to checkpoints and passes every call on, configs included; the ledger is
+    written to the wrapped saver with the same config, so the fence holds as without the
+    wrapper. Only a wrapper's own attribute is followed (not one it forwards), three
+    levels deep at most.
+    """
+    for _ in range(4):
+        if isinstance(saver, DurableSaverMixin):
+            return saver
+        saver = vars(saver).get(WRAPPER_INNER) if hasattr(saver, "__dict__") else None
+        if saver is None:
+            return None
+    return None
 
 
 class DurableSaverMixin:

@@ -21,7 +21,7 @@ from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, Interrupt, _interrupt_id
 
-from graph_durable.checkpointers._base import DurableSaverMixin, actor_of
+from graph_durable.checkpointers._base import actor_of, durable_saver
 from graph_durable.errors import DurabilityError, NotDurableCheckpointer
 from graph_durable.leases import active_lease, check_fence
 from graph_durable.ledger import EffectRecord, TransitionWrite, WriteBatch
@@ -115,12 +115,13 @@ class _Task:
         self.conf: Mapping[str, Any] = config.get("configurable", {})
         self.thread_id = str(self.conf.get("thread_id", ""))
         self.checkpoint_ns = str(self.conf.get("checkpoint_ns", ""))
-        saver = self.conf.get(CONFIG_KEY_CHECKPOINTER)
-        if not isinstance(saver, DurableSaverMixin):
+        wrapped = self.conf.get(CONFIG_KEY_CHECKPOINTER)
+        saver = durable_saver(wrapped)
+        if saver is None:
             raise NotDurableCheckpointer(
                 f"Tool call {call.get('id')!r} ({call.get('name')}) in thread "
                 f"{self.thread_id or '<none>'!r}: the graph was compiled with "
-                f"{type(saver).__name__ if saver is not None else 'no checkpointer'}, which "
+                f"{type(wrapped).__name__ if wrapped is not None else 'no checkpointer'}, which "
                 "keeps no effect ledger. Compile it with a durable saver, e.g. "
                 "builder.compile(checkpointer=DurableSqliteSaver(conn)).",
                 thread_id=self.thread_id or None,
@@ -167,7 +168,7 @@ def _task_with_resume(config: Mapping[str, Any]) -> _Task | None:
     conf = config.get("configurable", {})
     if _peek_resume(conf) is None:
         return None
-    if not isinstance(conf.get(CONFIG_KEY_CHECKPOINTER), DurableSaverMixin):
+    if durable_saver(conf.get(CONFIG_KEY_CHECKPOINTER)) is None:
         return None
     return _Task(config, {})
 

@@ -1,6 +1,7 @@
 """The LangGraph internals the guard touches, pinned: a release that moves one fails here
 first, by name, instead of silently breaking the guard (see `graph_durable/nodes/guard.py`)."""
 
+import pytest
 from langgraph._internal import _constants
 from langgraph._internal._scratchpad import PregelScratchpad
 from langgraph.types import _interrupt_id
@@ -22,3 +23,33 @@ def test_scratchpad_and_interrupt_ids_have_the_shape_the_guard_reads() -> None:
     # The first interrupt of a task is keyed by its namespace alone.
     assert _interrupt_id("tools:1", 0) != _interrupt_id("tools:1", 1)
     assert len(_interrupt_id("tools:1", 0)) == 32
+
+
+def test_the_agent_servers_saver_adapter_keeps_the_saver_where_the_guard_looks() -> None:
+    """The adapter cannot be imported without a server's configuration, so its source is
+    read; `tests/server` runs it for real."""
+    import importlib.util
+    from pathlib import Path
+
+    from graph_durable.checkpointers._base import WRAPPER_INNER, durable_saver
+
+    spec = importlib.util.find_spec("langgraph_api")  # finds, does not import
+    if spec is None or spec.origin is None:
+        pytest.skip("needs the 'server' extra (langgraph-cli[inmem])")
+    source = (Path(spec.origin).parent / "_checkpointer" / "_adapter.py").read_text()
+    assert "class _CustomCheckpointerAdapter(BaseCheckpointSaver)" in source
+    assert f"self.{WRAPPER_INNER} = inner" in source
+
+    class Adapter:
+        def __init__(self, inner: object) -> None:
+            setattr(self, WRAPPER_INNER, inner)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(getattr(self, WRAPPER_INNER), name)
+
+    from graph_durable import DurableSqliteSaver
+
+    with DurableSqliteSaver.from_conn_string(":memory:") as saver:
+        assert durable_saver(Adapter(saver)) is saver
+        assert durable_saver(Adapter(Adapter(saver))) is saver
+    assert durable_saver(Adapter(object())) is None and durable_saver(None) is None
