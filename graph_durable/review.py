@@ -32,7 +32,11 @@ from graph_durable.ledger import answered
 
 __all__ = ["PendingItem", "Review", "areview", "review"]
 
-_KINDS = {"effect_approval": "approval", "effect_unknown": "unknown"}
+_KINDS = {"tool_approval": "approval", "effect_approval": "approval", "effect_unknown": "unknown"}
+"""Interrupt types the guard raises; `effect_approval` is the shape of earlier releases,
+still pending in some threads, and read the same way (its `tool` is today's `name`)."""
+_DEFAULT_ALLOWED = {"approval": ("approve", "edit", "reject"),
+                    "unknown": ("applied", "retry", "skip")}
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,13 @@ class Review:
         return self._decide(tool_call_id, {"type": "reject", "message": message}, reviewer,
                             interrupt_id)
 
+    def respond(self, tool_call_id: str, message: str, *, reviewer: str | None = None,
+                interrupt_id: str | None = None) -> Review:
+        """Answer in place of the tool: nothing is sent, the model gets `message` as the
+        tool's result, and the decision is journaled."""
+        return self._decide(tool_call_id, {"type": "respond", "message": message}, reviewer,
+                            interrupt_id)
+
     def mark_applied(self, tool_call_id: str, receipt: Any, *,
                      reviewer: str | None = None, interrupt_id: str | None = None) -> Review:
         """The effect did happen (you checked): record `receipt`, do not call again."""
@@ -156,35 +167,33 @@ class Review:
                             interrupt_id)
 
     def command(self) -> Command:
-        """The `Command(resume=...)` carrying the decisions, grouped by interrupt.
+        """The `Command(resume=...)` carrying the decisions, keyed by interrupt id.
 
-        The resume value is `{interrupt_id: {tool_call_id: decision}}`, which LangGraph
-        routes to the task that asked, in this graph or in any of its subgraphs.
+        Each call is asked in its own interrupt, so the resume value is `{interrupt_id:
+        decision}`, LangGraph's own form, which it routes to the task that asked, in this
+        graph or in any of its subgraphs, however many interrupts are pending. Calls not
+        decided stay pending. (An interrupt of an earlier release that asks about several
+        calls gets `{interrupt_id: {tool_call_id: decision}}`.)
 
         Raises:
-            InvalidDecision: an interrupt asks about several calls and only some of
-                them are decided (decide all, or none, of one interrupt's calls).
+            InvalidDecision: nothing was decided.
         """
         groups: dict[str, list[PendingItem]] = {}
         for item in self.pending:
             groups.setdefault(item.interrupt_id, []).append(item)
-        resume: dict[str, dict[str, Any]] = {}
+        resume: dict[str, Any] = {}
         for interrupt_id, items in groups.items():
-            ids = [i.tool_call_id for i in items]
-            # Name each call by its tool_call_id, or by its key where the id repeats.
-            chosen = {(i.tool_call_id if ids.count(i.tool_call_id) == 1 else i.key):
-                      self.decisions.get((interrupt_id, i.key)) for i in items}
-            decided = [i for i in items if self.decisions.get((interrupt_id, i.key))]
+            decided = [i for i in items if (interrupt_id, i.key) in self.decisions]
             if not decided:
                 continue
-            if len(decided) != len(items):
-                missing = [i.tool_call_id for i in items if i not in decided]
-                raise InvalidDecision(
-                    f"Tool calls {missing} are asked in the same interrupt as "
-                    f"{[i.tool_call_id for i in decided]} in thread {self.thread_id!r}; "
-                    "decide them too.", thread_id=self.thread_id,
-                )
-            resume[interrupt_id] = {c: d for c, d in chosen.items() if d is not None}
+            if len(items) == 1:
+                resume[interrupt_id] = self.decisions[(interrupt_id, items[0].key)]
+                continue
+            ids = [i.tool_call_id for i in items]
+            # Name each call by its tool_call_id, or by its key where the id repeats.
+            resume[interrupt_id] = {
+                (i.tool_call_id if ids.count(i.tool_call_id) == 1 else i.key):
+                self.decisions[(interrupt_id, i.key)] for i in decided}
         if not resume:
             raise InvalidDecision(
                 f"No decisions taken for thread {self.thread_id!r}; pending: "
@@ -235,13 +244,14 @@ def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
         items.append(PendingItem(
             kind=_KINDS[value["type"]],
             tool_call_id=value["tool_call_id"],
-            tool=value["tool"],
+            tool=value.get("name", value.get("tool")),
             args=value["args"],
             key=value["key"],
             attempts=record.attempts if record else value.get("attempts", 0),
             error=record.error if record else value.get("error"),
             description=value.get("description"),
-            allowed_decisions=tuple(value["allowed_decisions"]),
+            allowed_decisions=tuple(value.get("allowed_decisions")
+                                    or _DEFAULT_ALLOWED[_KINDS[value["type"]]]),
             interrupt_id=interrupt.id,
         ))
     return items

@@ -81,7 +81,7 @@ def test_blind_provider_pauses_instead_of_duplicating(tmp_path: Path, window: st
     # The intent is durable without a receipt and the provider cannot be asked.
     [question] = resumed.interrupts
     assert question["type"] == "effect_unknown"
-    assert question["tool"] == "create_ticket"
+    assert question["name"] == "create_ticket"
     assert question["allowed_decisions"] == ["applied", "retry", "skip"]
     assert tickets.count() == applied_before  # no second effect
     assert ledger(tmp_path)["create_ticket"] == "unknown"

@@ -39,7 +39,7 @@ def decision_events(tmp_path: Path) -> list[dict[str, Any]]:
 def test_worker_killed_while_waiting_then_a_new_process_approves(tmp_path, flavour) -> None:
     factory, kw = FACTORIES[flavour], kwargs(tmp_path)
     waiting = run_child(factory, kw, thread_id="t", hold=True)  # SIGKILLed while paused
-    assert [q["type"] for q in waiting.interrupts] == ["effect_approval"]
+    assert [q["type"] for q in waiting.interrupts] == ["tool_approval"]
     assert pay_provider(tmp_path).count() == 0
 
     approved = run_child(factory, kw, thread_id="t", action="review",

@@ -68,7 +68,7 @@ def test_blind_provider_pauses_instead_of_duplicating_on_postgres(
                      fault=FaultPlan("after_effect", tool="create_ticket")).killed
     resumed = run_child(TICKET, kwargs, thread_id="t", action="resume")
     [question] = resumed.interrupts
-    assert question["type"] == "effect_unknown" and question["tool"] == "create_ticket"
+    assert question["type"] == "effect_unknown" and question["name"] == "create_ticket"
     assert tickets.count() == 1  # applied once before the kill, never again
     assert ledger(postgres_conninfo)["create_ticket"] == "unknown"
 

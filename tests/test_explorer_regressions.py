@@ -220,10 +220,10 @@ def test_a_question_asked_anew_by_a_run_that_died_is_not_the_saved_one(tmp_path)
                                           "book": Effect(approval=True)},
                   call("charge", {"cents": 5}, "c1"), call("book", {"room": "A"}, "c2"))
     graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
-    both = {"c1": {"type": "approve"}, "c2": {"type": "approve"}}
+    both = review(graph, CONFIG).approve("c1").approve("c2").command()
     arm(FaultPlan("after_receipt", action="raise"))
     with pytest.raises(InjectedCrash):
-        graph.invoke(Command(resume=both), CONFIG, durability="sync")
+        graph.invoke(both, CONFIG, durability="sync")
     disarm()
     assert saver.effect(review_key(saver, "c1"), "t").status is EffectStatus.UNKNOWN
     assert thread_status(saver, "t").status == "orphaned"

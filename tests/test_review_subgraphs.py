@@ -141,7 +141,7 @@ def test_approval_in_a_subgraph_is_listed_and_sent_once(saver, provider) -> None
     [item] = pending.pending
     assert (item.kind, item.tool_call_id, item.tool, item.args) == (
         "approval", "c0", "send", {"to": "ana"})
-    assert item.interrupt_id == question.id == interrupt_id_for(tools_ns(graph, "child"))
+    assert item.interrupt_id == question.id == interrupt_id_for(tools_ns(graph, "child"), item.key)
     assert item.key == question.value["key"] and provider.count() == 0
 
     result = pending.approve("c0", reviewer="lee").resume()
@@ -172,11 +172,12 @@ def test_one_interrupt_asking_about_several_calls_in_a_nested_subgraph(saver, pr
     start(graph)
     pending = review(graph, CONFIG)
     assert sorted(i.tool_call_id for i in pending.pending) == ["c0", "c1", "c2"]
-    assert len({i.interrupt_id for i in pending.pending}) == 1
+    assert len({i.interrupt_id for i in pending.pending}) == 3  # one interrupt per call
     pending.approve("c0").reject("c1", "not b")
-    with pytest.raises(InvalidDecision, match="decide them too"):
-        pending.command()
-    result = pending.approve("c2").resume()
+    partial = pending.resume()  # c2 was not decided: it stays pending
+    assert [i.value["tool_call_id"] for i in partial["__interrupt__"]] == ["c2"]
+    assert [e["payload"]["to"] for e in provider.effects()] == ["a"]
+    result = review(graph, CONFIG).approve("c2").resume()
     assert sorted(e["payload"]["to"] for e in provider.effects()) == ["a", "c"]
     assert "not b" in tool_messages(result["messages"])["c1"].content
     assert_done(graph)
@@ -210,7 +211,8 @@ def test_questions_pending_in_the_parent_and_in_a_subgraph(saver, provider) -> N
     pending = review(graph, CONFIG)
     by_call = {i.tool_call_id: i for i in pending.pending}
     assert sorted(by_call) == ["d0", "k0"]
-    assert by_call["k0"].interrupt_id == interrupt_id_for(tools_ns(graph, "child"))
+    assert by_call["k0"].interrupt_id == interrupt_id_for(tools_ns(graph, "child"),
+                                                          by_call["k0"].key)
     assert by_call["d0"].interrupt_id != by_call["k0"].interrupt_id
 
     # Answer the subgraph's question only: the parent's stays pending.

@@ -1,15 +1,28 @@
-"""Interrupt payloads, and the validation of the decisions that answer them.
+"""Interrupt payloads, their response schemas, and the validation of the decisions that
+answer them.
 
-A resume value is either one decision (allowed when exactly one effect of the task is
-pending) or a mapping `{tool_call_id: decision}`. Decisions use LangChain's
-HumanInTheLoopMiddleware shapes. Validation is pure: it runs before anything is
-recorded, so a malformed answer leaves the interrupt pending and the ledger unchanged.
+Payloads follow LangChain's per-call shape (`HumanInTheLoopMiddleware(interrupt_mode=
+"per_call")`): an approval is a `tool_approval` request (`tool_call_id`, `name`, `args`,
+`description`) with the ledger's fields beside it (`key`, `status`, `attempts`,
+`allowed_decisions`); an unknown outcome is an `effect_unknown` request in the same style.
+Each interrupt carries a `response_schema` listing the decisions it allows, the edit's
+args following the tool's own argument schema.
+
+A resume value is one decision (allowed when exactly one effect of the task is pending),
+a mapping `{interrupt_id | tool_call_id | effect key: decision}`, or LangChain's batched
+`{"decisions": [...]}` (matched to the pending calls in their order). Decisions use
+LangChain's HumanInTheLoopMiddleware shapes. Validation is pure: it runs before anything
+is recorded, so a malformed answer leaves the interrupt pending and the ledger unchanged.
+A mapping may answer some of the pending calls: the others stay pending.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, TypeAdapter, ValidationError, create_model
 
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import EffectRecord, EffectStatus
@@ -20,11 +33,15 @@ __all__ = [
     "allowed_decisions",
     "approval_payload",
     "match_decisions",
+    "response_schema",
     "unknown_payload",
 ]
 
-APPROVAL_DECISIONS = ("approve", "edit", "reject")
+APPROVAL_DECISIONS = ("approve", "edit", "reject", "respond")
 UNKNOWN_DECISIONS = ("applied", "retry", "skip")
+APPROVAL_TYPES = ("tool_approval", "effect_approval")
+"""Interrupt types asking for an approval: LangChain's per-call one, and the shape of
+earlier releases (`effect_approval`, with `tool` for `name`), still read."""
 
 
 def allowed_decisions(record: EffectRecord) -> tuple[str, ...]:
@@ -35,14 +52,16 @@ def allowed_decisions(record: EffectRecord) -> tuple[str, ...]:
 
 
 def approval_payload(record: EffectRecord, description: str | None) -> dict[str, Any]:
-    """The `effect_approval` interrupt value for an effect awaiting approval."""
+    """The `tool_approval` interrupt value for an effect awaiting approval."""
     return {
-        "type": "effect_approval",
+        "type": "tool_approval",
         "tool_call_id": record.tool_call_id,
-        "tool": record.tool,
+        "name": record.tool,
         "args": record.args,
+        "description": description or f"Tool execution pending approval: {record.tool}",
         "key": record.key,
-        "description": description,
+        "status": record.status.value,
+        "attempts": record.attempts,
         "allowed_decisions": list(APPROVAL_DECISIONS),
     }
 
@@ -52,13 +71,99 @@ def unknown_payload(record: EffectRecord) -> dict[str, Any]:
     return {
         "type": "effect_unknown",
         "tool_call_id": record.tool_call_id,
-        "tool": record.tool,
+        "name": record.tool,
         "args": record.args,
         "key": record.key,
+        "status": record.status.value,
         "attempts": record.attempts,
         "error": record.error,
+        "description": f"The outcome of {record.tool} is unknown: check the provider, then "
+                       "say it was applied, retry it, or skip it",
         "allowed_decisions": list(UNKNOWN_DECISIONS),
     }
+
+
+# -- response schemas: what LangGraph publishes to clients, and what the guard checks ----
+
+class _Decision(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    reviewer: str | None = None
+
+
+class Approve(_Decision):
+    type: Literal["approve"]
+
+
+class Reject(_Decision):
+    type: Literal["reject"]
+    message: str | None = None
+
+
+class Respond(_Decision):
+    """The reviewer answers in place of the tool: nothing is sent."""
+
+    type: Literal["respond"]
+    message: str
+
+
+class Applied(_Decision):
+    """The effect happened (a human checked): its receipt."""
+
+    type: Literal["applied"]
+    receipt: Any
+
+
+class Retry(_Decision):
+    type: Literal["retry"]
+
+
+class Skip(_Decision):
+    type: Literal["skip"]
+    message: str | None = None
+
+
+def _args_schema(tool: Any) -> Any:
+    """The model an edit's args must follow: the tool's own call schema, if it is one."""
+    schema = getattr(tool, "tool_call_schema", None)
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return schema
+    return dict[str, Any]
+
+
+@functools.lru_cache(maxsize=256)
+def _decision_type(allowed: tuple[str, ...], name: str, args: Any) -> Any:
+    action = create_model("EditedAction", __config__=ConfigDict(extra="forbid"),
+                          name=(Literal[name], name), args=(args, ...))  # type: ignore[call-overload]
+    edit = create_model("Edit", __base__=_Decision, type=(Literal["edit"], ...),
+                        edited_action=(action, ...))  # type: ignore[call-overload]
+    by_type = {"approve": Approve, "edit": edit, "reject": Reject, "respond": Respond,
+               "applied": Applied, "retry": Retry, "skip": Skip}
+    members = tuple(by_type[kind] for kind in allowed)
+    return Annotated[Union[members], Discriminator("type")]  # noqa: UP007
+
+
+@functools.lru_cache(maxsize=256)
+def _adapter(allowed: tuple[str, ...], name: str, args: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(_decision_type(allowed, name, args))
+
+
+def response_schema(record: EffectRecord, tool: Any = None) -> dict[str, Any]:
+    """The JSON schema of the decisions that answer the question about `record`: one
+    branch per allowed type, an edit's args following `tool`'s argument schema."""
+    return _adapter(allowed_decisions(record), record.tool, _args_schema(tool)).json_schema()
+
+
+def _check_schema(decision: Mapping[str, Any], record: EffectRecord, tool: Any,
+                  where: str, thread_id: str) -> None:
+    try:
+        _adapter(allowed_decisions(record), record.tool, _args_schema(tool)).validate_python(
+            dict(decision))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc'][1:]) or 'decision'}: {error['msg']}"
+            for error in exc.errors(include_url=False))
+        raise _invalid(f"The {where} does not match the interrupt's response_schema "
+                       f"({problems})", record, thread_id) from None
 
 
 def _is_decision(value: Any) -> bool:
@@ -76,7 +181,8 @@ def _invalid(message: str, record: EffectRecord | None, thread_id: str) -> Inval
     )
 
 
-def _check_shape(decision: Any, record: EffectRecord, thread_id: str) -> dict[str, Any]:
+def _check_shape(decision: Any, record: EffectRecord, thread_id: str,
+                 tool: Any = None) -> dict[str, Any]:
     where = f"decision for tool call {record.tool_call_id!r} ({record.tool})"
     if not _is_decision(decision):
         raise _invalid(f"The {where} must be a dict with a 'type', got {decision!r}",
@@ -105,47 +211,70 @@ def _check_shape(decision: Any, record: EffectRecord, thread_id: str) -> dict[st
     for text_field in ("message", "reviewer"):
         if text_field in decision and not isinstance(decision[text_field], str):
             raise _invalid(f"The {where} has a non-string {text_field!r}", record, thread_id)
+    _check_schema(decision, record, tool, where, thread_id)
     return dict(decision)
 
 
 def match_decisions(
-    resume: Any, asked: list[EffectRecord], thread_id: str
+    resume: Any, asked: list[EffectRecord], thread_id: str, *,
+    tools: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Match a resume value to the effects a task asked about, by tool_call_id.
+    """Match a resume value to the effects a task asked about.
 
-    A mapping may also name an effect by its key: a model that gives two different
-    calls of one message the same tool_call_id leaves the key as the only name that
-    tells them apart (`review` uses it then).
+    A mapping names each effect by its interrupt id (translated to its key by the
+    caller), its tool_call_id, or its key: a model that gives two different calls of
+    one message the same tool_call_id leaves the key as the only name that tells them
+    apart (`review` uses it then). A mapping may answer only some of the calls; LangChain's
+    batched `{"decisions": [...]}` answers all of them, in the order they were asked.
+    `tools` (by name) give the argument schemas edits are checked against.
 
     Returns:
-        `{key: decision}` for every asked effect.
+        `{key: decision}` for the effects the value answers.
 
     Raises:
-        InvalidDecision: a decision for an unknown tool call, a missing decision, a type
-            the interrupt does not allow, or a malformed decision.
+        InvalidDecision: a decision for a call that is not pending, a single decision for
+            several calls, a type the interrupt does not allow, or a malformed decision
+            (args that do not fit the tool's schema included). Nothing is matched then.
     """
+    tools = tools or {}
     by_call: dict[str, list[EffectRecord]] = {}
     for record in asked:
         by_call.setdefault(record.tool_call_id, []).append(record)
     by_key = {record.key: record for record in asked}
+
+    def checked(decision: Any, record: EffectRecord) -> dict[str, Any]:
+        return _check_shape(decision, record, thread_id, tools.get(record.tool))
+
     if _is_decision(resume):
         if len(asked) != 1:
             raise _invalid(
                 f"A single decision was given but {len(asked)} tool calls are pending "
-                f"({sorted(by_call)}); answer each by tool_call_id", None, thread_id,
+                f"({sorted(by_call)}); answer each by its interrupt id", None, thread_id,
             )
-        return {asked[0].key: _check_shape(resume, asked[0], thread_id)}
+        return {asked[0].key: checked(resume, asked[0])}
+    if isinstance(resume, Mapping) and set(resume) == {"decisions"}:
+        batch = resume["decisions"]
+        if not isinstance(batch, list | tuple) or len(batch) != len(asked):
+            raise _invalid(
+                f"{{'decisions': [...]}} must hold one decision per pending call, in order: "
+                f"{len(asked)} pending ({[r.tool_call_id for r in asked]})", None, thread_id,
+            )
+        return {record.key: checked(decision, record)
+                for record, decision in zip(asked, batch, strict=True)}
     if not isinstance(resume, Mapping):
         raise _invalid(
             f"Resume value {resume!r} is neither a decision nor a mapping "
-            "{tool_call_id: decision}", None, thread_id,
+            "{interrupt_id: decision}", None, thread_id,
         )
     not_ids = [name for name in resume if not isinstance(name, str)]
     if not_ids:
         raise _invalid(
-            f"Decisions must be keyed by tool_call_id (a string); got keys {not_ids!r}; "
-            f"pending: {sorted(by_call)}", None, thread_id,
+            f"Decisions must be keyed by interrupt id or tool_call_id (a string); got keys "
+            f"{not_ids!r}; pending: {sorted(by_call)}", None, thread_id,
         )
+    if not resume:
+        raise _invalid(f"The resume value decides nothing; pending: {sorted(by_call)}",
+                       None, thread_id)
     chosen: dict[str, dict[str, Any]] = {}
     for name, decision in resume.items():
         if name in by_key:
@@ -155,7 +284,7 @@ def match_decisions(
         elif name in by_call:
             raise _invalid(
                 f"Tool call id {name!r} names {len(by_call[name])} different pending calls "
-                f"(the model repeated the id); name each by its effect key instead: "
+                f"(the model repeated the id); name each by its interrupt id or effect key: "
                 f"{[r.key for r in by_call[name]]}", by_call[name][0], thread_id,
             )
         else:
@@ -163,11 +292,5 @@ def match_decisions(
                 f"Decisions name tool calls that are not pending: {[name]}; pending: "
                 f"{sorted(by_call)}", None, thread_id,
             )
-        chosen[record.key] = _check_shape(decision, record, thread_id)
-    missing = [record for record in asked if record.key not in chosen]
-    if missing:
-        raise _invalid(
-            f"No decision for tool call {missing[0].tool_call_id!r} ({missing[0].tool}); "
-            f"every pending call needs one: {sorted(by_call)}", missing[0], thread_id,
-        )
+        chosen[record.key] = checked(decision, record)
     return chosen

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dataclasses
+import hashlib
 import inspect
 import threading
 import time
@@ -27,7 +29,7 @@ from graph_durable.leases import active_lease, check_fence
 from graph_durable.ledger import EffectRecord, TransitionWrite, WriteBatch
 from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
-from graph_durable.nodes.decisions import match_decisions
+from graph_durable.nodes.decisions import match_decisions, response_schema
 from graph_durable.nodes.protocol import (
     Ask,
     CallContext,
@@ -71,36 +73,60 @@ OnAsk = Callable[[Ask, str], Any]
 ToolResult = ToolMessage | Command
 
 
-def interrupt_id_for(checkpoint_ns: str) -> str:
-    """The id of the interrupt a task raises; one id per task, whatever it asks."""
-    return _interrupt_id(checkpoint_ns, 0)
+def interrupt_id_for(checkpoint_ns: str, key: str) -> str:
+    """The id of the interrupt that asks about the effect `key` in the task
+    `checkpoint_ns`: one interrupt per call, as LangChain's per-call mode.
+
+    It has the form of LangGraph's own ids (32 hex digits), so LangGraph accepts
+    `Command(resume={interrupt_id: decision, ...})` naming it, and hands the whole map to
+    the task in its config, where the guard reads the answers addressed to its calls.
+    """
+    return hashlib.blake2b(f"{checkpoint_ns}|effect|{key}".encode(), digest_size=16).hexdigest()
 
 
-def _peek_resume(conf: Mapping[str, Any]) -> Any:
+def _offered_resume(conf: Mapping[str, Any]) -> bool:
+    """Whether this run offers any resume value at all (bare, or a map)."""
+    scratchpad = conf.get(CONFIG_KEY_SCRATCHPAD)
+    if scratchpad is None:
+        return False
+    return scratchpad.get_null_resume(False) is not None or bool(conf.get(CONFIG_KEY_RESUME_MAP))
+
+
+def _peek_resume(conf: Mapping[str, Any], asked: list[EffectRecord]) -> Any:
     """The resume value offered to this task's guard, read without consuming it.
 
-    LangGraph stores a resume value once `interrupt()` returns it, so a value that turns
-    out malformed would be replayed forever. Peeking lets the guard validate first.
+    - the answers a resume map addresses to the interrupts of the `asked` calls, as
+      `{key: decision}` (LangGraph's own routing never sees these ids: it hands the map
+      to every task in its config);
+    - else a bare resume value (a decision, `{tool_call_id: decision}`, or LangChain's
+      `{"decisions": [...]}`), which LangGraph lets through when one interrupt is pending;
+    - else the value a map addressed to the task's own LangGraph interrupt id (pending
+      interrupts of earlier releases, one per task): LangGraph appends it last to the
+      scratchpad's answers.
 
-    The task's `scratchpad.resume` also holds the answers its tools' own `interrupt()`
-    calls already got (stored by LangGraph); those are the tools', never the guard's.
-    The guard's value is the bare resume value, or the one this run's resume map
-    addressed to the task (LangGraph appends it last).
+    LangGraph stores a resume value once `interrupt()` returns it, so a value that turns
+    out malformed would be replayed forever; peeking lets the guard validate first. The
+    scratchpad's earlier answers are those of the tools' own `interrupt()` calls.
     """
     scratchpad = conf.get(CONFIG_KEY_SCRATCHPAD)
     if scratchpad is None:
         return None
+    ns = str(conf.get("checkpoint_ns", ""))
+    resume_map = conf.get(CONFIG_KEY_RESUME_MAP) or {}
+    addressed = {record.key: resume_map[interrupt_id]
+                 for record in asked
+                 if (interrupt_id := interrupt_id_for(ns, record.key)) in resume_map}
+    if addressed:
+        return addressed
     bare = scratchpad.get_null_resume(False)
     if bare is not None:
         return bare
-    resume_map = conf.get(CONFIG_KEY_RESUME_MAP)
     if not scratchpad.resume or not resume_map:
         return None
     last = scratchpad.resume[-1]
-    ns = str(conf.get("checkpoint_ns", ""))
-    addressed = (resume_map.get(_interrupt_id(ns, len(scratchpad.resume) - 1)),
-                 resume_map.get(_interrupt_id(ns, 0)))
-    return last if any(last is value for value in addressed) else None
+    legacy = (resume_map.get(_interrupt_id(ns, len(scratchpad.resume) - 1)),
+              resume_map.get(_interrupt_id(ns, 0)))
+    return last if any(last is value for value in legacy) else None
 
 
 def _config_of(request: ToolCallRequest) -> Mapping[str, Any]:
@@ -166,15 +192,20 @@ def _task_with_resume(config: Mapping[str, Any]) -> _Task | None:
     the guard's business: only a durable saver can hold the questions it answers.
     """
     conf = config.get("configurable", {})
-    if _peek_resume(conf) is None:
+    if not _offered_resume(conf):
         return None
     if durable_saver(conf.get(CONFIG_KEY_CHECKPOINTER)) is None:
         return None
     return _Task(config, {})
 
 
-def _decision_batch(task: _Task, asked: list[Any], resume: Any) -> WriteBatch:
-    decisions = match_decisions(resume, asked, task.thread_id)
+def _decision_batch(task: _Task, asked: list[Any], resume: Any,
+                    tools: Mapping[str, Any] | None) -> WriteBatch | None:
+    """The journal entries of the decisions `resume` carries (`None`: it answers none
+    of this task's questions). Calls it does not answer stay asked."""
+    decisions = match_decisions(resume, asked, task.thread_id, tools=tools)
+    if not decisions:
+        return None
     return WriteBatch(
         task.thread_id,
         tuple(
@@ -183,7 +214,7 @@ def _decision_batch(task: _Task, asked: list[Any], resume: Any) -> WriteBatch:
                 kind="decision", decision=decisions[record.key], asked=False,
                 data={"decision": decisions[record.key]},
             )
-            for record in asked
+            for record in asked if record.key in decisions
         ),
         resume_at=task.resume_at(),
     )
@@ -356,26 +387,32 @@ class GuardCore:
 
     # -- decisions (once per task, before its calls run) ---------------------------------
 
-    def resolve_decisions(self, config: Mapping[str, Any]) -> None:
-        """Journal the decisions a resume value carries for this task, if any."""
+    def resolve_decisions(self, config: Mapping[str, Any],
+                          tools: Mapping[str, Any] | None = None) -> None:
+        """Journal the decisions a resume value carries for this task, if any.
+
+        `tools` (by name) give the argument schemas an edit is checked against."""
         task = _task_with_resume(config)
         if task is None:
             return
-        resume = _peek_resume(task.conf)
         asked = task.saver.asked_in_task(task.thread_id, task.checkpoint_ns)
-        if asked:
-            task.saver.apply(_decision_batch(task, asked, resume), task.config)
+        resume = _peek_resume(task.conf, asked) if asked else None
+        batch = None if resume is None else _decision_batch(task, asked, resume, tools)
+        if batch is not None:
+            task.saver.apply(batch, task.config)
             fault_point("after_decision")
 
-    async def aresolve_decisions(self, config: Mapping[str, Any]) -> None:
+    async def aresolve_decisions(self, config: Mapping[str, Any],
+                                 tools: Mapping[str, Any] | None = None) -> None:
         """Async `resolve_decisions`."""
         task = _task_with_resume(config)
         if task is None:
             return
-        resume = _peek_resume(task.conf)
         asked = await task.saver.aasked_in_task(task.thread_id, task.checkpoint_ns)
-        if asked:
-            await task.saver.aapply(_decision_batch(task, asked, resume), task.config)
+        resume = _peek_resume(task.conf, asked) if asked else None
+        batch = None if resume is None else _decision_batch(task, asked, resume, tools)
+        if batch is not None:
+            await task.saver.aapply(batch, task.config)
             fault_point("after_decision")
 
     # -- sync driver -------------------------------------------------------------------
@@ -439,7 +476,8 @@ class GuardCore:
             elif isinstance(op, Sleep):
                 time.sleep(op.seconds)
             else:
-                value = on_ask(op, interrupt_id_for(task.checkpoint_ns))
+                value = on_ask(_with_schema(op, request.tool),
+                               interrupt_id_for(task.checkpoint_ns, op.record.key))
 
     # -- the same call twice in one step: run once, answer both ---------------------------
 
@@ -679,7 +717,8 @@ class GuardCore:
             elif isinstance(op, Sleep):
                 await asyncio.sleep(op.seconds)
             else:
-                value = on_ask(op, interrupt_id_for(task.checkpoint_ns))
+                value = on_ask(_with_schema(op, request.tool),
+                               interrupt_id_for(task.checkpoint_ns, op.record.key))
 
     async def _acall_tool(
         self,
@@ -742,11 +781,17 @@ def _same_answer(result: Any) -> Any:
     return result.model_copy() if isinstance(result, ToolMessage) else result
 
 
+def _with_schema(ask: Ask, tool: Any) -> Ask:
+    """`ask` with the JSON schema of the decisions that answer it (edits follow `tool`)."""
+    return dataclasses.replace(ask, schema=response_schema(ask.record, tool))
+
+
 def raise_interrupts(asks: list[tuple[Ask, str]]) -> None:
     """Raise one GraphInterrupt carrying every question a task asks."""
     if asks:
         raise GraphInterrupt(
-            tuple(Interrupt(value=ask.payload, id=interrupt_id) for ask, interrupt_id in asks)
+            tuple(Interrupt(value=ask.payload, id=interrupt_id, response_schema=ask.schema)
+                  for ask, interrupt_id in asks)
         )
 
 

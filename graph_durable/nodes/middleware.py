@@ -15,6 +15,11 @@ from graph_durable.policy import Effect
 __all__ = ["EffectGuardMiddleware"]
 
 
+def _tools_of(request: ToolCallRequest) -> dict[str, Any]:
+    """The call's tool by name: an edit's args are checked against its schema."""
+    return {} if request.tool is None else {request.tool_call["name"]: request.tool}
+
+
 def _interrupt_now(ask: Ask, interrupt_id: str) -> Any:
     raise_interrupts([(ask, interrupt_id)])
 
@@ -42,7 +47,7 @@ class EffectGuardMiddleware(AgentMiddleware):
     ) -> Any:
         """Run the call through the ledger (sync)."""
         if not self.guard.policy_for(request.tool_call["name"]).read_only:
-            self.guard.resolve_decisions(_config_of(request))
+            self.guard.resolve_decisions(_config_of(request), _tools_of(request))
         return self.guard.run(request, handler, _interrupt_now)
 
     async def awrap_tool_call(
@@ -50,5 +55,5 @@ class EffectGuardMiddleware(AgentMiddleware):
     ) -> Any:
         """Run the call through the ledger (async)."""
         if not self.guard.policy_for(request.tool_call["name"]).read_only:
-            await self.guard.aresolve_decisions(_config_of(request))
+            await self.guard.aresolve_decisions(_config_of(request), _tools_of(request))
         return await self.guard.arun(request, handler, _interrupt_now)

@@ -90,9 +90,10 @@ class EffectGuardNode(ToolNode):
         wrap_tool_call / awrap_tool_call: Your own wrappers, run around the guard.
         name, tags, messages_key: As for `ToolNode`.
 
-    All calls of one step that need a human are asked in a single interrupt; resume with
-    `Command(resume={tool_call_id: decision, ...})` (or one bare decision when one call
-    is pending). Run the graph with `durability="sync"`.
+    Each call that needs a human is asked in its own interrupt (LangChain's per-call
+    shape, with a `response_schema`); resume with `Command(resume={interrupt_id:
+    decision, ...})`, any subset of them (or one bare decision when one call is pending),
+    or let `review(graph, config)` build it. Run the graph with `durability="sync"`.
     """
 
     def __init__(
@@ -147,7 +148,7 @@ class EffectGuardNode(ToolNode):
         return [(call, call["name"] in self.tools_by_name) for call in tool_calls]
 
     def _func(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
-        self._guard.resolve_decisions(config)
+        self._guard.resolve_decisions(config, self.tools_by_name)
         calls = self._calls_of(input)
         state = _TaskState(started=self._guard.claim_step(
             calls, config, self._extract_state(input, config)), repeats=_repeats(calls))
@@ -165,7 +166,7 @@ class EffectGuardNode(ToolNode):
         return output
 
     async def _afunc(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
-        await self._guard.aresolve_decisions(config)
+        await self._guard.aresolve_decisions(config, self.tools_by_name)
         calls = self._calls_of(input)
         state = _TaskState(started=await self._guard.aclaim_step(
             calls, config, self._extract_state(input, config)), repeats=_repeats(calls))

@@ -102,6 +102,9 @@ class Ask:
 
     record: EffectRecord
     payload: dict[str, Any]
+    schema: dict[str, Any] | None = None
+    """The JSON schema of the decisions that answer it (set by the driver, which knows
+    the tool)."""
 
 
 @dataclass(frozen=True)
@@ -414,6 +417,12 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
         yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None, receipt=decision["receipt"],
                                    result=message, decision=None,
                                    data={**data, "source": "human"}))
+        return message
+    if kind == "respond":
+        # The reviewer answers in place of the tool: nothing is sent.
+        message = ctx.message(decision["message"])
+        yield Write(ctx.transition(record, S.REJECTED, "resolved", result=message,
+                                   decision=None, data=data))
         return message
     if kind in ("reject", "skip"):
         verb = "Rejected" if kind == "reject" else "Skipped"

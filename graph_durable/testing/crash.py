@@ -32,7 +32,7 @@ as `<name>.sqlite`: the sweep counts effects there, and resolvers look keys up t
 
 Resolver. `resolver(question, providers) -> decision` answers one interrupt value;
 `providers` maps file names to the scenario's providers (opened to read). The default,
-`default_resolver`, approves every `effect_approval` and settles an `effect_unknown`
+`default_resolver`, approves every `tool_approval` and settles an `effect_unknown`
 from the provider's own records, as a human would on the provider's dashboard:
 `applied` with the stored receipt if the key is there, else `retry` (same key).
 
@@ -121,7 +121,7 @@ def default_resolver(question: dict[str, Any],
     effect under the question's key, else `retry` (nothing was applied, re-send).
     """
     kind = question.get("type") if isinstance(question, dict) else None
-    if kind == "effect_approval":
+    if kind in ("tool_approval", "effect_approval"):
         return {"type": "approve"}
     if kind == "effect_unknown":
         for provider in providers.values():

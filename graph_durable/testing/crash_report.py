@@ -108,7 +108,7 @@ class CrashRow:
 
     @property
     def pauses(self) -> list[str]:
-        """Types of the interrupts answered (`effect_approval`, `effect_unknown`), in order."""
+        """Types of the interrupts answered (`tool_approval`, `effect_unknown`), in order."""
         return [q.get("type", "?") if isinstance(q, dict) else "?" for q in self.questions]
 
     @property

@@ -59,6 +59,10 @@ def ledger_snapshot(db_path: str) -> tuple[list[Any], list[Any]]:
                 [e.model_dump(mode="json") for e in saver.events()])
 
 
+RESPONDED = "answered by a person"
+"""What the explorer's reviewer answers in place of a tool (a `respond` decision)."""
+
+
 def _receipt_of(content: Any) -> Any:
     """The provider receipt a write tool's ToolMessage carries (edit note stripped)."""
     if not isinstance(content, str):
@@ -111,6 +115,16 @@ def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[s
             if answer.content == "awaiting a human decision":
                 problems.append(f"STRANDED {what} finished on a pending-decision placeholder")
             if answer.status == "error":
+                continue
+            if answer.content == RESPONDED:
+                # A person answered in place of the tool: nothing may have been sent.
+                mine = [r for r in records.values() if r.tool_call_id == call["id"]
+                        and r.args == call["args"] and r.status == "rejected"]
+                sent = [k for r in mine for k in [r.key] if by_key.get(k)]
+                if not mine or sent:
+                    problems.append(f"EXACTLY-ONCE {what} answered by a person, but the "
+                                    f"ledger holds {[r.status for r in mine]} and the "
+                                    f"provider holds keys {sent}")
                 continue
             receipt = _receipt_of(answer.content)
             key = receipt.get("key") if isinstance(receipt, dict) else None

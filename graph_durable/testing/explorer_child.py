@@ -111,7 +111,7 @@ def _decision_command(spec: dict[str, Any], pending: Any) -> Command:
             pending.edit(call, decision["edited_action"]["args"])
         elif kind == "applied":
             pending.mark_applied(call, decision["receipt"])
-        elif kind in ("reject", "skip"):
+        elif kind in ("reject", "skip", "respond"):
             getattr(pending, kind)(call, decision.get("message", ""))
         else:
             getattr(pending, kind)(call)  # approve, retry

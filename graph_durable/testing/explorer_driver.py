@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graph_durable.testing.explorer_checks import (
+    RESPONDED,
     check_episode,
     ledger_snapshot,
     provider_effects,
@@ -100,8 +101,10 @@ class _Reviewer:
             roll = rng.random()
             tool = question.get("tool") or question.get("name")
             if question["type"] in APPROVALS:
-                if roll < 0.55:
+                if roll < 0.5:
                     decision: dict[str, Any] = {"type": "approve"}
+                elif roll < 0.55:
+                    decision = {"type": "respond", "message": RESPONDED}
                 elif roll < 0.8:
                     args = dict(question["args"])
                     if not self.episode.reviewer.get("edit_unchanged"):
@@ -128,10 +131,9 @@ class _Reviewer:
         rng = self._rng("malformed")
         if rng.random() < 0.4:
             return None
-        valid = self.decide(interrupts)
+        valid = by_interrupt_id(self.decide(interrupts), interrupts)
         self.rounds -= 1
         first = interrupts[0]["value"]
-        call = first["tool_call_id"] if first["tool_call_id"] in valid else first["key"]
         approval = first["type"] in APPROVALS
         broken = rng.choice([
             {"type": "bogus"},
@@ -140,13 +142,23 @@ class _Reviewer:
             {"type": "reject", "message": 5} if approval else {"type": "skip", "message": 5},
             {"type": "edit", "edited_action": {"name": "nope", "args": {}}} if approval
             else "applied",
+            {"type": "edit", "edited_action": {"args": {"item": 7, "n": 0}}} if approval
+            else {"type": "applied"},  # args off the tool's schema
+            {"type": "respond"} if approval else {"type": "retry", "reviewer": 3},
         ])
-        by_call: dict[str, Any] = {**valid, call: broken}
-        if rng.random() < 0.25:
-            by_call = {**valid, "call_nobody_asked": {"type": "approve"}}
-        elif len(valid) > 1 and rng.random() < 0.3:
-            by_call = {call: valid[call]}  # the other pending calls left unanswered
-        return {interrupts[0]["id"]: by_call}
+        # Every other call answered validly: a bad answer in a set runs none of them.
+        return {**valid, interrupts[0]["id"]: broken}
+
+
+def by_interrupt_id(decisions: dict[str, Any], interrupts: list[dict[str, Any]]
+                    ) -> dict[str, Any]:
+    """`{tool_call_id or key: decision}` keyed by the interrupt asking about each call
+    (LangGraph's own form, the one it accepts while several interrupts are pending)."""
+    ids: dict[str, str] = {}
+    for interrupt in interrupts:
+        ids.setdefault(interrupt["value"]["tool_call_id"], interrupt["id"])
+        ids[interrupt["value"]["key"]] = interrupt["id"]
+    return {ids[name]: decision for name, decision in decisions.items()}
 
 
 class _Stop(Exception):
@@ -260,9 +272,12 @@ class _Run:
             if self._refused(report) or not report["checkpointed"]:
                 stalls += 1  # a dead worker's lease; or killed before the input was saved
             elif report["interrupts"]:
-                if self.asked_again(thread_id, report):
+                waiting = self.undecided(thread_id, report)
+                if waiting is None:
                     how, stalls = Resume("recover"), stalls + 1
                     continue
+                pending_in_graph = len(report["interrupts"])
+                report["interrupts"] = waiting
                 repeats = repeats + 1 if report["interrupts"] == asked else 0
                 if repeats >= 3:
                     raise _Stop(f"STRANDED {thread_id}: answering "
@@ -273,9 +288,18 @@ class _Run:
                 self.result.pauses += 1
                 self.try_malformed(thread_id, asked)
                 decisions: Any = self.reviewer.decide(asked)
+                if len(decisions) > 1 and self.reviewer.rounds % 3 == 0:
+                    # A partial answer: the calls left out stay pending, asked again.
+                    decisions = dict(list(decisions.items())[:len(decisions) // 2])
                 style = "raw" if self.episode.reviewer.get("raw") else "review"
-                if style == "raw" and len(asked) == 1 and self.reviewer.rounds % 2:
-                    [decisions] = decisions.values()  # a bare decision: one call is pending
+                if style == "raw":
+                    # LangGraph takes another form only while one interrupt is pending.
+                    form = self.reviewer.rounds % 3 if pending_in_graph == 1 else 0
+                    if form == 0:  # keyed by interrupt id: LangGraph's form, always taken
+                        decisions = by_interrupt_id(decisions, asked)
+                    elif form == 1:  # a bare decision: one call is pending
+                        [decisions] = decisions.values()
+                    # form 2: {tool_call_id: decision}, taken while one call is pending
                 how, extra = Resume("decide"), {"decisions": decisions, "style": style}
             elif not report["done"]:
                 stalls += 1  # a dead worker's lease has not expired yet, or a stuck thread
@@ -327,30 +351,36 @@ class _Run:
         self.result.log.append(f"stepped around known bug {path_class}")
         return True
 
-    def asked_again(self, thread_id: str, report: dict[str, Any]) -> bool:
-        """Whether calls are still pending although their decisions were journaled
-        before a crash. That is right only while the killed worker's lease holds the
-        thread (`recover()` passed it by as `held_elsewhere`): then the driver waits
-        for the lease and recovers again (`True`). After a run that did resume the
-        thread it is a bug: the decisions were lost."""
+    def undecided(self, thread_id: str, report: dict[str, Any]
+                  ) -> list[dict[str, Any]] | None:
+        """The pending interrupts still waiting for an answer, or `None` when every one
+        has a decision journaled before a crash.
+
+        A partial answer leaves some calls decided and others asked; a run killed after
+        journaling leaves decided calls pending in the checkpoint: only the others are
+        answered. When all are decided the thread is orphaned, which is right only while
+        the killed worker's lease holds it (`recover()` passed it by as
+        `held_elsewhere`): the driver waits for the lease and recovers again. After a run
+        that did resume the thread it is a bug: the decisions were lost.
+        """
         from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 
         interrupts = report["interrupts"]
         with closing(sqlite3.connect(self.files["db_path"], check_same_thread=False)) as conn:
             saver = DurableSqliteSaver(conn)
             records = [saver.effect(i["value"]["key"], thread_id) for i in interrupts]
-        decided = [r.tool_call_id for r in records if r is not None and not r.asked]
-        if not decided:
-            return False
+        waiting = [i for i, r in zip(interrupts, records, strict=True) if r is None or r.asked]
+        if waiting:
+            return waiting
         outcomes = [o.get("outcome") for o in report.get("recovered", [])]
         if report["via"] == "recover" and "resumed" not in outcomes:
             self.result.log.append(f"recover passed {thread_id} by ({outcomes}): the dead "
                                    "worker's lease still held it")
             self.wait_for_dead_lease()
-            return True
-        raise _Stop(f"ASKED-TWICE {thread_id}: {decided} pending again after a "
-                    f"{report['via']} run although their decisions were journaled before "
-                    "it; a new answer would be ignored")
+            return None
+        raise _Stop(f"ASKED-TWICE {thread_id}: {[r.tool_call_id for r in records if r]} "
+                    f"pending again after a {report['via']} run although their decisions "
+                    "were journaled before it; a new answer would be ignored")
 
     def misjudged(self, thread_id: str, report: dict[str, Any]) -> bool:
         """Whether `recover()` passed over an unfinished thread with nothing pending
@@ -391,7 +421,8 @@ class _Run:
         if after != before:
             raise _Stop(f"MALFORMED decision {payload} was refused but changed the ledger or "
                         "a provider")
-        if report["interrupts"] != interrupts:
+        keys = {i["value"]["key"] for i in interrupts}
+        if [i for i in report["interrupts"] if i["value"]["key"] in keys] != interrupts:
             raise _Stop(f"MALFORMED decision {payload} was refused but the pending interrupts "
                         f"changed from {interrupts} to {report['interrupts']}")
         self.result.malformed += 1

@@ -97,11 +97,16 @@ def tool_messages(result: dict[str, Any]) -> dict[str, Any]:
 def test_approval_payload_and_nothing_sent_before_the_decision(saver, provider) -> None:
     result = start(tool_node_graph(saver, provider, "ana"))
     [question] = result["__interrupt__"]
+    # LangChain's per-call `ToolApprovalRequest`, with the ledger's fields beside it.
     assert question.value == {
-        "type": "effect_approval", "tool_call_id": "c0", "tool": "send",
-        "args": {"to": "ana"}, "key": question.value["key"], "description": "email",
-        "allowed_decisions": ["approve", "edit", "reject"],
+        "type": "tool_approval", "tool_call_id": "c0", "name": "send",
+        "args": {"to": "ana"}, "description": "email",
+        "key": question.value["key"], "status": "awaiting_approval", "attempts": 0,
+        "allowed_decisions": ["approve", "edit", "reject", "respond"],
     }
+    assert len(question.id) == 32 and int(question.id, 16) >= 0  # LangGraph's id form
+    branches = {ref["$ref"].rsplit("/", 1)[1] for ref in question.response_schema["oneOf"]}
+    assert branches == {"Approve", "Edit", "Reject", "Respond"}
     assert provider.count() == 0
     assert saver.effects("t")[0].status == "awaiting_approval"
 
@@ -166,29 +171,97 @@ def test_three_parallel_approvals_decided_in_shuffled_order(saver, provider, dis
     assert sorted(e["payload"]["to"] for e in provider.effects()) == ["a", "c"]
 
 
+def _by_id(graph: Any, decisions: dict[str, Any]) -> dict[str, Any]:
+    """`{tool_call_id: decision}` keyed by the interrupt that asks about each call."""
+    ids = {i.value["tool_call_id"]: i.id for i in graph.get_state(CONFIG).interrupts}
+    return {ids.get(name, name): decision for name, decision in decisions.items()}
+
+
 @pytest.mark.parametrize("bad", [
-    {"c0": {"type": "approve"}, "c1": {"type": "approve"}},                 # c2 missing
     {"c0": {"type": "approve"}, "c1": {"type": "approve"}, "c2": {"type": "applied",
                                                                   "receipt": 1}},
-    {"c0": {"type": "approve"}, "c1": {"type": "approve"}, "c2": {"type": "approve"},
-     "c9": {"type": "approve"}},                                             # unknown id
     {"c0": {"type": "edit", "edited_action": {"name": "send"}}, "c1": {"type": "approve"},
      "c2": {"type": "approve"}},                                             # no args
-    {"type": "approve"},                                                     # bare, 3 pending
+    {"c0": {"type": "edit", "edited_action": {"name": "send", "args": {"to": 5}}},
+     "c1": {"type": "approve"}},                                             # wrong type
+    {"c0": {"type": "edit", "edited_action": {"name": "send", "args": {}}}},  # missing arg
+    {"c1": {"type": "respond"}},                                             # no message
 ])
 def test_invalid_decisions_leave_state_and_ledger_unchanged(saver, provider, bad) -> None:
+    """An invalid answer anywhere in a set changes nothing: no call of the set runs (the
+    hazard LangChain documents for its own middleware)."""
     graph = tool_node_graph(saver, provider, "a", "b", "c")
     start(graph)
     before = ([r.model_dump() for r in saver.effects()], [e.model_dump() for e in saver.events()],
               [i.value for i in graph.get_state(CONFIG).interrupts])
     with pytest.raises(InvalidDecision):
-        graph.invoke(Command(resume=bad), CONFIG, durability="sync")
+        graph.invoke(Command(resume=_by_id(graph, bad)), CONFIG, durability="sync")
     after = ([r.model_dump() for r in saver.effects()], [e.model_dump() for e in saver.events()],
              [i.value for i in graph.get_state(CONFIG).interrupts])
     assert after == before and provider.count() == 0
-    result = graph.invoke(Command(resume={c: {"type": "approve"} for c in CALL_IDS}), CONFIG,
-                          durability="sync")
+    result = graph.invoke(Command(resume=_by_id(graph, {c: {"type": "approve"} for c in CALL_IDS})),
+                          CONFIG, durability="sync")
     assert provider.count() == 3 and result["messages"][-1].content == "done"
+
+
+@pytest.mark.parametrize("form", ["bare", "by_tool_call_id", "batched"])
+def test_forms_langgraph_refuses_while_several_are_pending_change_nothing(
+        saver, provider, form) -> None:
+    graph = tool_node_graph(saver, provider, "a", "b")
+    start(graph)
+    before = [r.model_dump() for r in saver.effects()]
+    value = {"bare": {"type": "approve"},
+             "by_tool_call_id": {"c0": {"type": "approve"}, "c1": {"type": "approve"}},
+             "batched": {"decisions": [{"type": "approve"}, {"type": "approve"}]}}[form]
+    with pytest.raises(RuntimeError, match="multiple pending interrupts"):
+        graph.invoke(Command(resume=value), CONFIG, durability="sync")
+    assert [r.model_dump() for r in saver.effects()] == before and provider.count() == 0
+
+
+@pytest.mark.parametrize("form", ["bare", "by_tool_call_id", "batched", "by_interrupt_id"])
+def test_every_form_answers_a_single_pending_call(saver, provider, form) -> None:
+    graph = tool_node_graph(saver, provider, "a")
+    [question] = start(graph)["__interrupt__"]
+    value = {"bare": {"type": "approve"}, "by_tool_call_id": {"c0": {"type": "approve"}},
+             "batched": {"decisions": [{"type": "approve"}]},
+             "by_interrupt_id": {question.id: {"type": "approve"}}}[form]
+    result = graph.invoke(Command(resume=value), CONFIG, durability="sync")
+    assert provider.count() == 1 and result["messages"][-1].content == "done"
+
+
+def test_a_partial_answer_runs_what_it_answers_and_asks_the_rest_again(saver, provider) -> None:
+    graph = tool_node_graph(saver, provider, "a", "b", "c")
+    start(graph)
+    pending = review(graph, CONFIG)
+    ids = {i.tool_call_id: i.interrupt_id for i in pending.pending}
+    pending.approve("c0").reject("c2", "not c")
+    assert pending.command().resume == {ids["c0"]: {"type": "approve"},
+                                        ids["c2"]: {"type": "reject", "message": "not c"}}
+    result = pending.resume()
+    assert [(i.value["tool_call_id"], i.id) for i in result["__interrupt__"]] == [("c1", ids["c1"])]
+    assert [e["payload"]["to"] for e in provider.effects()] == ["a"]
+    later = review(graph, CONFIG)
+    assert [i.tool_call_id for i in later.pending] == ["c1"]
+    result = later.approve("c1").resume()
+    messages = tool_messages(result)
+    assert messages["c0"].content.endswith("to a") and messages["c1"].content.endswith("to b")
+    assert "not c" in messages["c2"].content
+    assert sorted(e["payload"]["to"] for e in provider.effects()) == ["a", "b"]
+
+
+def test_respond_answers_in_place_of_the_tool(saver, provider) -> None:
+    graph = tool_node_graph(saver, provider, "ana")
+    start(graph)
+    result = review(graph, CONFIG).respond("c0", "Ana asked not to be emailed", reviewer="lee"
+                                           ).resume()
+    message = tool_messages(result)["c0"]
+    assert message.content == "Ana asked not to be emailed" and message.status == "success"
+    assert provider.count() == 0
+    [record] = saver.effects("t")
+    assert record.status == "rejected"
+    decision = [e for e in saver.events("t") if e.kind == "decision"][0]
+    assert decision.data["decision"] == {"type": "respond", "reviewer": "lee",
+                                         "message": "Ana asked not to be emailed"}
 
 
 def test_review_refuses_decisions_it_cannot_take(saver, provider) -> None:
@@ -199,8 +272,7 @@ def test_review_refuses_decisions_it_cannot_take(saver, provider) -> None:
         pending.approve("c7")
     with pytest.raises(InvalidDecision, match="accepts"):
         pending.retry("c0")
-    pending.approve("c0")
-    with pytest.raises(InvalidDecision, match="decide them too"):
+    with pytest.raises(InvalidDecision, match="No decisions taken"):
         pending.command()
 
 
@@ -210,3 +282,40 @@ def test_review_html_escapes_values(saver, provider) -> None:
     page = review(graph, CONFIG)._repr_html_()
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "<table>" in page and "c0" in page
+
+
+def _as_earlier_release(saver: DurableSqliteSaver) -> str:
+    """Rewrite the pending questions as an earlier release raised them: one interrupt per
+    step, under the task's own LangGraph id, valued `effect_approval` with `tool`."""
+    from langgraph.types import Interrupt, _interrupt_id
+
+    latest = saver.get_tuple(CONFIG)
+    [(task_id, interrupts)] = [(w[0], w[2]) for w in latest.pending_writes
+                               if w[1] == "__interrupt__"]
+    [task_ns] = {r.checkpoint_ns for r in saver.effects("t")} - {None}
+    old_id = _interrupt_id(task_ns, 0)
+    old = tuple(Interrupt(value={
+        "type": "effect_approval", "tool_call_id": i.value["tool_call_id"],
+        "tool": i.value["name"], "args": i.value["args"], "key": i.value["key"],
+        "description": i.value["description"],
+        "allowed_decisions": ["approve", "edit", "reject"]}, id=old_id) for i in interrupts)
+    saver.put_writes(latest.config, [("__interrupt__", old)], task_id)
+    return old_id
+
+
+@pytest.mark.parametrize("targets", [("a",), ("a", "b")])
+def test_questions_pending_in_the_shape_of_earlier_releases_are_still_answered(
+        saver, provider, targets) -> None:
+    graph = tool_node_graph(saver, provider, *targets)
+    start(graph)
+    old_id = _as_earlier_release(saver)
+    assert {i.id for i in graph.get_state(CONFIG).interrupts} == {old_id}
+    pending = review(graph, CONFIG)
+    assert [(i.tool, i.interrupt_id) for i in pending.pending] == [("send", old_id)] * len(targets)
+    for item in pending.pending:
+        pending.approve(item.tool_call_id)
+    command = pending.command()
+    assert list(command.resume) == [old_id]
+    result = pending.resume()
+    assert result["messages"][-1].content == "done"
+    assert sorted(e["payload"]["to"] for e in provider.effects()) == sorted(targets)

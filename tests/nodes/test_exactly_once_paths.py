@@ -242,7 +242,7 @@ def test_resume_keys_of_mixed_types_are_refused_cleanly(db, tmp_path) -> None:
                   call("charge", {"cents": 5}))
     run(graph)
     asked = saver.effects("t")
-    with pytest.raises(InvalidDecision, match="keyed by tool_call_id") as refused:
+    with pytest.raises(InvalidDecision, match="keyed by interrupt id or tool_call_id") as refused:
         match_decisions({7: {"type": "approve"}, "zz": {"type": "approve"}}, asked, "t")
     assert refused.value.thread_id == "t"
     assert review(graph, CONFIG).pending[0].tool_call_id == "c1"

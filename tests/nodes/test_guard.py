@@ -486,7 +486,11 @@ def test_a_used_decision_is_never_applied_twice(saver, provider) -> None:
     assert len(calls) == 2 and still["__interrupt__"]
 
 
-def test_a_missing_decision_among_several_is_refused(saver) -> None:
+def test_calls_asked_together_are_answered_one_by_one_by_interrupt_id(saver) -> None:
+    """Each call is asked in its own interrupt. An answer to some of them runs those; the
+    others stay pending, under the same ids, until answered. Forms LangGraph refuses
+    while several interrupts are pending (a bare decision, a map keyed by tool_call_id)
+    change nothing."""
     @tool
     def send(to: str) -> str:
         """Send."""
@@ -494,13 +498,19 @@ def test_a_missing_decision_among_several_is_refused(saver) -> None:
 
     graph = build(saver, [send], {}, call("send", {"to": "a"}, "c1"), call("send", {"to": "b"}, "c2"))
     first = run(graph)
-    assert sorted(i.value["tool_call_id"] for i in first["__interrupt__"]) == ["c1", "c2"]
+    ids = {i.value["tool_call_id"]: i.id for i in first["__interrupt__"]}
+    assert sorted(ids) == ["c1", "c2"] and len(set(ids.values())) == 2
     before = ledger_snapshot(saver)
-    with pytest.raises(InvalidDecision, match="c2"):
-        run(graph, Command(resume={"c1": {"type": "skip"}}))
-    with pytest.raises(InvalidDecision, match="2 tool calls are pending"):
+    with pytest.raises(RuntimeError, match="multiple pending interrupts"):
         run(graph, Command(resume={"type": "skip"}))
+    with pytest.raises(RuntimeError, match="multiple pending interrupts"):
+        run(graph, Command(resume={"c1": {"type": "skip"}}))
+    with pytest.raises(InvalidDecision, match="c2"):
+        run(graph, Command(resume={ids["c1"]: {"type": "skip"}, ids["c2"]: {"type": "approve"}}))
     assert ledger_snapshot(saver) == before
-    result = run(graph, Command(resume={"c2": {"type": "skip"}, "c1": {"type": "applied",
-                                                                        "receipt": "ok"}}))
+    partial = run(graph, Command(resume={ids["c1"]: {"type": "applied", "receipt": "ok"}}))
+    assert [(i.value["tool_call_id"], i.id) for i in partial["__interrupt__"]] == [("c2", ids["c2"])]
+    result = run(graph, Command(resume={ids["c2"]: {"type": "skip"}}))
     assert [m.content for m in result["messages"][2:4]] == ['ok', "Skipped by reviewer: no reason given"]
+
+

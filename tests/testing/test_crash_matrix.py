@@ -91,12 +91,12 @@ def test_three_parallel_calls_one_needing_approval() -> None:
               "approvals": ["gamma"]}
     report = crash_matrix(EFFECTS, kwargs, workers=WORKERS)
     assert_clean(report)
-    assert report.reference.pauses == ("effect_approval",)
+    assert report.reference.pauses == ("tool_approval",)
     assert {p.phase for p in report.reference.points} == {0, 1}  # before and after approval
-    assert all("effect_approval" in row.pauses for row in report.rows)
+    assert all("tool_approval" in row.pauses for row in report.rows)
     # gamma is blind: killed between its approved intent and its receipt, it pauses again.
     assert report.rows[[row.label for row in report.rows].index(
-        "p1:after_intent(gamma)#1")].pauses == ["effect_approval", "effect_unknown"]
+        "p1:after_intent(gamma)#1")].pauses == ["tool_approval", "effect_unknown"]
 
 
 def test_create_agent_with_the_middleware_one_task_per_call() -> None:
@@ -107,6 +107,6 @@ def test_create_agent_with_the_middleware_one_task_per_call() -> None:
     assert report.reference.snapshot.ledger == {"call_0_0": "applied", "call_0_1": "applied"}
     # Each call is its own task and only the blind one can pause. It does when the kill
     # hits its own window, and may when the kill hits its sibling's while it is in flight.
-    assert {q["tool"] for row in report.rows for q in row.questions} == {"beta"}
+    assert {q["name"] for row in report.rows for q in row.questions} == {"beta"}
     paused = {row.label for row in report.rows if row.pauses}
     assert {"after_intent(beta)#1", "after_effect(beta)#1"} <= paused

@@ -74,8 +74,8 @@ def test_default_resolver(tmp_path: Path) -> None:
     provider = FakeProvider(str(tmp_path / "tickets.sqlite"), "blind", name="ticket")
     stored = provider.apply(KEY_A, {"title": "t"})
     providers = {"tickets": provider}
-    assert default_resolver({"type": "effect_approval", "key": KEY_B}, providers) == {
-        "type": "approve"}
+    for kind in ("tool_approval", "effect_approval"):  # today's shape, and earlier releases'
+        assert default_resolver({"type": kind, "key": KEY_B}, providers) == {"type": "approve"}
     assert default_resolver({"type": "effect_unknown", "key": KEY_A}, providers) == {
         "type": "applied", "receipt": stored}
     assert default_resolver({"type": "effect_unknown", "key": KEY_B}, providers) == {
