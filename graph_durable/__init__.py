@@ -41,6 +41,7 @@ __all__ = [
     "flow_version_of",
     "recover",
     "review",
+    "sync_by_default",
     "thread_status",
 ]
 
@@ -61,6 +62,7 @@ _HOMES = {
     "flow_version_of": "graph_durable.flow",
     "recover": "graph_durable.recovery",
     "review": "graph_durable.review",
+    "sync_by_default": "graph_durable.durability",
     "thread_status": "graph_durable.recovery",
     **{name: "graph_durable.errors" for name in (
         "DurabilityError", "FlowVersionMismatch", "GraphDurableError", "InvalidDecision",
@@ -101,6 +103,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
     from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+    from graph_durable.durability import sync_by_default
     from graph_durable.errors import (
         DurabilityError,
         FlowVersionMismatch,

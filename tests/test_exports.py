@@ -27,6 +27,7 @@ EXPECTED = [
     "flow_version_of",
     "recover",
     "review",
+    "sync_by_default",
     "thread_status",
 ]
 

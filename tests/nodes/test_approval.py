@@ -319,3 +319,23 @@ def test_questions_pending_in_the_shape_of_earlier_releases_are_still_answered(
     result = pending.resume()
     assert result["messages"][-1].content == "done"
     assert sorted(e["payload"]["to"] for e in provider.effects()) == sorted(targets)
+
+
+def test_sync_by_default_makes_every_run_durable_without_saying_so(saver, provider) -> None:
+    from graph_durable import DurabilityError, sync_by_default
+
+    plain = tool_node_graph(saver, provider, "a")
+    with pytest.raises(DurabilityError, match="defaults to \"async\""):
+        plain.invoke({"messages": [HumanMessage("go")]}, CONFIG)
+    assert saver.effects("t") == []
+    graph = sync_by_default(tool_node_graph(saver, provider, "a"))
+    config = {"configurable": {"thread_id": "t2"}}
+    [question] = graph.invoke({"messages": [HumanMessage("go")]}, config)["__interrupt__"]
+    result = graph.invoke(Command(resume={question.id: {"type": "approve"}}), config)
+    assert result["messages"][-1].content == "done" and provider.count() == 1
+    assert review(graph, config).pending == [] and graph.get_state(config).next == ()
+    with pytest.raises(DurabilityError, match='durability="async"'):
+        graph.invoke({"messages": [HumanMessage("go")]}, {"configurable": {"thread_id": "t3"}},
+                     durability="async")
+    with pytest.raises(TypeError, match="compiled graph"):
+        sync_by_default(object())
