@@ -24,7 +24,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, Interrupt, _interrupt_id
 
 from graph_durable.checkpointers._base import actor_of, durable_saver
-from graph_durable.errors import DurabilityError, NotDurableCheckpointer
+from graph_durable.errors import DurabilityError, GraphDurableError, NotDurableCheckpointer
 from graph_durable.leases import active_lease, check_fence
 from graph_durable.ledger import EffectRecord, TransitionWrite, WriteBatch
 from graph_durable.nodes.anchor import call_anchor
@@ -600,7 +600,7 @@ class GuardCore:
             try:
                 return Outcome(value=call())
             except GraphInterrupt as paused:
-                return Outcome(paused=paused)
+                return Outcome(paused=self._inner_pause(task, ctx, paused))
             except GraphBubbleUp:
                 raise
             except Exception as exc:
@@ -625,12 +625,41 @@ class GuardCore:
             return Outcome(timed_out=True)
         error = box.get("error")
         if isinstance(error, GraphInterrupt):
-            return Outcome(paused=error)
+            return Outcome(paused=self._inner_pause(task, ctx, error))
         if isinstance(error, GraphBubbleUp) or (
             error is not None and not isinstance(error, Exception)
         ):
             raise error
         return Outcome(value=box.get("value"), error=error)
+
+    refuse_inner_approvals = False
+    """Set by `EffectGuardMiddleware`: a per-call approval of LangChain's
+    `HumanInTheLoopMiddleware` raised inside the guard is a wrong middleware order."""
+
+    def _inner_pause(self, task: _Task, ctx: CallContext, paused: GraphInterrupt
+                     ) -> BaseException:
+        """What the protocol raises after recording that the tool paused: the tool's own
+        interrupt, or the refusal of a `HumanInTheLoopMiddleware` listed after the guard.
+
+        Listed after it, the reviewer's answer reaches the tool inside the guard, so an
+        edit would send arguments the ledger does not record under a key derived from
+        others. Nothing was sent; the call resumes as asked once the order is fixed.
+        """
+        if not self.refuse_inner_approvals:
+            return paused
+        for interrupt in paused.args[0] if paused.args else ():
+            value = getattr(interrupt, "value", None)
+            if (isinstance(value, dict) and value.get("type") == "tool_approval"
+                    and "key" not in value and value.get("tool_call_id") == ctx.tool_call_id):
+                return GraphDurableError(
+                    f"HumanInTheLoopMiddleware asks about tool call {ctx.tool_call_id!r} "
+                    f"({ctx.tool}) in thread {task.thread_id!r} from inside "
+                    "EffectGuardMiddleware: an edit would then send arguments the ledger "
+                    "does not record. List HumanInTheLoopMiddleware before "
+                    "EffectGuardMiddleware in create_agent(middleware=[...]) and run the "
+                    "thread again; nothing was sent.",
+                    thread_id=task.thread_id, tool_call_id=ctx.tool_call_id)
+        return paused
 
     def _still_running(self, task: _Task, op: CallTool) -> Outcome | None:
         """Refuse to send while an attempt abandoned after its timeout still runs here."""
@@ -740,7 +769,7 @@ class GuardCore:
         except asyncio.TimeoutError:
             return Outcome(timed_out=True)
         except GraphInterrupt as paused:
-            return Outcome(paused=paused)
+            return Outcome(paused=self._inner_pause(task, ctx, paused))
         except GraphBubbleUp:
             raise
         except Exception as exc:

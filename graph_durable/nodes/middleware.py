@@ -41,6 +41,7 @@ class EffectGuardMiddleware(AgentMiddleware):
     ) -> None:
         super().__init__()
         self.guard = GuardCore(effects, default)
+        self.guard.refuse_inner_approvals = True
 
     def wrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]
