@@ -41,6 +41,11 @@ class Effect:
     approval: bool | ApprovalPredicate = False
     """Pause for a human before sending: `True`, or a predicate on the tool call."""
 
+    approval_ttl: float | None = None
+    """Seconds an approval (or edit) stays good. One not acted on in time, say because
+    the worker stopped between the decision and the call and a new one resumes later,
+    is asked again rather than sent on a stale word."""
+
     retries: int = 0
     """Extra attempts after a `Retryable` error, with the same key and backoff."""
 
@@ -53,6 +58,8 @@ class Effect:
     def __post_init__(self) -> None:
         if self.retries < 0:
             raise ValueError(f"Effect.retries must be >= 0, got {self.retries}")
+        if self.approval_ttl is not None and self.approval_ttl <= 0:
+            raise ValueError(f"Effect.approval_ttl must be > 0 seconds, got {self.approval_ttl}")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"Effect.timeout must be > 0 seconds, got {self.timeout}")
         if self.read_only and (self.idempotent or self.lookup or self.approval):

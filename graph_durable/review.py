@@ -22,6 +22,7 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from langgraph.types import Command
@@ -85,7 +86,8 @@ class Review:
             where = "" if interrupt_id is None else f" in interrupt {interrupt_id!r}"
             raise InvalidDecision(
                 f"No pending decision for tool call {tool_call_id!r}{where} in thread "
-                f"{self.thread_id!r}; pending: {[i.tool_call_id for i in self.pending]}.",
+                f"{self.thread_id!r}{self._decided_before(tool_call_id)}; pending: "
+                f"{[i.tool_call_id for i in self.pending]}. Nothing was changed.",
                 thread_id=self.thread_id, tool_call_id=tool_call_id,
             )
         if len(found) > 1:
@@ -106,6 +108,24 @@ class Review:
                 thread_id=self.thread_id, tool_call_id=tool_call_id,
             )
         return item
+
+    def _decided_before(self, tool_call_id: str) -> str:
+        """`: it was decided at <when> by <whom> (<type>)`, when the ledger says so (a
+        double click, a second reviewer, an answer to an earlier question)."""
+        saver = _saver_of(self.graph)
+        if saver is None:
+            return ""
+        keys = {r.key for r in saver.effects(self.thread_id)
+                if tool_call_id in (r.tool_call_id, r.key)}
+        decided = [e for e in saver.events(self.thread_id)
+                   if e.key in keys and e.kind == "decision"]
+        if not decided:
+            return ""
+        last = decided[-1]
+        decision = last.data.get("decision") or {}
+        when = datetime.fromtimestamp(last.at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        who = decision.get("reviewer") or last.owner or "an unnamed reviewer"
+        return f": it was decided at {when} by {who} ({decision.get('type')})"
 
     def _decide(self, tool_call_id: str, decision: dict[str, Any],
                 reviewer: str | None, interrupt_id: str | None = None) -> Review:

@@ -206,13 +206,14 @@ def _decision_batch(task: _Task, asked: list[Any], resume: Any,
     decisions = match_decisions(resume, asked, task.thread_id, tools=tools)
     if not decisions:
         return None
+    now = time.time()
     return WriteBatch(
         task.thread_id,
         tuple(
             TransitionWrite(
                 thread_id=task.thread_id, key=record.key, to=record.status,
-                kind="decision", decision=decisions[record.key], asked=False,
-                data={"decision": decisions[record.key]},
+                kind="decision", decision={**decisions[record.key], "decided_at": now},
+                asked=False, data={"decision": decisions[record.key]},
             )
             for record in asked if record.key in decisions
         ),

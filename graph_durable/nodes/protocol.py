@@ -11,6 +11,7 @@ human decides), and every decision is journaled before it takes effect.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -382,6 +383,16 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
                                  else {})}
     if kind == "edit" and dict(decision["edited_action"]["args"]) == record.args:
         kind = "approve"  # an edit form submitted unchanged approves the call as asked
+    ttl = ctx.policy.approval_ttl
+    decided_at = decision.get("decided_at")
+    if (kind in ("approve", "edit") and ttl is not None and decided_at is not None
+            and time.time() - decided_at > ttl):
+        # A stale approval (the worker stopped after the decision, and this one resumes
+        # later than the policy allows) is asked again, never sent on an old word.
+        [record] = yield Write(ctx.transition(
+            record, record.status, "expired", decision=None,
+            data={**data, "decided_at": decided_at, "approval_ttl": ttl}))
+        return (yield from _ask(ctx, record))
     if kind == "resume_tool":
         # The tool paused on its own question; LangGraph hands it the answer when it is
         # called again. Clearing the mark first means a crash from here on is an

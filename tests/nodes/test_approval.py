@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -58,12 +59,15 @@ def script(*targets: str) -> list[AIMessage]:
     return [AIMessage(content="", tool_calls=calls), AIMessage(content="done")]
 
 
-def tool_node_graph(saver, provider, *targets: str, approval: Any = True):
+def tool_node_graph(saver, provider, *targets: str, approval: Any = True,
+                    approval_ttl: float | None = None):
     model = ScriptedChatModel(script=script(*targets))
     builder = StateGraph(MessagesState)
     builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
     builder.add_node("tools", EffectGuardNode(
-        [make_send(provider)], effects={"send": Effect(approval=approval, description="email")}))
+        [make_send(provider)],
+        effects={"send": Effect(approval=approval, approval_ttl=approval_ttl,
+                                description="email")}))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
@@ -339,3 +343,38 @@ def test_sync_by_default_makes_every_run_durable_without_saying_so(saver, provid
                      durability="async")
     with pytest.raises(TypeError, match="compiled graph"):
         sync_by_default(object())
+
+
+def test_an_approval_not_acted_on_within_its_ttl_is_asked_again(saver, provider) -> None:
+    """The worker stopped after the decision was journaled; a new one resumes later than
+    `approval_ttl` allows: the call is asked again, not sent on the stale approval."""
+    from graph_durable.testing import FaultPlan, InjectedCrash, arm, disarm
+
+    graph = tool_node_graph(saver, provider, "a", approval_ttl=0.2)
+    start(graph)
+    arm(FaultPlan("after_decision", action="raise"))
+    try:
+        with pytest.raises(InjectedCrash):
+            review(graph, CONFIG).approve("c0", reviewer="lee").resume()
+    finally:
+        disarm()
+    time.sleep(0.3)
+    [question] = graph.invoke(None, CONFIG, durability="sync")["__interrupt__"]
+    assert question.value["tool_call_id"] == "c0" and provider.count() == 0
+    assert [e.kind for e in saver.events("t")][-3:] == ["decision", "expired", "asked"]
+    result = review(graph, CONFIG).approve("c0").resume()  # acted on at once: sent
+    assert result["messages"][-1].content == "done" and provider.count() == 1
+
+
+def test_a_decision_for_a_call_no_longer_pending_names_when_and_by_whom(
+        saver, provider) -> None:
+    graph = tool_node_graph(saver, provider, "a")
+    start(graph)
+    stale = review(graph, CONFIG)  # a second reviewer's page, loaded before the first decided
+    review(graph, CONFIG).approve("c0", reviewer="ana").resume()
+    events = len(saver.events("t"))
+    fresh = review(graph, CONFIG)
+    with pytest.raises(InvalidDecision, match=r"decided at .* UTC by ana \(approve\)"):
+        fresh.approve("c0", reviewer="lee")
+    assert stale.pending  # its page still shows the call; the ledger has moved on
+    assert len(saver.events("t")) == events and provider.count() == 1
