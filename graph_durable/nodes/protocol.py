@@ -281,12 +281,15 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
                                            result=result))
                 return result
             fault_point("after_effect", tool=ctx.tool)
+            # The receipt is the provider's answer, the same shape for an edited call as
+            # for any other; only the message to the model says what was edited.
+            receipt = receipt_of(result)
             if record.args != ctx.tool_call["args"]:
                 result = _note_edit(result, record.args)
             # A receipt that a lookup or a same-key re-send could recover rides on the
             # step's own commit; one only a human could recover is committed now.
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
-                                       receipt=receipt_of(result), result=result,
+                                       receipt=receipt, result=result,
                                        data={"source": "tool"},
                                        defer=ctx.policy.reconcilable))
             fault_point("after_receipt", tool=ctx.tool)

@@ -135,6 +135,8 @@ def test_edit_sends_the_edited_args_under_a_new_key(saver, provider) -> None:
     assert effect["payload"] == {"to": "bob"} and effect["key"] != original_key
     statuses = {r.key: r.status.value for r in saver.effects("t")}
     assert statuses == {original_key: "skipped", effect["key"]: "applied"}
+    # The receipt is what the tool returned, as for any call; the note is the model's.
+    assert saver.effect(effect["key"], "t").receipt == "sent mail-1 to bob"
 
 
 def test_reject_sends_nothing_and_tells_the_model(saver, provider) -> None:
