@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from graph_durable.nodes.guard import CONFIG_KEY_DURABILITY
+from graph_durable._langgraph import CONFIG_KEY_DURABILITY
 
 __all__ = ["sync_by_default"]
 

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from graph_durable._langgraph import ERROR, INTERRUPT, RESUME, TASKS
 from graph_durable.errors import GraphDurableError, LeaseHeld
 from graph_durable.ledger import EffectStatus, answered
 
@@ -22,10 +23,6 @@ __all__ = ["RecoveryOutcome", "ThreadStatus", "recover", "thread_status"]
 
 Status = Literal["running", "waiting", "needs_human", "done", "failed", "orphaned"]
 
-INTERRUPT = "__interrupt__"
-ERROR = "__error__"
-TASKS = "__pregel_tasks"
-RESUME = "__resume__"
 START = "__start__"
 
 

@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from graph_durable._langgraph import WRAPPER_INNER
 from graph_durable.checkpointers import _sql
 from graph_durable.errors import FlowVersionMismatch, IllegalTransition
 from graph_durable.leases import (
@@ -61,12 +62,6 @@ def actor_of(config: RunnableConfig | None) -> tuple[str | None, int | None]:
         return None, None
     conf = config.get("configurable", {})
     return conf.get(OWNER_KEY), conf.get(TOKEN_KEY)
-
-
-WRAPPER_INNER = "_inner"
-"""The attribute under which a saver wrapper keeps the saver it wraps: the LangGraph
-Agent Server's `_CustomCheckpointerAdapter` (langgraph-api) does. Pinned by
-`tests/nodes/test_langgraph_internals.py`."""
 
 
 def durable_saver(saver: Any) -> DurableSaverMixin | None:

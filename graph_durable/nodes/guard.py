@@ -21,8 +21,16 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
-from langgraph.types import Command, Interrupt, _interrupt_id
+from langgraph.types import Command, Interrupt
 
+from graph_durable._langgraph import (
+    CONFIG_KEY_CHECKPOINT_MAP,
+    CONFIG_KEY_CHECKPOINTER,
+    CONFIG_KEY_DURABILITY,
+    CONFIG_KEY_RESUME_MAP,
+    CONFIG_KEY_SCRATCHPAD,
+)
+from graph_durable._langgraph import interrupt_id as _interrupt_id
 from graph_durable.checkpointers._base import actor_of, durable_saver
 from graph_durable.errors import DurabilityError, GraphDurableError, NotDurableCheckpointer
 from graph_durable.leases import active_lease, check_fence
@@ -56,16 +64,6 @@ __all__ = [
     "raise_interrupts",
 ]
 
-# LangGraph internals the guard reads, each pinned by tests/nodes/test_langgraph_internals.py:
-# the task's saver (to write the ledger beside the checkpoints), its durability mode (the
-# durability barrier), its scratchpad and resume map (to validate an answer before
-# LangGraph stores it), the checkpoint it runs from, and `_interrupt_id` (the id
-# LangGraph gives a task's interrupts, so answers keyed by it reach the guard).
-CONFIG_KEY_CHECKPOINTER = "__pregel_checkpointer"
-CONFIG_KEY_DURABILITY = "__pregel_durability"
-CONFIG_KEY_SCRATCHPAD = "__pregel_scratchpad"
-CONFIG_KEY_RESUME_MAP = "__pregel_resume_map"
-CONFIG_KEY_CHECKPOINT_MAP = "checkpoint_map"
 
 OnAsk = Callable[[Ask, str], Any]
 """What a driver does when the protocol asks a human: `(ask, interrupt_id) -> result`."""

@@ -17,11 +17,13 @@ from langgraph.prebuilt.tool_node import (
     AsyncToolCallWrapper,
     ToolCallRequest,
     ToolCallWrapper,
+)
+
+from graph_durable._langgraph import (
     _default_handle_tool_errors,
     _handle_tool_error,
     _infer_handled_types,
 )
-
 from graph_durable.nodes.guard import (
     GuardCore,
     Started,

@@ -1,28 +1,42 @@
-"""The LangGraph internals the guard touches, pinned: a release that moves one fails here
-first, by name, instead of silently breaking the guard (see `graph_durable/nodes/guard.py`)."""
+"""The LangGraph internals graph_durable touches, pinned: a release that moves one fails
+here first, by name, instead of silently breaking the guard (they are all named, with why,
+in `graph_durable/_langgraph.py`)."""
 
 import pytest
 from langgraph._internal import _constants
 from langgraph._internal._scratchpad import PregelScratchpad
-from langgraph.types import _interrupt_id
 
-from graph_durable.nodes import guard
+from graph_durable import _langgraph as internals
 
 
 def test_config_keys_match_langgraphs() -> None:
-    assert guard.CONFIG_KEY_CHECKPOINTER == _constants.CONFIG_KEY_CHECKPOINTER
-    assert guard.CONFIG_KEY_DURABILITY == _constants.CONFIG_KEY_DURABILITY
-    assert guard.CONFIG_KEY_SCRATCHPAD == _constants.CONFIG_KEY_SCRATCHPAD
-    assert guard.CONFIG_KEY_RESUME_MAP == _constants.CONFIG_KEY_RESUME_MAP
-    assert guard.CONFIG_KEY_CHECKPOINT_MAP == _constants.CONFIG_KEY_CHECKPOINT_MAP
+    assert internals.CONFIG_KEY_CHECKPOINTER == _constants.CONFIG_KEY_CHECKPOINTER
+    assert internals.CONFIG_KEY_DURABILITY == _constants.CONFIG_KEY_DURABILITY
+    assert internals.CONFIG_KEY_SCRATCHPAD == _constants.CONFIG_KEY_SCRATCHPAD
+    assert internals.CONFIG_KEY_RESUME_MAP == _constants.CONFIG_KEY_RESUME_MAP
+    assert internals.CONFIG_KEY_CHECKPOINT_MAP == _constants.CONFIG_KEY_CHECKPOINT_MAP
+
+
+def test_checkpoint_channels_match_langgraphs() -> None:
+    assert internals.INTERRUPT == _constants.INTERRUPT
+    assert internals.ERROR == _constants.ERROR
+    assert internals.RESUME == _constants.RESUME
+    assert internals.TASKS == _constants.TASKS
+
+
+def test_the_tool_node_methods_the_guard_extends_are_there() -> None:
+    from langgraph.prebuilt import ToolNode
+
+    for name in internals.TOOL_NODE_METHODS:
+        assert callable(getattr(ToolNode, name, None)), name
 
 
 def test_scratchpad_and_interrupt_ids_have_the_shape_the_guard_reads() -> None:
     fields = PregelScratchpad.__dataclass_fields__
     assert {"resume", "get_null_resume"} <= set(fields)
     # The first interrupt of a task is keyed by its namespace alone.
-    assert _interrupt_id("tools:1", 0) != _interrupt_id("tools:1", 1)
-    assert len(_interrupt_id("tools:1", 0)) == 32
+    assert internals.interrupt_id("tools:1", 0) != internals.interrupt_id("tools:1", 1)
+    assert len(internals.interrupt_id("tools:1", 0)) == 32
 
 
 def test_the_agent_servers_saver_adapter_keeps_the_saver_where_the_guard_looks() -> None:
@@ -31,7 +45,8 @@ def test_the_agent_servers_saver_adapter_keeps_the_saver_where_the_guard_looks()
     import importlib.util
     from pathlib import Path
 
-    from graph_durable.checkpointers._base import WRAPPER_INNER, durable_saver
+    from graph_durable._langgraph import WRAPPER_INNER
+    from graph_durable.checkpointers._base import durable_saver
 
     spec = importlib.util.find_spec("langgraph_api")  # finds, does not import
     if spec is None or spec.origin is None:
