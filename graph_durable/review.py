@@ -3,11 +3,14 @@
     r = review(graph, config)          # works from any process, after any crash
     for item in r.pending: print(item.kind, item.tool, item.args)
     r.approve("call_1", reviewer="ana").reject("call_2", "wrong customer")
+    r.respond("call_3", "Ana already has it")  # in place of the tool: nothing is sent
     r.resume()                         # graph.invoke(r.command(), config, durability="sync")
 
-Decisions are matched to tool calls by tool_call_id. `command()` groups them by the
-interrupt that asked, so the same code answers a `ToolNode` that asks about several
-calls in one interrupt and a `create_agent` graph that asks once per call.
+Decisions are taken by tool_call_id. Every call is asked in its own interrupt, so
+`command()` keys each decision by the id of the interrupt that asked, LangGraph's own
+form, which it accepts however many interrupts are pending; calls not decided stay
+pending. (An interrupt of an earlier release asking about several calls at once is
+answered with `{interrupt_id: {tool_call_id: decision}}`.)
 
 Questions asked inside subgraphs are listed too: LangGraph reports a subgraph's interrupt
 on the parent's task, with the id of the task that asked (namespace

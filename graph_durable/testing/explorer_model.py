@@ -139,8 +139,10 @@ class Episode:
     sequential: bool = True
     leased: bool = False
     reviewer: dict[str, Any] = field(default_factory=dict)
-    """`seed`, `malformed` (try a malformed decision first), `raw` (answer by
-    tool_call_id instead of through `review`), `edit_unchanged`."""
+    """`seed`, `malformed` (try a malformed decision first, among valid ones), `raw`
+    (resume by hand instead of through `review`: keyed by interrupt id, or, while one
+    interrupt is pending, a bare decision or keyed by tool_call_id), `edit_unchanged`.
+    Every third round with several calls pending answers only half of them."""
 
     def scenario_turns(self) -> list[list[dict[str, Any]]]:
         """The turns as the scenario factory takes them."""
