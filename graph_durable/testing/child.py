@@ -29,7 +29,8 @@ from typing import Any, Literal
 
 from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE, FaultPlan
 
-__all__ = ["Child", "ChildResult", "load_factory", "run_child", "start_child", "summarize"]
+__all__ = ["Child", "ChildResult", "load_factory", "run_child", "run_spec", "start_child",
+           "summarize"]
 
 Action = Literal["start", "resume", "decide", "review", "recover"]
 
@@ -209,7 +210,7 @@ def _report(summary: dict[str, Any], hold: bool) -> None:
         time.sleep(3600)
 
 
-def _main_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> None:
+def _run_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> dict[str, Any]:
     from graph_durable.errors import LeaseHeld, LeaseLost
     from graph_durable.recovery import recover
     from graph_durable.review import review
@@ -219,8 +220,7 @@ def _main_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> No
         time.sleep(max(0.0, spec["start_at"] - time.time()))
     if spec["action"] == "recover":
         outcomes = recover(scenario.graph, scenario.saver, spec["owner"], ttl=spec["ttl"])
-        _report({"recovered": [o.__dict__ for o in outcomes]}, spec["hold"])
-        return
+        return {"recovered": [o.__dict__ for o in outcomes]}
     extra: dict[str, Any] = {}
     pending = review(scenario.graph, config) if spec["action"] == "review" else None
     graph_input = _graph_input(spec, scenario, pending)
@@ -235,11 +235,11 @@ def _main_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> No
     except LeaseLost as exc:
         extra["lease_lost"] = str(exc)
     reviewed = [item.tool_call_id for item in pending.pending] if pending else []
-    _report({**summarize(scenario.graph.get_state(config)), "reviewed": reviewed, **extra},
-            spec["hold"])
+    return {**summarize(scenario.graph.get_state(config)), "reviewed": reviewed, **extra}
 
 
-async def _main_async(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> None:
+async def _run_async(spec: dict[str, Any], factory: Any, config: dict[str, Any]
+                     ) -> dict[str, Any]:
     from graph_durable.review import areview
 
     scenario = await factory(**spec["kwargs"])
@@ -252,17 +252,31 @@ async def _main_async(spec: dict[str, Any], factory: Any, config: dict[str, Any]
     conn = getattr(getattr(scenario, "saver", None), "conn", None)
     if conn is not None:
         await conn.close()
-    _report({**summarize(state), "reviewed": reviewed}, spec["hold"])
+    return {**summarize(state), "reviewed": reviewed}
+
+
+def _run(spec: dict[str, Any]) -> dict[str, Any]:
+    factory = load_factory(spec["factory"])
+    config = {"configurable": {"thread_id": spec["thread_id"]}}
+    if inspect.iscoroutinefunction(factory):
+        return asyncio.run(_run_async(spec, factory, config))
+    return _run_sync(spec, factory, config)
+
+
+def run_spec(spec: dict[str, Any], fault: dict[str, Any] | None = None,
+             trace_path: str | None = None) -> dict[str, Any]:
+    """One child run in a process forked by a `ForkServer` (see `crash_matrix`): arm the
+    fault plan and the trace, run, and return the summary `start_child` would report."""
+    from graph_durable.faults import FaultPlan, arm
+
+    if fault is not None or trace_path is not None:
+        arm(*([FaultPlan(**fault)] if fault is not None else []), trace_path=trace_path)
+    return _run(spec)
 
 
 def _main() -> None:
     spec = json.loads(sys.argv[-1])
-    factory = load_factory(spec["factory"])
-    config = {"configurable": {"thread_id": spec["thread_id"]}}
-    if inspect.iscoroutinefunction(factory):
-        asyncio.run(_main_async(spec, factory, config))
-    else:
-        _main_sync(spec, factory, config)
+    _report(_run(spec), spec["hold"])
 
 
 if __name__ == "__main__":

@@ -62,17 +62,22 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import queue
 import shutil
+import signal
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import closing, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from graph_durable.testing.child import run_child
+from graph_durable.faults import FaultPlan
+from graph_durable.testing.child import ChildResult, run_child
+from graph_durable.testing.forkserver import ForkServer
 from graph_durable.testing.crash_report import (
     CrashPoint,
     CrashReport,
@@ -194,6 +199,69 @@ def _trace_points(path: str, phase: int) -> list[CrashPoint]:
     return points
 
 
+_LOCAL = threading.local()
+"""`server`: the `ForkServer` this sweep thread forks its children from, if any."""
+
+
+@contextmanager
+def _fork_servers(scenario: str, count: int) -> Iterator[queue.Queue[ForkServer | None]]:
+    """`count` fork servers with the scenario's module imported (one per sweep thread),
+    or `None`s where forking is not possible (the scenario's import starts threads, or
+    the platform cannot fork): those children start a new interpreter each."""
+    servers: queue.Queue[ForkServer | None] = queue.Queue()
+    started: list[ForkServer] = []
+    preload = ["graph_durable.testing.child", scenario.partition(":")[0]]
+    try:
+        for _ in range(count):
+            try:
+                server = ForkServer(preload) if hasattr(os, "fork") else None
+            except RuntimeError:
+                server = None
+            if server is not None:
+                started.append(server)
+            servers.put(server)
+        yield servers
+    finally:
+        for server in started:
+            server.close()
+
+
+def _with_server(servers: queue.Queue[ForkServer | None], work: Callable[[], Any]) -> Any:
+    server = servers.get()
+    _LOCAL.server = server
+    try:
+        return work()
+    finally:
+        _LOCAL.server = None
+        servers.put(server)
+
+
+def _run_child(case: _Case, action: str, decisions: Any, fault: FaultPlan | None,
+               trace: str) -> ChildResult:
+    """One child run: forked from this thread's server, else a new interpreter."""
+    server: ForkServer | None = getattr(_LOCAL, "server", None)
+    if server is None:
+        return run_child(case.scenario, case.kwargs, thread_id=case.thread_id,
+                         action=action, resume=decisions,  # type: ignore[arg-type]
+                         fault=fault, trace_path=trace, timeout=case.timeout)
+    spec = {"factory": case.scenario, "kwargs": case.kwargs, "thread_id": case.thread_id,
+            "action": action, "resume": decisions, "hold": False, "owner": None,
+            "ttl": 30.0, "start_at": None}
+    outcome = server.run("graph_durable.testing.child:run_spec",
+                         {"spec": spec, "fault": asdict(fault) if fault else None,
+                          "trace_path": trace}, timeout=case.timeout)
+    where = f"child run of {case.scenario} (thread {case.thread_id!r}, {action})"
+    if outcome.killed:
+        return ChildResult(outcome.exitcode, True, {}, outcome.stderr)
+    if outcome.exitcode == -signal.SIGALRM:
+        raise TimeoutError(f"{where} did not finish within {case.timeout} s and was "
+                           f"killed:\n{outcome.stderr}")
+    if outcome.result is None:
+        raise RuntimeError(f"{where} failed with exit code {outcome.exitcode}:\n"
+                           f"{outcome.error or outcome.stderr}")
+    return ChildResult(outcome.exitcode, False, outcome.result, outcome.stderr)
+
+
 def _drive(case: _Case, schedule: Sequence[CrashPoint], run: _Run) -> None:
     """Run the scenario to its end, crashing as scheduled and answering every pause.
 
@@ -205,10 +273,7 @@ def _drive(case: _Case, schedule: Sequence[CrashPoint], run: _Run) -> None:
     for n in range(case.max_runs):
         armed = pending[0] if pending and phase >= pending[0].phase else None
         trace = os.path.join(case.directory, f"trace-{n}.jsonl")
-        result = run_child(case.scenario, case.kwargs, thread_id=case.thread_id,
-                           action=action, resume=decisions,  # type: ignore[arg-type]
-                           fault=armed.plan() if armed else None, trace_path=trace,
-                           timeout=case.timeout)
+        result = _run_child(case, action, decisions, armed.plan() if armed else None, trace)
         run.processes.append((result.killed, _trace_points(trace, phase)))
         if result.killed:
             if armed is None:
@@ -387,31 +452,38 @@ def crash_matrix(
         prefix="crash-matrix-")
     options = {"thread_id": thread_id, "resolver": resolver, "timeout": timeout,
                "max_runs": max_runs}
-    reference = reference_run(scenario, kwargs, directory=os.path.join(base, "reference"),
-                              **options)  # type: ignore[arg-type]
     bar = Progress(0, progress)
     numbered = itertools.count(1)
+    # Children fork from servers that imported LangGraph and the scenario once, so a
+    # child starts in milliseconds instead of a new interpreter's second or two.
+    with _fork_servers(scenario, max(1, workers)) as servers:
+        reference = _with_server(servers, lambda: reference_run(
+            scenario, kwargs, directory=os.path.join(base, "reference"),
+            **options))  # type: ignore[arg-type]
 
-    def sweep(schedules: list[tuple[CrashPoint, ...]]) -> list[CrashRow]:
-        bar.total += len(schedules)
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = {pool.submit(run_schedule, scenario, schedule, kwargs,
-                                   reference=reference,
-                                   directory=os.path.join(base, f"{next(numbered):04d}"),
-                                   **options): i  # type: ignore[arg-type]
-                       for i, schedule in enumerate(schedules)}
-            rows: list[CrashRow | None] = [None] * len(schedules)
-            for future in as_completed(futures):
-                rows[futures[future]] = row = future.result()
-                bar.step(row)
-        return [row for row in rows if row is not None]
+        def one(schedule: tuple[CrashPoint, ...], directory: str) -> CrashRow:
+            return _with_server(servers, lambda: run_schedule(
+                scenario, schedule, kwargs, reference=reference, directory=directory,
+                **options))  # type: ignore[arg-type]
 
-    rows = sweep([(p,) for p in reference.points if _wanted(p, points)])
-    if pairs:
-        rows += sweep([
-            (row.schedule[0], second) for row in list(rows) for second in row.recovery
-            if _wanted(second, points) and (pairs is True or pairs(row.schedule[0], second))
-        ])
+        def sweep(schedules: list[tuple[CrashPoint, ...]]) -> list[CrashRow]:
+            bar.total += len(schedules)
+            with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+                futures = {pool.submit(one, schedule,
+                                       os.path.join(base, f"{next(numbered):04d}")): i
+                           for i, schedule in enumerate(schedules)}
+                rows: list[CrashRow | None] = [None] * len(schedules)
+                for future in as_completed(futures):
+                    rows[futures[future]] = row = future.result()
+                    bar.step(row)
+            return [row for row in rows if row is not None]
+
+        rows = sweep([(p,) for p in reference.points if _wanted(p, points)])
+        if pairs:
+            rows += sweep([
+                (row.schedule[0], second) for row in list(rows) for second in row.recovery
+                if _wanted(second, points) and (pairs is True or pairs(row.schedule[0], second))
+            ])
     bar.close()
     report = CrashReport(scenario, reference, rows, time.monotonic() - started, base)
     if directory is None and report.ok:
