@@ -3,6 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The oldest supported releases (requirements/floor.txt), in a second virtualenv.
+FLOOR_VENV := .venv-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+FLOOR_TESTS := tests/nodes tests/test_review_subgraphs.py tests/test_explorer_regressions.py \
+	tests/test_crash_forks.py tests/test_exports.py tests/test_versions.py
 
 .PHONY: demo test bench soak clean
 
@@ -12,11 +17,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(FLOOR_STAMP): pyproject.toml requirements/floor.txt
+	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FLOOR_VENV)/bin/python -m pip install --quiet -c requirements/floor.txt -e '.[dev]'
+	touch $(FLOOR_STAMP)
+
 demo: $(STAMP)
 	$(PY) -m graph_durable.demo
 
-test: $(STAMP)
+# Every test on the newest releases, then the guard's own tests on the oldest supported.
+test: $(STAMP) $(FLOOR_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+	GRAPH_DURABLE_EXPECT_FLOOR=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		$(FLOOR_TESTS)
 
 # Benchmark-only packages (dbos, matplotlib, psutil); if they cannot be installed, the
 # benchmarks that need them are skipped with a message.
@@ -32,4 +46,4 @@ soak: $(STAMP)
 	$(PY) -m graph_durable.testing.explorer --minutes $(SOAK_MINUTES) --paths $(SOAK_PATHS) $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info demo-run
+	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info demo-run
