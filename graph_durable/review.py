@@ -25,7 +25,6 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from langgraph.types import Command
@@ -33,6 +32,7 @@ from langgraph.types import Command
 from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import answered
+from graph_durable.nodes.decisions import decided_note
 
 __all__ = ["PendingItem", "Review", "areview", "review"]
 
@@ -120,15 +120,8 @@ class Review:
             return ""
         keys = {r.key for r in saver.effects(self.thread_id)
                 if tool_call_id in (r.tool_call_id, r.key)}
-        decided = [e for e in saver.events(self.thread_id)
-                   if e.key in keys and e.kind == "decision"]
-        if not decided:
-            return ""
-        last = decided[-1]
-        decision = last.data.get("decision") or {}
-        when = datetime.fromtimestamp(last.at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        who = decision.get("reviewer") or last.owner or "an unnamed reviewer"
-        return f": it was decided at {when} by {who} ({decision.get('type')})"
+        note = decided_note([e for e in saver.events(self.thread_id) if e.key in keys])
+        return f": it was {note}" if note else ""
 
     def _decide(self, tool_call_id: str, decision: dict[str, Any],
                 reviewer: str | None, interrupt_id: str | None = None) -> Review:

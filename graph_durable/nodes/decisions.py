@@ -19,6 +19,7 @@ A mapping may answer some of the pending calls: the others stay pending.
 from __future__ import annotations
 
 import functools
+from datetime import datetime, timezone
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
@@ -32,7 +33,9 @@ __all__ = [
     "UNKNOWN_DECISIONS",
     "allowed_decisions",
     "approval_payload",
+    "decided_note",
     "match_decisions",
+    "refuse_stale",
     "response_schema",
     "unknown_payload",
 ]
@@ -81,6 +84,29 @@ def unknown_payload(record: EffectRecord) -> dict[str, Any]:
                        "say it was applied, retry it, or skip it",
         "allowed_decisions": list(UNKNOWN_DECISIONS),
     }
+
+
+def decided_note(events: list[Any]) -> str:
+    """`decided at <when> by <whom> (<type>)` from a call's journal, or `""`."""
+    decided = [e for e in events if e.kind == "decision"]
+    if not decided:
+        return ""
+    last = decided[-1]
+    decision = last.data.get("decision") or {}
+    when = datetime.fromtimestamp(last.at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    who = decision.get("reviewer") or last.owner or "an unnamed reviewer"
+    return f"decided at {when} by {who} ({decision.get('type')})"
+
+
+def refuse_stale(record: EffectRecord, events: list[Any], thread_id: str) -> InvalidDecision:
+    """The refusal of an answer to a question about `record` that is no longer asked
+    (a double click, a second reviewer, an answer to an earlier question)."""
+    note = decided_note(events)
+    return InvalidDecision(
+        f"The interrupt about tool call {record.tool_call_id!r} ({record.tool}) in thread "
+        f"{thread_id!r} is no longer pending: it was {note or 'settled'} and is now "
+        f"{record.status.value}. Nothing was changed; review(graph, config) lists what is "
+        "pending.", thread_id=thread_id, tool_call_id=record.tool_call_id)
 
 
 # -- response schemas: what LangGraph publishes to clients, and what the guard checks ----

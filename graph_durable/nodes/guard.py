@@ -37,7 +37,7 @@ from graph_durable.leases import active_lease, check_fence
 from graph_durable.ledger import EffectRecord, TransitionWrite, WriteBatch
 from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
-from graph_durable.nodes.decisions import match_decisions, response_schema
+from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
 from graph_durable.nodes.protocol import (
     Ask,
     CallContext,
@@ -195,6 +195,21 @@ def _task_with_resume(config: Mapping[str, Any]) -> _Task | None:
     if durable_saver(conf.get(CONFIG_KEY_CHECKPOINTER)) is None:
         return None
     return _Task(config, {})
+
+
+def _stale_ids(task: _Task, asked: list[EffectRecord]) -> set[str]:
+    """Ids in this run's resume map that name no question this task asks now (they may
+    be other tasks' questions, or this task's answered ones)."""
+    resume_map = task.conf.get(CONFIG_KEY_RESUME_MAP) or {}
+    if not resume_map:
+        return set()
+    return set(resume_map) - {interrupt_id_for(task.checkpoint_ns, r.key) for r in asked}
+
+
+def _answers(task: _Task, record: EffectRecord, ids: set[str]) -> bool:
+    """Whether one of `ids` was the question this task asked about `record`, now settled."""
+    return (record.checkpoint_ns == task.checkpoint_ns and not record.asked
+            and interrupt_id_for(task.checkpoint_ns, record.key) in ids)
 
 
 def _decision_batch(task: _Task, asked: list[Any], resume: Any,
@@ -390,11 +405,19 @@ class GuardCore:
                           tools: Mapping[str, Any] | None = None) -> None:
         """Journal the decisions a resume value carries for this task, if any.
 
-        `tools` (by name) give the argument schemas an edit is checked against."""
+        `tools` (by name) give the argument schemas an edit is checked against. An
+        answer addressed to a question of this task that is no longer asked is refused
+        (`InvalidDecision`), and nothing is recorded."""
         task = _task_with_resume(config)
         if task is None:
             return
         asked = task.saver.asked_in_task(task.thread_id, task.checkpoint_ns)
+        stale = _stale_ids(task, asked)
+        if stale:
+            settled = [r for r in task.saver.effects(task.thread_id) if _answers(task, r, stale)]
+            if settled:
+                raise refuse_stale(settled[0], task.saver.events(task.thread_id, settled[0].key),
+                                   task.thread_id)
         resume = _peek_resume(task.conf, asked) if asked else None
         batch = None if resume is None else _decision_batch(task, asked, resume, tools)
         if batch is not None:
@@ -408,6 +431,14 @@ class GuardCore:
         if task is None:
             return
         asked = await task.saver.aasked_in_task(task.thread_id, task.checkpoint_ns)
+        stale = _stale_ids(task, asked)
+        if stale:
+            settled = [r for r in await task.saver.aeffects(task.thread_id)
+                       if _answers(task, r, stale)]
+            if settled:
+                raise refuse_stale(
+                    settled[0], await task.saver.aevents(task.thread_id, settled[0].key),
+                    task.thread_id)
         resume = _peek_resume(task.conf, asked) if asked else None
         batch = None if resume is None else _decision_batch(task, asked, resume, tools)
         if batch is not None:

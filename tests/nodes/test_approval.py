@@ -380,3 +380,24 @@ def test_a_decision_for_a_call_no_longer_pending_names_when_and_by_whom(
         fresh.approve("c0", reviewer="lee")
     assert stale.pending  # its page still shows the call; the ledger has moved on
     assert len(saver.events("t")) == events and provider.count() == 1
+
+
+def test_an_answer_to_a_question_no_longer_asked_is_refused_by_the_guard(
+        saver, provider) -> None:
+    """A second reviewer (or a double click) answers by interrupt id a call that was
+    already decided, while another call of the same step is still pending: refused with
+    when and by whom, nothing recorded, the pending call still answerable."""
+    graph = tool_node_graph(saver, provider, "a", "b")
+    start(graph)
+    ids = {i.value["tool_call_id"]: i.id for i in graph.get_state(CONFIG).interrupts}
+    graph.invoke(Command(resume={ids["c0"]: {"type": "approve", "reviewer": "ana"}}), CONFIG,
+                 durability="sync")
+    assert provider.count() == 1
+    before = [e.model_dump() for e in saver.events("t")]
+    again = {ids["c0"]: {"type": "reject", "reviewer": "lee"}, ids["c1"]: {"type": "approve"}}
+    with pytest.raises(InvalidDecision, match=r"no longer pending: it was decided at .* by ana"):
+        graph.invoke(Command(resume=again), CONFIG, durability="sync")
+    assert [e.model_dump() for e in saver.events("t")] == before and provider.count() == 1
+    result = graph.invoke(Command(resume={ids["c1"]: {"type": "approve"}}), CONFIG,
+                          durability="sync")
+    assert result["messages"][-1].content == "done" and provider.count() == 2
