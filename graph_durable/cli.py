@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sqlite3
 import sys
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from typing import Any
 
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.errors import GraphDurableError
+from graph_durable.ledger import EffectStatus
 from graph_durable.recovery import recover, thread_status
 from graph_durable.review import review
 
@@ -35,12 +37,29 @@ __all__ = ["main"]
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
-def _saver(db: str) -> Any:
-    """`DurablePostgresSaver` for a PostgreSQL URL, `DurableSqliteSaver` for a file."""
+class _Refused(Exception):
+    """A bad input: one line on stderr, exit code `code`, nothing written."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _saver(db: str, *, read_only: bool = False) -> Any:
+    """`DurablePostgresSaver` for a PostgreSQL URL, `DurableSqliteSaver` for a file.
+
+    Read commands open SQLite read-only: a typo never creates a database, and a file
+    without the ledger is never given one.
+    """
     if not db.startswith(POSTGRES_SCHEMES):
+        if read_only:
+            return DurableSqliteSaver.open_read_only(db)
+        if not os.path.isfile(db):
+            raise _Refused(f"{db!r}: no such file. Check the path; graph-durable never "
+                           "creates a database.")
         return DurableSqliteSaver(sqlite3.connect(db, check_same_thread=False))
     try:
-        from psycopg import Connection
+        from psycopg import Connection, OperationalError
         from psycopg.rows import dict_row
 
         from graph_durable.checkpointers.postgres import DurablePostgresSaver
@@ -48,20 +67,53 @@ def _saver(db: str) -> Any:
         raise SystemExit(f"graph-durable: --db {db.split('@')[-1]!r} is a PostgreSQL URL, "
                          f"which needs the postgres extra ({exc}): "
                          "pip install 'graph-durable[postgres]'") from None
-    conn = Connection.connect(db, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    try:
+        conn = Connection.connect(db, autocommit=True, prepare_threshold=0,
+                                  row_factory=dict_row, connect_timeout=10)
+    except OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise _Refused(f"cannot reach PostgreSQL at {db.split('@')[-1]!r}: {first}") from None
     return DurablePostgresSaver(conn)
 
 
 def _graph(spec: str, saver: Any) -> Any:
     module_name, _, attribute = spec.partition(":")
     if not attribute:
-        raise SystemExit(f"--graph must be module:attribute, got {spec!r}")
-    target = getattr(importlib.import_module(module_name), attribute)
+        raise _Refused(f"--graph must be module:attribute, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `--graph myapp.agent:graph` from the app's folder
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except Exception as exc:  # an import error of any kind is the user's module's
+        raise _Refused(f"--graph {spec!r} could not be loaded: {type(exc).__name__}: "
+                       f"{exc}") from None
     if hasattr(target, "compile") and not hasattr(target, "invoke"):
         return target.compile(checkpointer=saver)
     if hasattr(target, "invoke"):
         return target
     return target(saver)
+
+
+def _decisions(text: str) -> dict[str, dict[str, Any]]:
+    """`--decisions`, checked before anything touches the database."""
+    try:
+        decisions = json.loads(text)
+    except ValueError as exc:
+        raise _Refused(f"--decisions is not JSON ({exc}): give "
+                       '\'{"call_1": {"type": "approve"}}\'') from None
+    if not isinstance(decisions, dict) or not decisions:
+        raise _Refused('--decisions must be a JSON object {"tool_call_id": decision, ...}')
+    for name, decision in decisions.items():
+        if not isinstance(decision, dict) or not isinstance(decision.get("type"), str):
+            raise _Refused(f"--decisions: the decision for {name!r} must be an object with "
+                           f'a "type", e.g. {{"type": "approve"}}; got {decision!r}')
+    return decisions
+
+
+def _known_thread(saver: Any, thread_id: str | None) -> None:
+    if thread_id is not None and thread_id not in saver.thread_ids():
+        raise _Refused(f"thread {thread_id!r} has no checkpoint in this database; "
+                       "`graph-durable status --db ...` lists the threads", code=1)
 
 
 def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -82,14 +134,20 @@ def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
 
 
 def _cmd_status(args: argparse.Namespace) -> list[dict[str, Any]]:
-    saver = _saver(args.db)
+    saver = _saver(args.db, read_only=True)
+    _known_thread(saver, args.thread)
     threads = [args.thread] if args.thread else saver.thread_ids()
     return [{"thread": s.thread_id, "status": s.status, "reason": s.reason}
             for s in (thread_status(saver, t) for t in threads)]
 
 
 def _cmd_effects(args: argparse.Namespace) -> list[dict[str, Any]]:
-    records = _saver(args.db).effects(args.thread, args.status)
+    statuses = [s.value for s in EffectStatus]
+    if args.status is not None and args.status not in statuses:
+        raise _Refused(f"--status {args.status!r} is not a status; one of {statuses}")
+    saver = _saver(args.db, read_only=True)
+    _known_thread(saver, args.thread)
+    records = saver.effects(args.thread, args.status)
     return [{"thread": r.thread_id, "tool_call_id": r.tool_call_id, "tool": r.tool,
              "status": r.status.value, "attempts": r.attempts, "key": r.key,
              "receipt": json.dumps(r.receipt, default=str) if r.receipt is not None else None,
@@ -97,23 +155,29 @@ def _cmd_effects(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _cmd_events(args: argparse.Namespace) -> list[dict[str, Any]]:
+    saver = _saver(args.db, read_only=True)
+    _known_thread(saver, args.thread)
     return [{"seq": e.seq, "thread": e.thread_id, "key": e.key, "kind": e.kind,
              "data": json.dumps(e.data, default=str), "owner": e.owner,
-             "token": e.fencing_token} for e in _saver(args.db).events(args.thread)]
+             "token": e.fencing_token} for e in saver.events(args.thread)]
 
 
 def _cmd_pending(args: argparse.Namespace) -> list[dict[str, Any]]:
-    saver = _saver(args.db)
+    saver = _saver(args.db, read_only=True)
+    _known_thread(saver, args.thread)
     pending = review(_graph(args.graph, saver), {"configurable": {"thread_id": args.thread}})
     return [{"tool_call_id": i.tool_call_id, "kind": i.kind, "tool": i.tool,
              "args": json.dumps(i.args), "attempts": i.attempts, "error": i.error,
-             "allowed": ",".join(i.allowed_decisions)} for i in pending.pending]
+             "description": i.description, "allowed": ",".join(i.allowed_decisions)}
+            for i in pending.pending]
 
 
 def _cmd_decide(args: argparse.Namespace) -> list[dict[str, Any]]:
+    decisions = _decisions(args.decisions)
     saver = _saver(args.db)
+    _known_thread(saver, args.thread)
     pending = review(_graph(args.graph, saver), {"configurable": {"thread_id": args.thread}})
-    for tool_call_id, decision in json.loads(args.decisions).items():
+    for tool_call_id, decision in decisions.items():
         pending._decide(tool_call_id, dict(decision), args.reviewer)
     pending.resume()
     status = thread_status(saver, args.thread)
@@ -164,14 +228,24 @@ _COMMANDS = {"status": _cmd_status, "effects": _cmd_effects, "events": _cmd_even
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `graph-durable` command."""
+    """Entry point of the `graph-durable` command.
+
+    Exit codes: 0 done; 1 the command ran but found a problem (an unknown thread, a
+    thread `recover` could not resume); 2 a bad input or a database that cannot be read,
+    with one line on stderr and nothing written.
+    """
     args = _parser().parse_args(argv)
     try:
         rows = _COMMANDS[args.command](args)
-    except GraphDurableError as exc:
+        _print(rows, args.json)
+    except (GraphDurableError, _Refused) as exc:
         print(f"graph-durable: {exc}", file=sys.stderr)
-        return 2
-    _print(rows, args.json)
+        return getattr(exc, "code", 2)
+    except BrokenPipeError:  # `| head` closed the pipe: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    if args.command == "recover" and any(row["outcome"] == "error" for row in rows):
+        return 1
     return 0
 
 

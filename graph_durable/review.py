@@ -31,8 +31,8 @@ from langgraph.types import Command
 
 from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import InvalidDecision
-from graph_durable.ledger import answered
-from graph_durable.nodes.decisions import decided_note
+from graph_durable.ledger import EffectRecord, EffectStatus, answered
+from graph_durable.nodes.decisions import check_decision, decided_note
 
 __all__ = ["PendingItem", "Review", "areview", "review"]
 
@@ -128,6 +128,9 @@ class Review:
         item = self._item(tool_call_id, decision["type"], interrupt_id)
         if reviewer is not None:
             decision["reviewer"] = reviewer
+        # Checked here too, before any run: a refused answer then never reaches the
+        # graph (where LangGraph would record the refusal as the step's error).
+        check_decision(decision, _as_record(item, self.thread_id), self.thread_id)
         self.decisions[(item.interrupt_id, item.key)] = decision
         return self
 
@@ -271,6 +274,14 @@ def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
             interrupt_id=interrupt.id,
         ))
     return items
+
+
+def _as_record(item: PendingItem, thread_id: str) -> EffectRecord:
+    """The ledger's view of a pending item, enough to check a decision's shape."""
+    status = EffectStatus.AWAITING_APPROVAL if item.kind == "approval" else EffectStatus.UNKNOWN
+    return EffectRecord.model_construct(
+        key=item.key, thread_id=thread_id, tool_call_id=item.tool_call_id, tool=item.tool,
+        args=item.args, status=status, attempts=item.attempts)
 
 
 def _saver_of(graph: Any) -> Any:

@@ -68,10 +68,96 @@ def test_cli_lists_recovers_and_decides(tmp_path: Path) -> None:
     assert FakeProvider(str(tmp_path / "mail.sqlite"), "blind").count() == 1
 
 
-def test_cli_reports_errors_without_a_traceback(tmp_path: Path) -> None:
-    result = cli("status", "--db", str(tmp_path / "none.sqlite"), "--thread", "nope")
-    assert result.returncode == 2
-    assert "no checkpoint" in result.stderr and "Traceback" not in result.stderr
+def _waiting_thread(tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """A database whose thread `t` waits for a human about `call_0_0` (unknown)."""
+    kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+              "turns": [[["mail", "2"]]], "modes": {"mail": "blind"}}
+    agent = build_effects_agent(**kwargs)
+    arm(FaultPlan("after_effect", tool="mail", action="raise"))
+    try:
+        agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": "t"}},
+                           durability="sync")
+    except InjectedCrash:
+        pass
+    finally:
+        disarm()
+    agent.graph.invoke(None, {"configurable": {"thread_id": "t"}}, durability="sync")
+    agent.saver.conn.close()
+    return kwargs["db_path"], {"CLI_SCENARIO": json.dumps(kwargs)}
+
+
+def _bytes_of(folder: Path) -> dict[str, bytes]:
+    """Every file's bytes, but SQLite's shared-memory index and its empty WAL: a reader of
+    a WAL database makes them, read-only or not, and they hold no data of the database."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
+            if p.is_file() and not p.name.endswith(("-shm", "-wal"))}
+
+
+def test_bad_inputs_get_one_line_a_nonzero_exit_and_change_nothing(tmp_path: Path) -> None:
+    import sqlite3
+
+    db, env = _waiting_thread(tmp_path)
+    graph = "tests.test_cli:cli_graph"
+    plain = tmp_path / "plain-langgraph.sqlite"  # a LangGraph database without our ledger
+    with sqlite3.connect(plain) as conn:
+        conn.execute("CREATE TABLE checkpoints (thread_id TEXT)")
+    not_db = tmp_path / "notes.txt"
+    not_db.write_text("not a database")
+    bad = [
+        (["effects", "--db", str(tmp_path / "agnet.db")], 2, "no such file"),
+        (["status", "--db", str(plain)], 2, "without graph_durable's ledger"),
+        (["status", "--db", str(not_db)], 2, "not a SQLite database"),
+        (["status", "--db", str(tmp_path / "missing-dir" / "a.sqlite")], 2, "no such file"),
+        (["effects", "--db", db, "--status", "bogus"], 2, "not a status"),
+        (["effects", "--db", db, "--thread", "nope"], 1, "'nope' has no checkpoint"),
+        (["events", "--db", db, "--thread", "nope"], 1, "'nope' has no checkpoint"),
+        (["pending", "--db", db, "--graph", graph, "--thread", "nope"], 1, "has no checkpoint"),
+        (["pending", "--db", db, "--graph", "no_such_module:graph", "--thread", "t"], 2,
+         "could not be loaded"),
+        (["decide", "--db", db, "--graph", graph, "--thread", "t", "--decisions", "not json"],
+         2, "not JSON"),
+        (["decide", "--db", db, "--graph", graph, "--thread", "t", "--decisions",
+          '{"call_0_0": "approve"}'], 2, 'with a "type"'),
+        (["decide", "--db", db, "--graph", graph, "--thread", "t", "--decisions",
+          '{"call_0_0": {"approve": true}}'], 2, 'with a "type"'),
+        (["decide", "--db", db, "--graph", graph, "--thread", "t", "--decisions",
+          '{"call_0_0": {"type": "applied"}}'], 2, "without a 'receipt'"),
+        (["decide", "--db", db, "--graph", graph, "--thread", "t", "--decisions",
+          '{"call_0_0": {"type": "edit", "edited_action": {"args": {}}}}'], 2, "accepts"),
+        (["status", "--db", "postgresql://nobody@127.0.0.1:1/none"], 2, "cannot reach"),
+    ]
+    before = _bytes_of(tmp_path)
+    for args, code, says in bad:
+        result = cli(*args, env=env)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == code, (args, result.stderr)
+        assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, (
+            args, result.stderr)
+        assert _bytes_of(tmp_path) == before, " ".join(args[-2:])  # nothing created or written
+    assert not (tmp_path / "agnet.db").exists()
+
+
+def test_read_commands_leave_the_database_byte_for_byte_unchanged(tmp_path: Path) -> None:
+    db, env = _waiting_thread(tmp_path)
+    before = _bytes_of(tmp_path)
+    for args in (["status", "--db", db], ["effects", "--db", db, "--thread", "t"],
+                 ["events", "--db", db, "--json"],
+                 ["pending", "--db", db, "--graph", "tests.test_cli:cli_graph", "--thread",
+                  "t"]):
+        result = cli(*args, env=env)
+        assert result.returncode == 0, (args, result.stderr)
+    pending = cli("pending", "--db", db, "--graph", "tests.test_cli:cli_graph", "--thread",
+                  "t", "--json", env=env)
+    assert [p["tool_call_id"] for p in json.loads(pending.stdout)] == ["call_0_0"]
+    assert _bytes_of(tmp_path) == before
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    db, _ = _waiting_thread(tmp_path)
+    shell = subprocess.run(
+        f"{sys.executable} -m graph_durable.cli events --db {db} --json | head -c 10",
+        shell=True, cwd=ROOT, capture_output=True, text=True)
+    assert shell.stdout and "Traceback" not in shell.stderr and "Broken" not in shell.stderr
 
 
 def test_cli_reads_a_postgres_ledger_from_a_url(tmp_path: Path, postgres_conninfo: str) -> None:

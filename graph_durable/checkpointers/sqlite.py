@@ -15,9 +15,11 @@ Retention and the ledger:
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import Any
@@ -37,7 +39,7 @@ from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, a
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE, statements
 from graph_durable.checkpointers._twins import AsyncFromSync
-from graph_durable.errors import IllegalTransition
+from graph_durable.errors import GraphDurableError, IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
     EffectRecord,
@@ -116,6 +118,48 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
                       compatible_flow_versions=compatible_flow_versions)
 
     # -- schema ------------------------------------------------------------------------
+
+    @classmethod
+    def open_read_only(cls, path: str) -> DurableSqliteSaver:
+        """A saver that only reads the database at `path`: never creates, migrates or
+        writes it (SQLite opens it with `mode=ro`). For operators' tools.
+
+        Raises:
+            GraphDurableError: no such file; not a SQLite database; a LangGraph database
+                without graph_durable's ledger; or a ledger an older graph_durable wrote
+                and a writer has not migrated yet. Each says what to do.
+        """
+        if not os.path.isfile(path):
+            raise GraphDurableError(
+                f"{path!r}: no such file. Check the path; read commands never create a "
+                "database.")
+        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        try:
+            tables = {row[0] for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not {"effects", "effect_events", "graph_durable_migrations"} <= tables:
+                what = ("a LangGraph database without graph_durable's ledger"
+                        if "checkpoints" in tables else "not a graph_durable database")
+                raise GraphDurableError(
+                    f"{path!r} is {what}. Point --db at the file your DurableSqliteSaver "
+                    "writes; read commands never add tables.")
+            applied = conn.execute(
+                "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations").fetchone()[0]
+            if applied + 1 < len(MIGRATIONS):
+                raise GraphDurableError(
+                    f"{path!r} holds a ledger of an older graph_durable (schema {applied}, "
+                    f"this one reads {len(MIGRATIONS) - 1}). Run your agent (or any writer) "
+                    "on it once to migrate; read commands never migrate.")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise GraphDurableError(f"{path!r} is not a SQLite database ({exc}).") from None
+        except BaseException:
+            conn.close()
+            raise
+        saver = cls(conn)
+        saver.is_setup = True  # the schema is there; creating or migrating is not ours
+        return saver
 
     def setup(self) -> None:
         """Create LangGraph's tables and apply pending ledger migrations (safe to repeat)."""

@@ -33,6 +33,7 @@ __all__ = [
     "UNKNOWN_DECISIONS",
     "allowed_decisions",
     "approval_payload",
+    "check_decision",
     "decided_note",
     "match_decisions",
     "refuse_stale",
@@ -239,6 +240,13 @@ def _check_shape(decision: Any, record: EffectRecord, thread_id: str,
             raise _invalid(f"The {where} has a non-string {text_field!r}", record, thread_id)
     _check_schema(decision, record, tool, where, thread_id)
     return dict(decision)
+
+
+def check_decision(decision: Any, record: EffectRecord, thread_id: str,
+                   tool: Any = None) -> dict[str, Any]:
+    """Check one decision for the question asked about `record` (`InvalidDecision` if it
+    does not answer it); `tool` gives the argument schema an edit must follow."""
+    return _check_shape(decision, record, thread_id, tool)
 
 
 def match_decisions(
