@@ -68,6 +68,8 @@ def _saver(db: str, *, read_only: bool = False) -> Any:
                          f"which needs the postgres extra ({exc}): "
                          "pip install 'graph-durable[postgres]'") from None
     try:
+        if read_only:
+            return DurablePostgresSaver.open_read_only(db)
         conn = Connection.connect(db, autocommit=True, prepare_threshold=0,
                                   row_factory=dict_row, connect_timeout=10)
     except OperationalError as exc:

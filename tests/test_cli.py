@@ -176,3 +176,19 @@ def test_cli_reads_a_postgres_ledger_from_a_url(tmp_path: Path, postgres_conninf
         ("t", "orphaned")]
     effects = json.loads(cli("effects", "--db", url, "--thread", "t", "--json").stdout)
     assert [(e["tool"], e["status"]) for e in effects] == [("create_ticket", "in_flight")]
+
+
+def test_read_commands_never_add_a_ledger_to_a_postgres_database(postgres_conninfo: str) -> None:
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(postgres_conninfo)
+    url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    for command in ("status", "effects", "events"):
+        result = cli(command, "--db", url)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.count("\n") == 1 and "not a graph_durable database" in result.stderr
+    with psycopg.connect(postgres_conninfo) as conn:
+        tables = conn.execute("SELECT count(*) FROM information_schema.tables "
+                              "WHERE table_schema = current_schema()").fetchone()
+    assert tables == (0,)

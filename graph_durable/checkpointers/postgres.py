@@ -48,7 +48,7 @@ from graph_durable.checkpointers._schema import (
     statements,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync
-from graph_durable.errors import IllegalTransition
+from graph_durable.errors import GraphDurableError, IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
     EffectRecord,
@@ -187,6 +187,45 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         ) as conn:
             yield cls(conn, flow_version=flow_version,
                       compatible_flow_versions=compatible_flow_versions)
+
+    @classmethod
+    def open_read_only(cls, conn_string: str) -> DurablePostgresSaver:
+        """A saver that only reads: every transaction of its connection is read-only
+        (`default_transaction_read_only`), and it never creates or migrates the schema.
+        For operators' tools.
+
+        Raises:
+            GraphDurableError: the database has no graph_durable ledger, or one an older
+                graph_durable wrote that a writer has not migrated yet.
+        """
+        conn = Connection.connect(conn_string, autocommit=True, prepare_threshold=0,
+                                  row_factory=dict_row, connect_timeout=10,
+                                  options="-c default_transaction_read_only=on")
+        where = conn_string.split("@")[-1]
+        try:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                tables = {row[0] for row in cur.execute(
+                    "SELECT table_name FROM information_schema.tables "
+                    "WHERE table_schema = current_schema()")}
+                if not {"effects", "effect_events", "graph_durable_migrations"} <= tables:
+                    what = ("a LangGraph database without graph_durable's ledger"
+                            if "checkpoints" in tables else "not a graph_durable database")
+                    raise GraphDurableError(
+                        f"{where!r} is {what}. Point --db at the database your "
+                        "DurablePostgresSaver writes; read commands never add tables.")
+                row = cur.execute(
+                    "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations").fetchone()
+                if row is None or row[0] + 1 < len(PG_MIGRATIONS):
+                    raise GraphDurableError(
+                        f"{where!r} holds a ledger of an older graph_durable; run your "
+                        "agent (or any writer) on it once to migrate; read commands never "
+                        "migrate.")
+        except BaseException:
+            conn.close()
+            raise
+        saver = cls(conn)
+        saver.is_setup = True  # the schema is there; creating or migrating is not ours
+        return saver
 
     # -- schema ------------------------------------------------------------------------
 
