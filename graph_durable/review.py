@@ -120,7 +120,8 @@ class Review:
             return ""
         keys = {r.key for r in saver.effects(self.thread_id)
                 if tool_call_id in (r.tool_call_id, r.key)}
-        note = decided_note([e for e in saver.events(self.thread_id) if e.key in keys])
+        note = decided_note(sorted((e for key in keys for e in saver.events(self.thread_id, key)),
+                                   key=lambda e: e.seq))
         return f": it was {note}" if note else ""
 
     def _decide(self, tool_call_id: str, decision: dict[str, Any],

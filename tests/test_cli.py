@@ -27,10 +27,10 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
                           capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 
-def test_cli_lists_recovers_and_decides(tmp_path: Path) -> None:
+def _crashed_after_mail(tmp_path: Path, turns: list[Any], modes: dict[str, str]) -> Any:
+    """The scenario agent on `tmp_path`, its thread `t` crashed after the mail applied."""
     kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
-              "turns": [[["pay", "1"]], [["mail", "2"]]],
-              "modes": {"pay": "lookup", "mail": "blind"}}
+              "turns": turns, "modes": modes}
     agent = build_effects_agent(**kwargs)
     arm(FaultPlan("after_effect", tool="mail", action="raise"))
     try:
@@ -40,8 +40,12 @@ def test_cli_lists_recovers_and_decides(tmp_path: Path) -> None:
         pass
     finally:
         disarm()
-    db = kwargs["db_path"]
-    env = {"CLI_SCENARIO": json.dumps(kwargs)}
+    return agent, kwargs["db_path"], {"CLI_SCENARIO": json.dumps(kwargs)}
+
+
+def test_cli_lists_recovers_and_decides(tmp_path: Path) -> None:
+    _, db, env = _crashed_after_mail(tmp_path, [[["pay", "1"]], [["mail", "2"]]],
+                                     {"pay": "lookup", "mail": "blind"})
 
     status = json.loads(cli("status", "--db", db, "--json").stdout)
     assert status == [{"thread": "t", "status": "orphaned", "reason": status[0]["reason"]}]
@@ -70,20 +74,10 @@ def test_cli_lists_recovers_and_decides(tmp_path: Path) -> None:
 
 def _waiting_thread(tmp_path: Path) -> tuple[str, dict[str, str]]:
     """A database whose thread `t` waits for a human about `call_0_0` (unknown)."""
-    kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
-              "turns": [[["mail", "2"]]], "modes": {"mail": "blind"}}
-    agent = build_effects_agent(**kwargs)
-    arm(FaultPlan("after_effect", tool="mail", action="raise"))
-    try:
-        agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": "t"}},
-                           durability="sync")
-    except InjectedCrash:
-        pass
-    finally:
-        disarm()
+    agent, db, env = _crashed_after_mail(tmp_path, [[["mail", "2"]]], {"mail": "blind"})
     agent.graph.invoke(None, {"configurable": {"thread_id": "t"}}, durability="sync")
     agent.saver.conn.close()
-    return kwargs["db_path"], {"CLI_SCENARIO": json.dumps(kwargs)}
+    return db, env
 
 
 def _bytes_of(folder: Path) -> dict[str, bytes]:

@@ -8,14 +8,45 @@ the version applied is recorded in `graph_durable_migrations`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection
+from typing import Any
+
+from graph_durable.errors import GraphDurableError
 
 __all__ = [
+    "LEDGER_TABLES",
     "MIGRATIONS",
     "MIGRATIONS_TABLE",
     "PG_MIGRATIONS",
     "PG_MIGRATIONS_TABLE",
+    "check_readable",
     "statements",
 ]
+
+LEDGER_TABLES = frozenset({"effects", "effect_events", "graph_durable_migrations"})
+LATEST_APPLIED = "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations"
+
+
+def check_readable(where: str, saver: str, tables: Collection[str],
+                   applied: Callable[[], Any], migrations: int) -> None:
+    """Refuse to read a database without graph_durable's ledger, or with one an older
+    release wrote and no writer has migrated (a reader never creates or migrates).
+
+    `tables` are the database's tables, `applied()` reads the latest migration applied
+    (only asked once the ledger is there), `migrations` is how many this release has.
+    """
+    if not LEDGER_TABLES <= set(tables):
+        what = ("a LangGraph database without graph_durable's ledger"
+                if "checkpoints" in tables else "not a graph_durable database")
+        raise GraphDurableError(
+            f"{where!r} is {what}. Point --db at the database your {saver} writes; read "
+            "commands never add tables.")
+    version = applied()
+    if version + 1 < migrations:
+        raise GraphDurableError(
+            f"{where!r} holds a ledger of an older graph_durable (schema {version}, this "
+            f"one reads {migrations - 1}). Run your agent (or any writer) on it once to "
+            "migrate; read commands never migrate.")
 
 
 

@@ -43,12 +43,14 @@ from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers._schema import (
+    LATEST_APPLIED,
     PG_MIGRATIONS,
     PG_MIGRATIONS_TABLE,
+    check_readable,
     statements,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync
-from graph_durable.errors import GraphDurableError, IllegalTransition
+from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
     EffectRecord,
@@ -207,19 +209,9 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
                 tables = {row[0] for row in cur.execute(
                     "SELECT table_name FROM information_schema.tables "
                     "WHERE table_schema = current_schema()")}
-                if not {"effects", "effect_events", "graph_durable_migrations"} <= tables:
-                    what = ("a LangGraph database without graph_durable's ledger"
-                            if "checkpoints" in tables else "not a graph_durable database")
-                    raise GraphDurableError(
-                        f"{where!r} is {what}. Point --db at the database your "
-                        "DurablePostgresSaver writes; read commands never add tables.")
-                row = cur.execute(
-                    "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations").fetchone()
-                if row is None or row[0] + 1 < len(PG_MIGRATIONS):
-                    raise GraphDurableError(
-                        f"{where!r} holds a ledger of an older graph_durable; run your "
-                        "agent (or any writer) on it once to migrate; read commands never "
-                        "migrate.")
+                check_readable(where, "DurablePostgresSaver", tables,
+                               lambda: cur.execute(LATEST_APPLIED).fetchone()[0],
+                               len(PG_MIGRATIONS))
         except BaseException:
             conn.close()
             raise

@@ -37,7 +37,13 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._reads import SyncLedgerReads
-from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE, statements
+from graph_durable.checkpointers._schema import (
+    LATEST_APPLIED,
+    MIGRATIONS,
+    MIGRATIONS_TABLE,
+    check_readable,
+    statements,
+)
 from graph_durable.checkpointers._twins import AsyncFromSync
 from graph_durable.errors import GraphDurableError, IllegalTransition
 from graph_durable.leases import Lease
@@ -138,19 +144,8 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         try:
             tables = {row[0] for row in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if not {"effects", "effect_events", "graph_durable_migrations"} <= tables:
-                what = ("a LangGraph database without graph_durable's ledger"
-                        if "checkpoints" in tables else "not a graph_durable database")
-                raise GraphDurableError(
-                    f"{path!r} is {what}. Point --db at the file your DurableSqliteSaver "
-                    "writes; read commands never add tables.")
-            applied = conn.execute(
-                "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations").fetchone()[0]
-            if applied + 1 < len(MIGRATIONS):
-                raise GraphDurableError(
-                    f"{path!r} holds a ledger of an older graph_durable (schema {applied}, "
-                    f"this one reads {len(MIGRATIONS) - 1}). Run your agent (or any writer) "
-                    "on it once to migrate; read commands never migrate.")
+            check_readable(path, "DurableSqliteSaver", tables,
+                           lambda: conn.execute(LATEST_APPLIED).fetchone()[0], len(MIGRATIONS))
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise GraphDurableError(f"{path!r} is not a SQLite database ({exc}).") from None

@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE, FaultPlan
 
-__all__ = ["Child", "ChildResult", "load_factory", "run_child", "run_spec", "start_child",
-           "summarize"]
+__all__ = ["Child", "ChildResult", "child_spec", "load_factory", "run_child", "run_spec",
+           "start_child", "summarize"]
 
 Action = Literal["start", "resume", "decide", "review", "recover"]
 
@@ -133,9 +133,18 @@ def start_child(
         env.update(fault.to_env())
     if trace_path is not None:
         env[ENV_TRACE] = trace_path
-    spec = {"factory": factory, "kwargs": kwargs, "thread_id": thread_id, "action": action,
-            "resume": resume, "hold": hold, "owner": owner, "ttl": ttl, "start_at": start_at}
+    spec = child_spec(factory, kwargs, thread_id=thread_id, action=action, resume=resume,
+                      hold=hold, owner=owner, ttl=ttl, start_at=start_at)
     return Child(spec, env, timeout)
+
+
+def child_spec(factory: str, kwargs: dict[str, Any], *, thread_id: str,
+               action: Action = "start", resume: Any = None, hold: bool = False,
+               owner: str | None = None, ttl: float = 30.0, start_at: float | None = None
+               ) -> dict[str, Any]:
+    """What one child run does, as JSON (see `start_child` for the fields)."""
+    return {"factory": factory, "kwargs": kwargs, "thread_id": thread_id, "action": action,
+            "resume": resume, "hold": hold, "owner": owner, "ttl": ttl, "start_at": start_at}
 
 
 class Child:

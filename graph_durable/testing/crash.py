@@ -76,7 +76,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from graph_durable.faults import FaultPlan
-from graph_durable.testing.child import ChildResult, run_child
+from graph_durable.testing.child import ChildResult, child_spec, run_child
 from graph_durable.testing.forkserver import ForkServer
 from graph_durable.testing.crash_report import (
     CrashPoint,
@@ -244,9 +244,8 @@ def _run_child(case: _Case, action: str, decisions: Any, fault: FaultPlan | None
         return run_child(case.scenario, case.kwargs, thread_id=case.thread_id,
                          action=action, resume=decisions,  # type: ignore[arg-type]
                          fault=fault, trace_path=trace, timeout=case.timeout)
-    spec = {"factory": case.scenario, "kwargs": case.kwargs, "thread_id": case.thread_id,
-            "action": action, "resume": decisions, "hold": False, "owner": None,
-            "ttl": 30.0, "start_at": None}
+    spec = child_spec(case.scenario, case.kwargs, thread_id=case.thread_id,
+                      action=action, resume=decisions)  # type: ignore[arg-type]
     outcome = server.run("graph_durable.testing.child:run_spec",
                          {"spec": spec, "fault": asdict(fault) if fault else None,
                           "trace_path": trace}, timeout=case.timeout)
