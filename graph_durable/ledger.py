@@ -15,10 +15,11 @@ keeps the duty to reconcile (look the key up, or ask a human) before anything is
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +30,7 @@ __all__ = [
     "EffectRecord",
     "EffectStatus",
     "IntentWrite",
+    "Keying",
     "LedgerWrite",
     "TERMINAL_STATUSES",
     "TransitionWrite",
@@ -175,6 +177,7 @@ def derive_key(
     tool_call_id: str,
     tool: str,
     args: dict[str, Any],
+    secret: bytes | None = None,
 ) -> str:
     """The idempotency key of one requested tool call.
 
@@ -185,11 +188,15 @@ def derive_key(
     travel or copy of its thread; a new requesting message or edited arguments get a
     new one.
 
+    With `secret`, the key is an HMAC-SHA256 under it, so a provider that sees the key
+    cannot confirm a guess of the arguments; without, a plain SHA-256 (keys of threads
+    started before key secrets, see `graph_durable.secrets.KeySecrets`).
+
     Raises:
         UnkeyableToolCall: the arguments are not JSON-encodable.
     """
     encoded_args = encode_args(args, thread_id=thread_id, tool_call_id=tool_call_id, tool=tool)
-    return key_of_encoded(thread_id, anchor, tool_call_id, tool, encoded_args)
+    return key_of_encoded(thread_id, anchor, tool_call_id, tool, encoded_args, secret)
 
 
 def encode_args(args: dict[str, Any], *, thread_id: str, tool_call_id: str, tool: str) -> str:
@@ -211,15 +218,32 @@ def encode_args(args: dict[str, Any], *, thread_id: str, tool_call_id: str, tool
 
 
 def key_of_encoded(
-    thread_id: str, anchor: str, tool_call_id: str, tool: str, encoded_args: str
+    thread_id: str, anchor: str, tool_call_id: str, tool: str, encoded_args: str,
+    secret: bytes | None = None,
 ) -> str:
     """`derive_key` for arguments already encoded by `encode_args`.
 
     Ledgers written before keys were anchored to the requesting message used the task's
     checkpoint namespace as `anchor`; the same function derives those legacy keys.
     """
-    material = canonical_json([thread_id, anchor, tool_call_id, tool, encoded_args])
-    return "gd-" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:40]
+    material = canonical_json([thread_id, anchor, tool_call_id, tool, encoded_args]).encode()
+    if secret is None:
+        return "gd-" + hashlib.sha256(material).hexdigest()[:40]
+    return "gd-" + hmac.new(secret, material, hashlib.sha256).hexdigest()[:40]
+
+
+class Keying(NamedTuple):
+    """How a thread's calls are keyed (`saver.keying(thread_id)`)."""
+
+    key_thread: str
+    """The thread whose id keys the effects: the thread, or the one it was copied from."""
+    legacy: bool
+    """Whether effects recorded before keys were anchored to the requesting message may
+    be found under their legacy keys."""
+    secret: bytes | None = None
+    """The key secret (`None`: plain SHA-256 keys, as before key secrets)."""
+    pin: str | None = None
+    """The key scheme to pin the key thread to with its first intent (`None`: pinned)."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +259,10 @@ class IntentWrite:
     status: EffectStatus
     args_json: str | None = None
     """`args` as `encode_args` encodes them, when the caller has it already."""
+    redact: Any = None
+    """`Effect.redact`: what of `args` is stored (`None`: all of it)."""
+    key_scheme: str | None = None
+    """Pins the thread's key scheme with this intent (`Keying.pin`), if not pinned yet."""
 
 
 @dataclass(frozen=True)
@@ -264,6 +292,9 @@ class TransitionWrite:
     """The task now handling the effect: a question is answered in the task that asked
     it, which after a fork or time travel is not the task that recorded the intent."""
     defer: bool = False
+    redact: Any = None
+    """`Effect.redact`: what of the receipt, result, decision, error and data is stored
+    (an edit's args are kept whole: they are the only copy of what must be sent)."""
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,14 @@ class Effect:
     description: str | None = None
     """Shown to the reviewer in approval interrupts."""
 
+    redact: Callable[[Any], Any] | None = None
+    """What the ledger stores of this tool's calls: `redact(value) -> value` is applied
+    to the args, receipts (the tool's, a lookup's or a human's), stored results, error
+    texts and journal data before they are written, e.g.
+    `graph_durable.secrets.redact_keys("card")`. The tool still gets the full args and
+    the model the full result; keys come from the full args. A result replayed after a
+    crash is the redacted one. An edit's args are kept whole (they are what is sent)."""
+
     def __post_init__(self) -> None:
         if self.retries < 0:
             raise ValueError(f"Effect.retries must be >= 0, got {self.retries}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets as _random
 import threading
 import time
 from collections.abc import Collection, Iterator, Sequence
@@ -33,15 +34,39 @@ from graph_durable.leases import (
 )
 from graph_durable.ledger import (
     _UNSET,
+    EffectEvent,
     EffectRecord,
     IntentWrite,
+    Keying,
     TransitionWrite,
     canonical_json,
 )
+from graph_durable.secrets import KeySecrets, LedgerCodec
 
 __all__ = ["DurableSaverMixin", "IntentExists", "actor_of", "durable_saver"]
 
 _log = logging.getLogger("graph_durable")
+
+
+def _keep(value: Any) -> Any:
+    return value
+
+
+def _redact_result(result: Any, redact: Any) -> Any:
+    """A stored result (a ToolMessage, or a Command carrying some) as redacted."""
+    from langchain_core.messages import ToolMessage
+    from langgraph.types import Command
+
+    if isinstance(result, ToolMessage):
+        return result.model_copy(update={"content": redact(result.content),
+                                         "artifact": redact(result.artifact)})
+    if isinstance(result, Command) and isinstance(result.update, dict):
+        update = {name: ([_redact_result(m, redact) for m in value]
+                         if isinstance(value, list) else value)
+                  for name, value in result.update.items()}
+        return Command(graph=result.graph, update=update, resume=result.resume,
+                       goto=result.goto)
+    return result
 
 
 class IntentExists(Exception):
@@ -90,10 +115,16 @@ class DurableSaverMixin:
     compatible_flow_versions: frozenset[str]
 
     def _init_durable(
-        self, flow_version: str | None, compatible_flow_versions: Collection[str]
+        self, flow_version: str | None, compatible_flow_versions: Collection[str],
+        key_secret: Any = None,
     ) -> None:
         self.flow_version = flow_version
         self.compatible_flow_versions = frozenset(compatible_flow_versions)
+        self._key_secrets = KeySecrets.configured(key_secret)
+        self._db_secret_seen: str | None = None
+        self._codec_cache: LedgerCodec | None = None
+        # Operators' read-only views show a value they cannot open as `<encrypted>`.
+        self._lenient = False
         # Threads whose pin this saver has already seen match: pins never change.
         self._flow_checked: set[str] = set()
         self._deferred: dict[str, list[tuple[TransitionWrite, RunnableConfig | None]]] = {}
@@ -117,10 +148,35 @@ class DurableSaverMixin:
         cached: another process may delete a thread and copy another into its id."""
         return (thread_id, thread_id, thread_id)
 
-    @staticmethod
-    def _keying_of(rows: Sequence[Any]) -> tuple[str, bool]:
-        key_thread, legacy = rows[0]
-        return str(key_thread), bool(legacy)
+    def _keying_of(self, rows: Sequence[Any]) -> Keying:
+        key_thread, legacy, scheme, db_secret = rows[0]
+        if db_secret is not None and db_secret != self._db_secret_seen:
+            self._key_secrets.add(self._codec.load_text(
+                db_secret, where=f"'s key secret (keying thread {str(key_thread)!r})")
+                                  or "")
+            self._db_secret_seen = db_secret
+        secret, used = self._key_secrets.secret_for(scheme, str(key_thread))
+        return Keying(str(key_thread), bool(legacy), secret, None if scheme else used)
+
+    def _db_secret_params(self) -> tuple[str]:
+        """Parameters of `INSERT_DB_KEY_SECRET`: a new random secret (the first writer's
+        stays), sealed like the rest of the ledger."""
+        return (self._codec.dump_text(_random.token_hex(32)) or "",)
+
+    # -- the ledger's columns: sealed when the serde encrypts ----------------------------
+
+    @property
+    def _codec(self) -> LedgerCodec:
+        codec = self._codec_cache
+        if codec is None or codec.serde is not self.serde:
+            codec = self._codec_cache = LedgerCodec(self.serde, strict=not self._lenient)
+        return codec
+
+    def _record(self, row: Sequence[Any]) -> EffectRecord:
+        return _sql.effect_from_row(row, self._codec)
+
+    def _event(self, row: Sequence[Any]) -> EffectEvent:
+        return _sql.event_from_row(row, self._codec)
 
     # -- checkpoints this saver stored ---------------------------------------------------
 
@@ -275,37 +331,58 @@ class DurableSaverMixin:
         self, write: IntentWrite, actor: tuple[str | None, int | None]
     ) -> tuple[tuple[_sql.Statement, _sql.Statement], list[_sql.Statement], EffectRecord]:
         """`(inherit, plan, record)`: first take the effect over from the thread's family
-        if one of them holds its key (`_sql.plan_inherit`), else run `plan`."""
-        args_json = write.args_json
+        if one of them holds its key (`_sql.plan_inherit`), else run `plan` (the insert,
+        then the statements that follow it)."""
         now = time.time()
         inherit = _sql.plan_inherit(key=write.key, thread_id=write.thread_id,
                                     checkpoint_ns=write.checkpoint_ns, now=now, actor=actor)
+        codec = self._codec
+        if write.redact is not None:
+            args_text = codec.dump(write.redact(write.args))
+        elif write.args_json is not None:
+            args_text = codec.dump_json(write.args_json)
+        else:
+            args_text = codec.dump_json(canonical_json(write.args))
         plan, record = _sql.plan_intent(
             key=write.key,
             thread_id=write.thread_id,
             checkpoint_ns=write.checkpoint_ns,
             tool_call_id=write.tool_call_id,
             tool=write.tool,
-            args_json=canonical_json(write.args) if args_json is None else args_json,
+            args=write.args,
+            args_text=args_text,
             status=write.status,
             now=now,
             actor=actor,
+            codec=codec,
         )
+        if write.key_scheme is not None:
+            plan.append((_sql.PIN_KEY_SCHEME,
+                         (write.thread_id, write.thread_id, write.key_scheme, now)))
         return inherit, plan, record
 
     def _transition_columns(self, write: TransitionWrite) -> dict[str, Any]:
-        """The encoded column values a transition sets (besides status and time)."""
+        """The encoded column values a transition sets (besides status and time):
+        redacted as the tool's policy says, sealed when the serde encrypts."""
         columns: dict[str, Any] = {}
+        codec, redact = self._codec, write.redact or _keep
         if write.error is not _UNSET:
-            columns["error"] = write.error
+            columns["error"] = codec.dump_text(
+                None if write.error is None else str(redact(write.error)))
         if write.receipt is not _UNSET:
-            columns["receipt"] = _sql.to_json(write.receipt)
+            columns["receipt"] = codec.dump(redact(write.receipt))
         if write.result is not _UNSET:
-            columns["result_type"], columns["result"] = self.serde.dumps_typed(write.result)
+            result = write.result if write.redact is None else _redact_result(write.result,
+                                                                              redact)
+            columns["result_type"], columns["result"] = self.serde.dumps_typed(result)
         if write.decision is not _UNSET:
-            columns["decision"] = (
-                None if write.decision is None else _sql.to_json(write.decision)
-            )
+            decision = write.decision
+            if decision is not None and write.redact is not None:
+                decision = {**redact(decision), **({"edited_action": decision["edited_action"]}
+                                                   if "edited_action" in decision else {})}
+            columns["decision"] = None if decision is None else codec.dump(decision)
+            if decision is not None and "edited_key" in decision:
+                columns["edited_key"] = decision["edited_key"]
         if write.asked is not _UNSET:
             columns["asked"] = int(write.asked)
         if write.checkpoint_ns is not _UNSET:
@@ -319,13 +396,14 @@ class DurableSaverMixin:
             columns=self._transition_columns(write), bump_attempts=write.bump_attempts,
         )
 
-    @staticmethod
     def _transition_event(
-        record: EffectRecord, write: TransitionWrite, now: float,
+        self, record: EffectRecord, write: TransitionWrite, now: float,
         actor: tuple[str | None, int | None],
     ) -> _sql.Statement:
-        return _sql.transition_event(record, kind=write.kind, data=write.data, now=now,
-                                     actor=actor, bump_attempts=write.bump_attempts)
+        data = write.data if write.redact is None else write.redact(write.data)
+        return _sql.transition_event(record, kind=write.kind, data=data, now=now,
+                                     actor=actor, bump_attempts=write.bump_attempts,
+                                     codec=self._codec)
 
     def _load_result(self, row: Sequence[Any] | None) -> Any:
         if row is None or row[0] is None:

@@ -14,7 +14,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
-from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus, IntentWrite
+from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus, IntentWrite, Keying
 
 __all__ = ["SyncLedgerReads"]
 
@@ -34,10 +34,15 @@ class SyncLedgerReads:
         thread it was copied from (so the copy finds its source's effects)."""
         return self.keying(thread_id)[0]
 
-    def keying(self, thread_id: str) -> tuple[str, bool]:
-        """`(key_thread, legacy)`: the thread whose id keys this thread's effects, and
-        whether effects recorded before keys were anchored to the requesting message
-        may be found under their legacy keys (see `graph_durable.nodes.anchor`)."""
+    def keying(self, thread_id: str) -> Keying:
+        """How this thread's calls are keyed (`Keying`): the thread whose id keys its
+        effects, whether effects recorded before keys were anchored to the requesting
+        message may be found under their legacy keys (see `graph_durable.nodes.anchor`),
+        and the key secret (see `graph_durable.secrets.KeySecrets`).
+
+        Raises:
+            SecretUnavailable: the thread is pinned to a key secret this saver lacks.
+        """
         rows = self._query(_sql.SELECT_KEYING, self._keying_params(str(thread_id)))  # type: ignore[attr-defined]
         return self._keying_of(rows)  # type: ignore[attr-defined,no-any-return]
 
@@ -56,13 +61,13 @@ class SyncLedgerReads:
             rows = self._query(_sql.SELECT_EFFECT_BY_KEY, (key,))
         else:
             rows = self._query(_sql.SELECT_EFFECT, (str(thread_id), key))
-        return _sql.effect_from_row(rows[0]) if rows else None
+        return self._record(rows[0]) if rows else None
 
     def sent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
         """The effect `key` as another thread of the family (a copy, or the thread a
         copy came from) holds it once sent or on its way, or `None`."""
         rows = self._query(_sql.SELECT_SENT_IN_FAMILY, (key, str(thread_id)))
-        return _sql.effect_from_row(rows[0]) if rows else None
+        return self._record(rows[0]) if rows else None
 
     def effects(
         self, thread_id: str | None = None, status: EffectStatus | str | None = None
@@ -72,14 +77,14 @@ class SyncLedgerReads:
             None if thread_id is None else str(thread_id),
             None if status is None else EffectStatus(status).value,
         )
-        return [_sql.effect_from_row(row) for row in self._query(sql, params)]
+        return [self._record(row) for row in self._query(sql, params)]
 
     def events(
         self, thread_id: str | None = None, key: str | None = None
     ) -> list[EffectEvent]:
         """The append-only journal, in order, optionally of one thread and one key."""
         sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
-        return [_sql.event_from_row(row) for row in self._query(sql, params)]
+        return [self._event(row) for row in self._query(sql, params)]
 
     def stored_result(self, thread_id: str, key: str) -> Any:
         """The ToolMessage or Command stored with a terminal effect, for replay."""
@@ -89,7 +94,7 @@ class SyncLedgerReads:
     def asked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
         """Effects of one task that a pending interrupt asks a human about."""
         rows = self._query(_sql.SELECT_ASKED_IN_TASK, (str(thread_id), checkpoint_ns))
-        return [_sql.effect_from_row(row) for row in rows]
+        return [self._record(row) for row in rows]
 
     def checkpoint_exists(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
         """Whether this checkpoint is durably stored."""

@@ -145,6 +145,24 @@ MIGRATIONS: list[str] = [
     CREATE TABLE legacy_key_threads (thread_id TEXT PRIMARY KEY);
     INSERT INTO legacy_key_threads (thread_id) SELECT DISTINCT thread_id FROM effects;
     """,
+    # 4: secrets. Decisions may be sealed, so the key an edit was sent under gets a clear
+    # column; keys are an HMAC under a key secret, and each key thread is pinned to the
+    # scheme of its first intent (threads with effects from before keep plain SHA-256
+    # keys); `ledger_meta` holds the database's own key secret.
+    """
+    ALTER TABLE effects ADD COLUMN edited_key TEXT;
+    UPDATE effects SET edited_key = json_extract(decision, '$.edited_key')
+        WHERE decision LIKE '%"edited_key"%';
+    CREATE TABLE thread_key_schemes (
+        thread_id TEXT PRIMARY KEY,
+        scheme TEXT NOT NULL,
+        pinned_at REAL NOT NULL
+    );
+    INSERT INTO thread_key_schemes (thread_id, scheme, pinned_at)
+        SELECT DISTINCT COALESCE(o.origin_thread_id, e.thread_id), 'sha256', 0 FROM effects e
+        LEFT JOIN thread_origins o ON o.thread_id = e.thread_id;
+    CREATE TABLE ledger_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
 ]
 
 # PostgreSQL: the same tables in PostgreSQL's types, numbered on their own.
@@ -233,5 +251,20 @@ PG_MIGRATIONS: list[str] = [
     """
     CREATE TABLE legacy_key_threads (thread_id TEXT PRIMARY KEY);
     INSERT INTO legacy_key_threads (thread_id) SELECT DISTINCT thread_id FROM effects;
+    """,
+    # 4: secrets (see the SQLite migration 4).
+    """
+    ALTER TABLE effects ADD COLUMN edited_key TEXT;
+    UPDATE effects SET edited_key = decision::json->>'edited_key'
+        WHERE decision LIKE '%"edited_key"%';
+    CREATE TABLE thread_key_schemes (
+        thread_id TEXT PRIMARY KEY,
+        scheme TEXT NOT NULL,
+        pinned_at DOUBLE PRECISION NOT NULL
+    );
+    INSERT INTO thread_key_schemes (thread_id, scheme, pinned_at)
+        SELECT DISTINCT COALESCE(o.origin_thread_id, e.thread_id), 'sha256', 0 FROM effects e
+        LEFT JOIN thread_origins o ON o.thread_id = e.thread_id;
+    CREATE TABLE ledger_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
 ]

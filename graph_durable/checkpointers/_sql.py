@@ -13,6 +13,7 @@ from typing import Any
 
 from graph_durable.errors import IllegalTransition
 from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
+from graph_durable.secrets import LedgerCodec
 
 __all__ = [
     "EFFECT_COLUMNS",
@@ -68,14 +69,25 @@ DELETE_THREAD_LEDGER: tuple[str, ...] = (
     "DELETE FROM thread_origins WHERE thread_id = ?",
     "DELETE FROM legacy_key_threads WHERE thread_id = ?",
 )
+# Key-scheme pins are kept when a thread is deleted: its copies keep its keys.
 # Keys are derived from a thread's origin: the thread itself, or for a copy, the thread
 # its history came from (transitively), so the copy finds its source's effects.
 SELECT_ORIGIN = "SELECT origin_thread_id FROM thread_origins WHERE thread_id = ?"
-# The key thread, and whether effects of its family may carry legacy keys (migration 3).
+# The key thread, whether effects of its family may carry legacy keys (migration 3),
+# the key scheme it is pinned to, and the database's own key secret (migration 4).
 SELECT_KEYING = (
     "SELECT k.key_thread, EXISTS (SELECT 1 FROM legacy_key_threads l "
-    "WHERE l.thread_id IN (?, k.key_thread)) FROM (SELECT COALESCE((SELECT origin_thread_id "
+    "WHERE l.thread_id IN (?, k.key_thread)), (SELECT s.scheme FROM thread_key_schemes s "
+    "WHERE s.thread_id = k.key_thread), (SELECT m.value FROM ledger_meta m "
+    "WHERE m.name = 'key_secret') FROM (SELECT COALESCE((SELECT origin_thread_id "
     "FROM thread_origins WHERE thread_id = ?), ?) AS key_thread) k"
+)
+PIN_KEY_SCHEME = (
+    "INSERT OR IGNORE INTO thread_key_schemes (thread_id, scheme, pinned_at) VALUES "
+    "(COALESCE((SELECT origin_thread_id FROM thread_origins WHERE thread_id = ?), ?), ?, ?)"
+)
+INSERT_DB_KEY_SECRET = (
+    "INSERT OR IGNORE INTO ledger_meta (name, value) VALUES ('key_secret', ?)"
 )
 ORIGIN_OF_COPY = (
     "COALESCE((SELECT origin_thread_id FROM thread_origins WHERE thread_id = ?), ?)"
@@ -89,10 +101,10 @@ UPSERT_ORIGIN = (
 # under the same keys: a fork must replay a receipt, never send again under a new key.
 COPY_THREAD_LEDGER: tuple[str, ...] = (
     "INSERT OR IGNORE INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args, "
-    "status, receipt, result_type, result, error, attempts, decision, asked, created_at, "
-    "updated_at) SELECT ?, key, checkpoint_ns, tool_call_id, tool, args, status, receipt, "
-    "result_type, result, error, attempts, decision, asked, created_at, updated_at "
-    "FROM effects WHERE thread_id = ?",
+    "status, receipt, result_type, result, error, attempts, decision, edited_key, asked, "
+    "created_at, updated_at) SELECT ?, key, checkpoint_ns, tool_call_id, tool, args, status, "
+    "receipt, result_type, result, error, attempts, decision, edited_key, asked, created_at, "
+    "updated_at FROM effects WHERE thread_id = ?",
     "INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token) "
     "SELECT key, ?, kind, data, at, owner, fencing_token FROM effect_events "
     "WHERE thread_id = ? ORDER BY seq",
@@ -191,20 +203,20 @@ def select_events(thread_id: str | None, key: str | None) -> Statement:
     return f"SELECT {EVENT_COLUMNS} FROM effect_events {where} ORDER BY seq", tuple(params)
 
 
-def from_json(text: str | None) -> Any:
-    """Decode a JSON column (`None` stays `None`)."""
-    return None if text is None else json.loads(text)
-
-
 def to_json(value: Any) -> str:
     """JSON for a ledger column; values JSON cannot hold are stored as their `str()`."""
     return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
 
 
-def effect_from_row(row: Sequence[Any]) -> EffectRecord:
+PLAIN = LedgerCodec(None, strict=False)
+"""Reads plain columns, and shows sealed ones as `SEALED`: for messages about a row."""
+
+
+def effect_from_row(row: Sequence[Any], codec: LedgerCodec = PLAIN) -> EffectRecord:
     """Build an `EffectRecord` from a row selected with `EFFECT_COLUMNS`."""
     (key, thread_id, ns, tcid, tool, args, status, receipt, error, attempts, decision,
      asked, created_at, updated_at) = row
+    where = f" of thread {thread_id!r}"
     # The columns hold what the ledger wrote; build the record without re-validating it.
     return EffectRecord.model_construct(
         key=key,
@@ -212,24 +224,25 @@ def effect_from_row(row: Sequence[Any]) -> EffectRecord:
         checkpoint_ns=ns,
         tool_call_id=tcid,
         tool=tool,
-        args=json.loads(args),
+        args=codec.load(args, where=where),
         status=EffectStatus(status),
-        receipt=from_json(receipt),
-        error=error,
+        receipt=codec.load(receipt, where=where),
+        error=codec.load_text(error, where=where),
         attempts=attempts,
-        decision=from_json(decision),
+        decision=codec.load(decision, where=where),
         asked=bool(asked),
         created_at=created_at,
         updated_at=updated_at,
     )
 
 
-def event_from_row(row: Sequence[Any]) -> EffectEvent:
+def event_from_row(row: Sequence[Any], codec: LedgerCodec = PLAIN) -> EffectEvent:
     """Build an `EffectEvent` from a row selected with `EVENT_COLUMNS`."""
     seq, key, thread_id, kind, data, at, owner, token = row
-    return EffectEvent(
-        seq=seq, key=key, thread_id=thread_id, kind=kind, data=json.loads(data), at=at,
-        owner=owner, fencing_token=token,
+    return EffectEvent.model_construct(
+        seq=seq, key=key, thread_id=thread_id, kind=kind,
+        data=codec.load(data, where=f" of thread {thread_id!r}"), at=at, owner=owner,
+        fencing_token=token,
     )
 
 
@@ -240,29 +253,35 @@ def plan_intent(
     checkpoint_ns: str,
     tool_call_id: str,
     tool: str,
-    args_json: str,
+    args: dict[str, Any],
+    args_text: str,
     status: EffectStatus,
     now: float,
     actor: tuple[str | None, int | None],
+    codec: LedgerCodec = PLAIN,
 ) -> tuple[list[Statement], EffectRecord]:
-    """Insert a new effect row (the intent) and its `intent` event; return the record."""
+    """Insert a new effect row (the intent) and its `intent` event; return the record.
+
+    `args_text` is the args column as stored (JSON, redacted or sealed as the saver
+    and the tool's policy say); the record carries `args`.
+    """
     attempts = 1 if status is EffectStatus.IN_FLIGHT else 0
     record = EffectRecord.model_construct(
         key=key, thread_id=thread_id, checkpoint_ns=checkpoint_ns, tool_call_id=tool_call_id,
-        tool=tool, args=json.loads(args_json), status=status, attempts=attempts,
+        tool=tool, args=args, status=status, attempts=attempts,
         created_at=now, updated_at=now,
     )
     return [
         (
             "INSERT OR IGNORE INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, "
             "args, status, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (thread_id, key, checkpoint_ns, tool_call_id, tool, args_json, status.value,
+            (thread_id, key, checkpoint_ns, tool_call_id, tool, args_text, status.value,
              attempts, now, now),
         ),
         (
             INSERT_EVENT,
-            (key, thread_id, "intent", to_json({"status": status.value, "tool": tool,
-                                                 "tool_call_id": tool_call_id}),
+            (key, thread_id, "intent", codec.dump({"status": status.value, "tool": tool,
+                                                   "tool_call_id": tool_call_id}),
              now, *actor),
         ),
     ], record
@@ -293,7 +312,7 @@ def plan_inherit(
         f"'unknown' ELSE status END, receipt, CASE WHEN {skipped} THEN NULL ELSE result_type "
         f"END, CASE WHEN {skipped} THEN NULL ELSE result END, error, attempts, 0, ?, ? "
         "FROM effects WHERE key = ? AND thread_id <> ? AND status <> 'rejected' "
-        f"AND NOT ({skipped} AND COALESCE(decision, '') LIKE '%\"edited_key\"%') "
+        f"AND NOT ({skipped} AND edited_key IS NOT NULL) "
         "ORDER BY created_at LIMIT 1",
         (thread_id, checkpoint_ns, now, now, key, thread_id),
     )
@@ -308,7 +327,7 @@ def plan_inherit(
 
 
 def refusal(
-    row: Sequence[Any] | None, *, thread_id: str, key: str, to: EffectStatus
+    row: Sequence[Any] | None, *, thread_id: str, key: str, to: EffectStatus,
 ) -> IllegalTransition:
     """Why an effect (selected with `EFFECT_COLUMNS`, or missing) cannot become `to`."""
     if row is None:
@@ -365,6 +384,7 @@ def plan_update(
 def transition_event(
     record: EffectRecord, *, kind: str, data: dict[str, Any], now: float,
     actor: tuple[str | None, int | None], bump_attempts: bool = False,
+    codec: LedgerCodec = PLAIN,
 ) -> Statement:
     """The journal entry of a transition that left `record` (the updated effect)."""
     if bump_attempts:
@@ -372,5 +392,5 @@ def transition_event(
     return (
         INSERT_EVENT,
         (record.key, record.thread_id, kind,
-         to_json({"status": record.status.value, **data}), now, *actor),
+         codec.dump({"status": record.status.value, **data}), now, *actor),
     )

@@ -23,6 +23,7 @@ from graph_durable.ledger import (
     EffectRecord,
     EffectStatus,
     IntentWrite,
+    Keying,
     LedgerWrite,
 )
 
@@ -147,7 +148,7 @@ class AsyncFromSync:
         """Async `key_thread`."""
         return self.key_thread(thread_id)
 
-    async def akeying(self, thread_id: str) -> tuple[str, bool]:
+    async def akeying(self, thread_id: str) -> Keying:
         """Async `keying`."""
         return self.keying(thread_id)
 

@@ -33,6 +33,7 @@ from graph_durable.ledger import (
     EffectRecord,
     EffectStatus,
     IntentWrite,
+    Keying,
     LedgerWrite,
     TransitionWrite,
     WriteBatch,
@@ -49,10 +50,14 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
 
     Args:
         conn: An `aiosqlite.Connection`.
-        serde: Serializer for checkpoints and stored tool results.
+        serde: Serializer for checkpoints, stored tool results and, when it encrypts
+            (`EncryptedSerializer`), everything the ledger keeps about a call.
         flow_version: Version of the graph's flow: a thread's first write pins it, and a
             thread pinned to another version is refused (`FlowVersionMismatch`).
         compatible_flow_versions: Other pinned versions this graph may resume.
+        key_secret: Secret the effects' keys are an HMAC under (one, or several newest
+            first to rotate); default `GRAPH_DURABLE_KEY_SECRET`, else a random secret
+            kept in the database. See `graph_durable.secrets`.
     """
 
     def __init__(
@@ -62,21 +67,24 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         serde: SerializerProtocol | None = None,
         flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (),
+        key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> None:
         super().__init__(conn, serde=serde)
-        self._init_durable(flow_version, compatible_flow_versions)
+        self._init_durable(flow_version, compatible_flow_versions, key_secret)
         self._migrated = False
 
     @classmethod
     @asynccontextmanager
     async def from_conn_string(
         cls, conn_string: str, *, flow_version: str | None = None,
-        compatible_flow_versions: Collection[str] = (),
+        compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
+        key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> AsyncIterator[AsyncDurableSqliteSaver]:
         """Open `conn_string` (a file path or `:memory:`) and yield a saver on it."""
         async with aiosqlite.connect(conn_string) as conn:
             yield cls(conn, flow_version=flow_version,
-                      compatible_flow_versions=compatible_flow_versions)
+                      compatible_flow_versions=compatible_flow_versions, serde=serde,
+                      key_secret=key_secret)
 
     async def setup(self) -> None:
         """Create LangGraph's tables and apply pending ledger migrations (safe to repeat)."""
@@ -102,6 +110,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
                         "INSERT INTO graph_durable_migrations (v, applied_at) VALUES (?, ?)",
                         (version, time.time()),
                     )
+                await self.conn.execute(_sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
             except BaseException:
                 await self.conn.rollback()
                 raise
@@ -297,8 +306,8 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         thread it was copied from (so the copy finds its source's effects)."""
         return (await self.akeying(thread_id))[0]
 
-    async def akeying(self, thread_id: str) -> tuple[str, bool]:
-        """`(key_thread, legacy)`; see `DurableSqliteSaver.keying`."""
+    async def akeying(self, thread_id: str) -> Keying:
+        """See `DurableSqliteSaver.keying`."""
         rows = await self._fetchall(_sql.SELECT_KEYING, self._keying_params(str(thread_id)))
         return self._keying_of(rows)
 
@@ -306,7 +315,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         """Sync `akey_thread`, from a thread other than the saver's event loop."""
         return self._sync(self.akey_thread(thread_id))
 
-    def keying(self, thread_id: str) -> tuple[str, bool]:
+    def keying(self, thread_id: str) -> Keying:
         """Sync `akeying`, from a thread other than the saver's event loop."""
         return self._sync(self.akeying(thread_id))
 
@@ -315,17 +324,18 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         actor: tuple[str | None, int | None],
     ) -> EffectRecord:
         if isinstance(one, IntentWrite):
-            (inherit, inherited), (insert, event), record = self._plan_intent(one, actor)
+            (inherit, inherited), (insert, *after), record = self._plan_intent(one, actor)
             await cur.execute(*inherit)
             if cur.rowcount == 1:
                 await cur.execute(*inherited)
                 await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-                raise IntentExists(_sql.effect_from_row(await cur.fetchone()))
+                raise IntentExists(self._record(await cur.fetchone()))
             await cur.execute(*insert)
             if cur.rowcount == 0:
                 await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-                raise IntentExists(_sql.effect_from_row(await cur.fetchone()))
-            await cur.execute(*event)
+                raise IntentExists(self._record(await cur.fetchone()))
+            for statement in after:
+                await cur.execute(*statement)
             return record
         now = time.time()
         await cur.execute(*self._plan_update(one, now))
@@ -334,7 +344,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
             raise _sql.refusal(await cur.fetchone(), thread_id=one.thread_id, key=one.key,
                                to=one.to)
-        record = _sql.effect_from_row(rows[0])
+        record = self._record(rows[0])
         await cur.execute(*self._transition_event(record, one, now, actor))
         return record
 
@@ -420,13 +430,13 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             rows = await self._fetchall(_sql.SELECT_EFFECT_BY_KEY, (key,))
         else:
             rows = await self._fetchall(_sql.SELECT_EFFECT, (str(thread_id), key))
-        return _sql.effect_from_row(rows[0]) if rows else None
+        return self._record(rows[0]) if rows else None
 
     async def asent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
         """The effect `key` as another thread of the family holds it once sent or on its
         way, or `None` (see `DurableSqliteSaver.sent_in_family`)."""
         rows = await self._fetchall(_sql.SELECT_SENT_IN_FAMILY, (key, str(thread_id)))
-        return _sql.effect_from_row(rows[0]) if rows else None
+        return self._record(rows[0]) if rows else None
 
     def sent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
         """Sync `asent_in_family`, from a thread other than the saver's event loop."""
@@ -440,14 +450,14 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             None if thread_id is None else str(thread_id),
             None if status is None else EffectStatus(status).value,
         )
-        return [_sql.effect_from_row(row) for row in await self._fetchall(sql, params)]
+        return [self._record(row) for row in await self._fetchall(sql, params)]
 
     async def aevents(
         self, thread_id: str | None = None, key: str | None = None
     ) -> list[EffectEvent]:
         """The append-only journal, in order, optionally of one thread and one key."""
         sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
-        return [_sql.event_from_row(row) for row in await self._fetchall(sql, params)]
+        return [self._event(row) for row in await self._fetchall(sql, params)]
 
     async def astored_result(self, thread_id: str, key: str) -> Any:
         """The ToolMessage or Command stored with a terminal effect, for replay."""
@@ -457,7 +467,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     async def aasked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
         """Effects of one task that a pending interrupt asks a human about."""
         rows = await self._fetchall(_sql.SELECT_ASKED_IN_TASK, (str(thread_id), checkpoint_ns))
-        return [_sql.effect_from_row(row) for row in rows]
+        return [self._record(row) for row in rows]
 
     async def acheckpoint_exists(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str

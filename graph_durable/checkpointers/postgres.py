@@ -158,10 +158,14 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
 
     Args:
         conn: A psycopg `Connection` (autocommit, `dict_row`) or a `ConnectionPool`.
-        serde: Serializer for checkpoints and stored tool results.
+        serde: Serializer for checkpoints, stored tool results and, when it encrypts
+            (`EncryptedSerializer`), everything the ledger keeps about a call.
         flow_version: Version of the graph's flow: a thread's first write pins it, and a
             thread pinned to another version is refused (`FlowVersionMismatch`).
         compatible_flow_versions: Other pinned versions this graph may resume.
+        key_secret: Secret the effects' keys are an HMAC under (one, or several newest
+            first to rotate); default `GRAPH_DURABLE_KEY_SECRET`, else a random secret
+            kept in the database. See `graph_durable.secrets`.
     """
 
     def __init__(
@@ -171,9 +175,10 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         serde: SerializerProtocol | None = None,
         flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (),
+        key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> None:
         super().__init__(conn, serde=serde)
-        self._init_durable(flow_version, compatible_flow_versions)
+        self._init_durable(flow_version, compatible_flow_versions, key_secret)
         self.is_setup = False
         self._setup_lock = threading.Lock()
 
@@ -181,20 +186,25 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
     @contextmanager
     def from_conn_string(  # type: ignore[override]
         cls, conn_string: str, *, flow_version: str | None = None,
-        compatible_flow_versions: Collection[str] = (),
+        compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
+        key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> Iterator[DurablePostgresSaver]:
         """Connect to `conn_string` (a libpq string or URL) and yield a saver on it."""
         with Connection.connect(
             conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
         ) as conn:
             yield cls(conn, flow_version=flow_version,
-                      compatible_flow_versions=compatible_flow_versions)
+                      compatible_flow_versions=compatible_flow_versions, serde=serde,
+                      key_secret=key_secret)
 
     @classmethod
-    def open_read_only(cls, conn_string: str) -> DurablePostgresSaver:
+    def open_read_only(
+        cls, conn_string: str, *, serde: SerializerProtocol | None = None
+    ) -> DurablePostgresSaver:
         """A saver that only reads: every transaction of its connection is read-only
         (`default_transaction_read_only`), and it never creates or migrates the schema.
-        For operators' tools.
+        For operators' tools: a sealed value `serde` cannot open reads as
+        `graph_durable.secrets.SEALED`.
 
         Raises:
             GraphDurableError: the database has no graph_durable ledger, or one an older
@@ -215,8 +225,9 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         except BaseException:
             conn.close()
             raise
-        saver = cls(conn)
+        saver = cls(conn, serde=serde)
         saver.is_setup = True  # the schema is there; creating or migrating is not ours
+        saver._lenient = True
         return saver
 
     # -- schema ------------------------------------------------------------------------
@@ -249,6 +260,7 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
                         "INSERT INTO graph_durable_migrations (v, applied_at) "
                         "VALUES (%s, %s)", (version, time.time()),
                     )
+                _run(cur, _sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
 
     @contextmanager
     def _txn(
@@ -416,23 +428,24 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         actor: tuple[str | None, int | None],
     ) -> EffectRecord:
         if isinstance(one, IntentWrite):
-            (inherit, inherited), (insert, event), record = self._plan_intent(one, actor)
+            (inherit, inherited), (insert, *after), record = self._plan_intent(one, actor)
             if _run(cur, *inherit).rowcount == 1:
                 _run(cur, *inherited)
                 row = _run(cur, _sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                raise IntentExists(_sql.effect_from_row(row))
+                raise IntentExists(self._record(row))
             if _run(cur, *insert).rowcount == 0:
                 # The key is already known: the intent stands, report what is recorded.
                 row = _run(cur, _sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                raise IntentExists(_sql.effect_from_row(row))
-            _run(cur, *event)
+                raise IntentExists(self._record(row))
+            for statement in after:
+                _run(cur, *statement)
             return record
         now = time.time()
         rows = _run(cur, *self._plan_update(one, now)).fetchall()
         if not rows:
             row = _run(cur, _sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
             raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
-        record = _sql.effect_from_row(rows[0])
+        record = self._record(rows[0])
         _run(cur, *self._transition_event(record, one, now, actor))
         return record
 

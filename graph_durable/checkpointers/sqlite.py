@@ -93,10 +93,14 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
 
     Args:
         conn: A `sqlite3.Connection` (opened with `check_same_thread=False`).
-        serde: Serializer for checkpoints and stored tool results.
+        serde: Serializer for checkpoints, stored tool results and, when it encrypts
+            (`EncryptedSerializer`), everything the ledger keeps about a call.
         flow_version: Version of the graph's flow: a thread's first write pins it, and a
             thread pinned to another version is refused (`FlowVersionMismatch`).
         compatible_flow_versions: Other pinned versions this graph may resume.
+        key_secret: Secret the effects' keys are an HMAC under (one, or several newest
+            first to rotate); default `GRAPH_DURABLE_KEY_SECRET`, else a random secret
+            kept in the database. See `graph_durable.secrets`.
     """
 
     def __init__(
@@ -106,9 +110,10 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         serde: SerializerProtocol | None = None,
         flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (),
+        key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> None:
         super().__init__(conn, serde=serde)
-        self._init_durable(flow_version, compatible_flow_versions)
+        self._init_durable(flow_version, compatible_flow_versions, key_secret)
         self._queue: list[_QueuedWrite] = []
         self._queue_lock = threading.Lock()
 
@@ -116,19 +121,24 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
     @contextmanager
     def from_conn_string(
         cls, conn_string: str, *, flow_version: str | None = None,
-        compatible_flow_versions: Collection[str] = (),
+        compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
+        key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> Iterator[DurableSqliteSaver]:
         """Open `conn_string` (a file path or `:memory:`) and yield a saver on it."""
         with closing(sqlite3.connect(conn_string, check_same_thread=False)) as conn:
             yield cls(conn, flow_version=flow_version,
-                      compatible_flow_versions=compatible_flow_versions)
+                      compatible_flow_versions=compatible_flow_versions, serde=serde,
+                      key_secret=key_secret)
 
     # -- schema ------------------------------------------------------------------------
 
     @classmethod
-    def open_read_only(cls, path: str) -> DurableSqliteSaver:
+    def open_read_only(
+        cls, path: str, *, serde: SerializerProtocol | None = None
+    ) -> DurableSqliteSaver:
         """A saver that only reads the database at `path`: never creates, migrates or
-        writes it (SQLite opens it with `mode=ro`). For operators' tools.
+        writes it (SQLite opens it with `mode=ro`). For operators' tools: a sealed value
+        `serde` cannot open (no key, or another) reads as `graph_durable.secrets.SEALED`.
 
         Raises:
             GraphDurableError: no such file; not a SQLite database; a LangGraph database
@@ -152,8 +162,9 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         except BaseException:
             conn.close()
             raise
-        saver = cls(conn)
+        saver = cls(conn, serde=serde)
         saver.is_setup = True  # the schema is there; creating or migrating is not ours
+        saver._lenient = True
         return saver
 
     def setup(self) -> None:
@@ -177,6 +188,7 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
                     "INSERT INTO graph_durable_migrations (v, applied_at) VALUES (?, ?)",
                     (version, time.time()),
                 )
+            self.conn.execute(_sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
         except BaseException:
             self.conn.rollback()
             raise
@@ -330,23 +342,24 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         actor: tuple[str | None, int | None],
     ) -> EffectRecord:
         if isinstance(one, IntentWrite):
-            (inherit, inherited), (insert, event), record = self._plan_intent(one, actor)
+            (inherit, inherited), (insert, *after), record = self._plan_intent(one, actor)
             if cur.execute(*inherit).rowcount == 1:
                 cur.execute(*inherited)
                 row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                raise IntentExists(_sql.effect_from_row(row))
+                raise IntentExists(self._record(row))
             if cur.execute(*insert).rowcount == 0:
                 # The key is already known: the intent stands, report what is recorded.
                 row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                raise IntentExists(_sql.effect_from_row(row))
-            cur.execute(*event)
+                raise IntentExists(self._record(row))
+            for statement in after:
+                cur.execute(*statement)
             return record
         now = time.time()
         rows = cur.execute(*self._plan_update(one, now)).fetchall()
         if not rows:
             row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
             raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
-        record = _sql.effect_from_row(rows[0])
+        record = self._record(rows[0])
         cur.execute(*self._transition_event(record, one, now, actor))
         return record
 

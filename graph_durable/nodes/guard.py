@@ -34,7 +34,7 @@ from graph_durable._langgraph import interrupt_id as _interrupt_id
 from graph_durable.checkpointers._base import actor_of, durable_saver
 from graph_durable.errors import DurabilityError, GraphDurableError, NotDurableCheckpointer
 from graph_durable.leases import active_lease, check_fence
-from graph_durable.ledger import EffectRecord, TransitionWrite, WriteBatch
+from graph_durable.ledger import EffectRecord, Keying, TransitionWrite, WriteBatch
 from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
@@ -213,7 +213,8 @@ def _answers(task: _Task, record: EffectRecord, ids: set[str]) -> bool:
 
 
 def _decision_batch(task: _Task, asked: list[Any], resume: Any,
-                    tools: Mapping[str, Any] | None) -> WriteBatch | None:
+                    tools: Mapping[str, Any] | None,
+                    policy_for: Callable[[str], Effect]) -> WriteBatch | None:
     """The journal entries of the decisions `resume` carries (`None`: it answers none
     of this task's questions). Calls it does not answer stay asked."""
     decisions = match_decisions(resume, asked, task.thread_id, tools=tools)
@@ -227,6 +228,7 @@ def _decision_batch(task: _Task, asked: list[Any], resume: Any,
                 thread_id=task.thread_id, key=record.key, to=record.status,
                 kind="decision", decision={**decisions[record.key], "decided_at": now},
                 asked=False, data={"decision": decisions[record.key]},
+                redact=policy_for(record.tool).redact,
             )
             for record in asked if record.key in decisions
         ),
@@ -291,7 +293,7 @@ class GuardCore:
         return has_tool and not self.policy_for(tool_call["name"]).read_only
 
     def _context(
-        self, task: _Task, tool_call: Mapping[str, Any], state: Any, keying: tuple[str, bool],
+        self, task: _Task, tool_call: Mapping[str, Any], state: Any, keying: Keying,
     ) -> CallContext:
         """The call's task and protocol context.
 
@@ -301,7 +303,8 @@ class GuardCore:
         """
         anchor = call_anchor(state, tool_call.get("id"), task.checkpoint_ns, self.messages_key)
         return CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call),
-                                 self.policy_for(tool_call["name"]), keying[0], anchor)
+                           self.policy_for(tool_call["name"]), keying.key_thread, anchor,
+                           secret=keying.secret, key_scheme=keying.pin)
 
     @staticmethod
     def _adopt_legacy_key(ctx: CallContext, legacy: EffectRecord | None) -> None:
@@ -345,7 +348,7 @@ class GuardCore:
                 if self._writes(call, has_tool) and self.policy_for(call["name"]).reconcilable]
 
     def _start(self, calls: list[Mapping[str, Any]], config: Mapping[str, Any], state: Any,
-               keying: tuple[str, bool]) -> list[Started]:
+               keying: Keying) -> list[Started]:
         """Run each call's protocol up to its claim (`before_intent` included)."""
         started: list[Started] = []
         for call in calls:
@@ -419,7 +422,8 @@ class GuardCore:
                 raise refuse_stale(settled[0], task.saver.events(task.thread_id, settled[0].key),
                                    task.thread_id)
         resume = _peek_resume(task.conf, asked) if asked else None
-        batch = None if resume is None else _decision_batch(task, asked, resume, tools)
+        batch = None if resume is None else _decision_batch(task, asked, resume, tools,
+                                                                 self.policy_for)
         if batch is not None:
             task.saver.apply(batch, task.config)
             fault_point("after_decision")
@@ -440,7 +444,8 @@ class GuardCore:
                     settled[0], await task.saver.aevents(task.thread_id, settled[0].key),
                     task.thread_id)
         resume = _peek_resume(task.conf, asked) if asked else None
-        batch = None if resume is None else _decision_batch(task, asked, resume, tools)
+        batch = None if resume is None else _decision_batch(task, asked, resume, tools,
+                                                                 self.policy_for)
         if batch is not None:
             await task.saver.aapply(batch, task.config)
             fault_point("after_decision")
@@ -490,7 +495,7 @@ class GuardCore:
                protocol: Protocol, value: Any) -> ToolResult:
         while True:
             try:
-                op = protocol.send(value)
+                op = protocol.send(_unredacted(ctx, value))
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
             if isinstance(op, Read):
@@ -760,7 +765,7 @@ class GuardCore:
                       on_ask: OnAsk, protocol: Protocol, value: Any) -> ToolResult:
         while True:
             try:
-                op = protocol.send(value)
+                op = protocol.send(_unredacted(ctx, value))
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
             if isinstance(op, Read):
@@ -833,6 +838,23 @@ def withdrawal(asks: list[tuple[Ask, str]]) -> WriteBatch | None:
                         kind="withdrawn", asked=False,
                         data={"reason": "a tool of the same step asked its own question"})
         for ask, _ in asks))
+
+
+def _unredacted(ctx: CallContext, value: Any) -> Any:
+    """`value` (what the saver answered) with the requested call's own record holding
+    the call's full args again, where its policy stored them redacted: the tool is
+    called, and the human asked, with what the model asked for."""
+    if ctx.policy.redact is None:
+        return value
+    if isinstance(value, EffectRecord):
+        if value.key == ctx.key and value.args != ctx.tool_call["args"]:
+            return value.model_copy(update={"args": ctx.tool_call["args"]})
+        return value
+    if isinstance(value, list):
+        return [_unredacted(ctx, item) for item in value]
+    if isinstance(value, tuple) and value and isinstance(value[0], EffectRecord):
+        return (_unredacted(ctx, value[0]), *value[1:])
+    return value
 
 
 def _same_answer(result: Any) -> Any:

@@ -137,6 +137,10 @@ class CallContext:
     anchor: str | None = None
     """What the call is anchored to (`graph_durable.nodes.anchor`); the task's
     namespace when not given."""
+    secret: bytes | None = None
+    """The key secret of the thread's keys (`Keying.secret`; `None`: plain SHA-256)."""
+    key_scheme: str | None = None
+    """The key scheme to pin the thread to with its first intent (`Keying.pin`)."""
     key: str = field(init=False)
     args_json: str = field(init=False)
 
@@ -155,7 +159,7 @@ class CallContext:
         self.args_json = encode_args(call["args"], thread_id=self.thread_id,
                                      tool_call_id=call["id"], tool=call["name"])
         self.key = key_of_encoded(self.key_thread_id, self.anchor, call["id"],
-                                  call["name"], self.args_json)
+                                  call["name"], self.args_json, self.secret)
 
     def legacy_key(self) -> str:
         """The key this call had before keys were anchored to the requesting message."""
@@ -182,7 +186,7 @@ class CallContext:
                    **fields: Any) -> TransitionWrite:
         """A transition of `record` (which may be an edited call's record)."""
         return TransitionWrite(thread_id=self.thread_id, key=record.key, to=to, kind=kind,
-                               **fields)
+                               redact=self.policy.redact, **fields)
 
 
 Protocol = Generator[Any, Any, Any]
@@ -243,6 +247,9 @@ def _intent(ctx: CallContext, status: EffectStatus, *, record_args: dict[str, An
         args=record_args if record_args is not None else ctx.tool_call["args"],
         status=status,
         args_json=None if record_args is not None else ctx.args_json,
+        # An edit's args are the only copy of what must be sent: never redacted.
+        redact=None if record_args is not None else ctx.policy.redact,
+        key_scheme=ctx.key_scheme,
     )
 
 
@@ -450,7 +457,8 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
     edited_args = dict(decision["edited_action"]["args"])
     edited_key = derive_key(thread_id=ctx.key_thread_id or ctx.thread_id,
                             anchor=ctx.anchor or ctx.checkpoint_ns,
-                            tool_call_id=ctx.tool_call_id, tool=ctx.tool, args=edited_args)
+                            tool_call_id=ctx.tool_call_id, tool=ctx.tool, args=edited_args,
+                            secret=ctx.secret)
     resolved = ctx.transition(record, S.SKIPPED, "resolved",
                               decision={**decision, "edited_key": edited_key},
                               data={**data, "edited_key": edited_key})

@@ -29,14 +29,17 @@ from graph_durable import (
 )
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
+from tests.nodes.test_guard import ledger_serde
 
 CONFIG = {"configurable": {"thread_id": "t"}}
 CALL_IDS = ["c0", "c1", "c2"]
 
 
-@pytest.fixture
-def saver(tmp_path: Path) -> DurableSqliteSaver:
-    return DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
+@pytest.fixture(params=["plain", "sealed"])
+def saver(request: pytest.FixtureRequest, tmp_path: Path) -> DurableSqliteSaver:
+    """Every approval test runs on a plain ledger and on a sealed one."""
+    return DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False),
+                              serde=ledger_serde(request.param))
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,7 +30,7 @@ from graph_durable import (
 from graph_durable.errors import UnkeyableToolCall
 from graph_durable.ledger import key_of_encoded
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
-from tests.nodes.test_guard import CONFIG, build, call, run
+from tests.nodes.test_guard import CONFIG, build, call, ledger_serde, run
 
 
 @pytest.fixture
@@ -37,8 +38,19 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "a.sqlite"
 
 
+SERDE: list[Any] = [None]
+
+
+@pytest.fixture(autouse=True, params=["plain", "sealed"])
+def _ledger(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every path runs on a plain ledger and on one sealed by an encrypting serde."""
+    SERDE[0] = ledger_serde(request.param)
+    yield
+    SERDE[0] = None
+
+
 def open_saver(db: Path) -> DurableSqliteSaver:
-    return DurableSqliteSaver(sqlite3.connect(db, check_same_thread=False))
+    return DurableSqliteSaver(sqlite3.connect(db, check_same_thread=False), serde=SERDE[0])
 
 
 @pytest.fixture(autouse=True)
@@ -198,7 +210,7 @@ async def test_async_timeout_with_a_lookup_does_not_resend(tmp_path) -> None:
         return "charged"
 
     async with aiosqlite.connect(tmp_path / "a.sqlite") as conn:
-        saver = AsyncDurableSqliteSaver(conn)
+        saver = AsyncDurableSqliteSaver(conn, serde=SERDE[0])
         graph = build(saver, [charge], {"charge": Effect(lookup=provider.find, timeout=0.3)},
                       call("charge", {"cents": 5}))
         result = await graph.ainvoke({"messages": [HumanMessage("go")]}, CONFIG,

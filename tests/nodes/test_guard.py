@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -57,9 +58,16 @@ def run(graph: Any, value: Any = NEW) -> dict[str, Any]:
     return graph.invoke(value, CONFIG, durability="sync")
 
 
-@pytest.fixture
-def saver(tmp_path: Path) -> DurableSqliteSaver:
-    return DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
+def ledger_serde(kind: str) -> Any:
+    """`None` (a plain ledger), or an encrypting serde (a sealed one)."""
+    return EncryptedSerializer.from_pycryptodome_aes(key=b"k" * 32) if kind == "sealed" else None
+
+
+@pytest.fixture(params=["plain", "sealed"])
+def saver(request: pytest.FixtureRequest, tmp_path: Path) -> DurableSqliteSaver:
+    """Every guard test runs on a plain ledger and on one sealed by an encrypting serde."""
+    return DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False),
+                              serde=ledger_serde(request.param))
 
 
 @pytest.fixture
@@ -325,7 +333,7 @@ def test_every_intent_of_a_step_is_durable_before_any_call_is_sent(saver, tmp_pa
     def send(to: str) -> str:
         """Send."""
         # What a process started after a crash would find: another connection's view.
-        other = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite"))
+        other = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite"), serde=saver.serde)
         seen.append({r.tool_call_id for r in other.effects("t", status="in_flight")})
         return f"sent to {to}"
 

@@ -1,0 +1,235 @@
+"""What the ledger keeps about a call, and how: sealing, redaction and key secrets.
+
+Three tools, each for a different reader:
+
+- **Sealing** (for whoever reads the database). When a durable saver's `serde` encrypts
+  (LangGraph's `EncryptedSerializer`, or any serializer that marks its types with a
+  `+cipher` suffix, as that one does), the ledger stores args, receipts, decisions, error
+  texts and journal data through it, as `gd-sealed:<type>:<base64>` text. Thread ids,
+  keys, tool names, statuses, times, attempts, owners and tokens stay in the clear: the
+  protocol and the operators' views query them. A ledger written before encryption was
+  turned on stays readable; its new rows are sealed.
+- **Redaction** (for users who do not encrypt, or keep the ledger longer than the
+  checkpoints). `Effect(redact=...)` maps every value the ledger would store about a
+  call to what is stored instead. The tool still gets the full args and the model the
+  full result; keys are derived from the full args, and lookups ask by key.
+- **Key secrets** (for the provider that sees the key). Keys are an HMAC of the call
+  under a secret, so a provider cannot confirm a guess of the args. See `KeySecrets`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from graph_durable.errors import GraphDurableError
+
+__all__ = [
+    "KEY_SECRET_ENV",
+    "KeySecrets",
+    "LedgerCodec",
+    "Redact",
+    "SEALED",
+    "SEALED_PREFIX",
+    "Sealed",
+    "SecretUnavailable",
+    "redact_keys",
+]
+
+SEALED_PREFIX = "gd-sealed:"
+"""How a sealed ledger value starts: `gd-sealed:<serde type>:<base64 of the bytes>`."""
+
+KEY_SECRET_ENV = "GRAPH_DURABLE_KEY_SECRET"
+"""Environment variable a saver reads its key secret from when not given one."""
+
+Redact = Callable[[Any], Any]
+"""`redact(value) -> value`: what the ledger stores instead of `value` (args, a receipt,
+a human's receipt, an edit's args, an error text, a stored result's content)."""
+
+
+class SecretUnavailable(GraphDurableError):
+    """The ledger holds a sealed value this saver cannot open (no key, or another key)."""
+
+
+class Sealed(str):
+    """A ledger value shown without its key: reads as `<encrypted>`, never as garbage."""
+
+    __slots__ = ()
+
+    def __new__(cls) -> Sealed:
+        return super().__new__(cls, "<encrypted>")
+
+
+SEALED = Sealed()
+"""What an operator's read-only view shows for a sealed value it cannot open."""
+
+
+def encrypts(serde: Any) -> bool:
+    """Whether `serde` encrypts: LangGraph's `EncryptedSerializer` marks its types
+    `<type>+<cipher>`, and so does any serializer following its convention."""
+    try:
+        type_, _ = serde.dumps_typed(b"")
+    except Exception:  # noqa: BLE001 - a serializer that cannot say is not ours to judge
+        return False
+    return "+" in type_
+
+
+class LedgerCodec:
+    """Encodes the ledger's JSON columns: plain JSON, or sealed by the saver's `serde`.
+
+    `strict` readers (the savers a graph runs with) raise `SecretUnavailable` on a value
+    they cannot open; lenient ones (operators' read-only views) show `SEALED`.
+    """
+
+    def __init__(self, serde: Any, *, strict: bool = True) -> None:
+        self.serde = serde
+        self.seals = encrypts(serde)
+        self.strict = strict
+
+    def dump(self, value: Any) -> str:
+        """The column text for `value` (JSON; values JSON cannot hold become `str()`)."""
+        return self.seal(json.dumps(value, ensure_ascii=False, default=str, sort_keys=True))
+
+    def dump_json(self, text: str) -> str:
+        """The column text for `text`, already JSON."""
+        return self.seal(text)
+
+    def dump_text(self, text: str | None) -> str | None:
+        """The column text for a plain string (an error), JSON-encoded when sealed."""
+        if text is None or not self.seals:
+            return text
+        return self.seal(json.dumps(text, ensure_ascii=False))
+
+    def seal(self, text: str) -> str:
+        if not self.seals:
+            return text
+        type_, blob = self.serde.dumps_typed(text.encode("utf-8"))
+        return f"{SEALED_PREFIX}{type_}:{base64.b64encode(blob).decode('ascii')}"
+
+    def load(self, text: str | None, *, where: str = "") -> Any:
+        """Decode a JSON column (`None` stays `None`)."""
+        if text is None:
+            return None
+        if text.startswith(SEALED_PREFIX):
+            opened = self._open(text, where)
+            return opened if isinstance(opened, Sealed) else json.loads(opened)
+        return json.loads(text)
+
+    def load_text(self, text: str | None, *, where: str = "") -> str | None:
+        """Decode a plain-string column (an error)."""
+        if text is None or not text.startswith(SEALED_PREFIX):
+            return text
+        opened = self._open(text, where)
+        return opened if isinstance(opened, Sealed) else json.loads(opened)
+
+    def _open(self, text: str, where: str) -> str:
+        type_, _, body = text[len(SEALED_PREFIX):].partition(":")
+        try:
+            raw = self.serde.loads_typed((type_, base64.b64decode(body)))
+            return bytes(raw).decode("utf-8")
+        except Exception as exc:  # noqa: BLE001 - any failure to open is one answer
+            if not self.strict:
+                return SEALED
+            cipher = type_.partition("+")[2] or type_
+            raise SecretUnavailable(
+                f"The ledger{where} is encrypted ({cipher}) and this saver cannot open it "
+                f"({type(exc).__name__}). Give the saver the serde the ledger was written "
+                "with, e.g. serde=EncryptedSerializer.from_pycryptodome_aes() with the same "
+                "LANGGRAPH_AES_KEY; nothing was written."
+            ) from None
+
+
+def redact_keys(*names: str, mask: str = "[redacted]") -> Redact:
+    """A redaction that replaces the values of dict keys in `names` with `mask`.
+
+    It walks dicts and lists, and strings holding a JSON object or list (as a tool's
+    dict result becomes in its ToolMessage). Other strings are kept as they are: pass
+    your own callable to scrub free text such as error messages.
+    """
+    hidden = frozenset(names)
+    if not hidden:
+        raise ValueError("redact_keys needs at least one key name")
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: (mask if k in hidden else walk(v)) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [walk(v) for v in value]
+        if isinstance(value, str) and value[:1] in "{[":
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                return value
+            return json.dumps(walk(parsed), ensure_ascii=False)
+        return value
+
+    walk.__qualname__ = f"redact_keys({', '.join(map(repr, sorted(hidden)))})"
+    return walk
+
+
+class KeySecrets:
+    """The secrets keys are derived under, and which one a thread is pinned to.
+
+    A thread's keys must never change while it lives (a changed key is a second
+    effect), so each key thread is pinned to the scheme of its first intent:
+    `sha256` (keys from before key secrets, or no secret), or `hmac:<id>` where `<id>`
+    names the secret without revealing it. New threads use the first secret;
+    the others stay accepted for threads pinned to them (rotation).
+    """
+
+    def __init__(self, secrets: Iterable[str | bytes]) -> None:
+        self.by_id: dict[str, bytes] = {}
+        self.current: str | None = None
+        for secret in secrets:
+            raw = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+            if len(raw) < 16:
+                raise ValueError("a key secret must be at least 16 bytes long")
+            scheme = "hmac:" + hmac.new(raw, b"graph_durable key id", hashlib.sha256
+                                        ).hexdigest()[:16]
+            self.by_id.setdefault(scheme, raw)
+            self.current = self.current or scheme
+
+    @classmethod
+    def configured(cls, key_secret: str | bytes | Iterable[str | bytes] | None) -> KeySecrets:
+        """From a saver's `key_secret` (one secret, or newest first), else from
+        `GRAPH_DURABLE_KEY_SECRET`, else none."""
+        if key_secret is None:
+            env = os.environ.get(KEY_SECRET_ENV)
+            return cls([env] if env else [])
+        if isinstance(key_secret, str | bytes):
+            return cls([key_secret])
+        return cls(key_secret)
+
+    def add(self, secret: str | bytes) -> None:
+        """Accept `secret` too; it becomes the current one if none was configured."""
+        extra = KeySecrets([secret])
+        for scheme, raw in extra.by_id.items():
+            self.by_id.setdefault(scheme, raw)
+            self.current = self.current or scheme
+
+    def secret_for(self, scheme: str | None, thread_id: str) -> tuple[bytes | None, str]:
+        """`(secret, scheme)` to key `thread_id`'s calls with, given its pinned scheme
+        (`None`: not pinned yet, so the current one).
+
+        Raises:
+            SecretUnavailable: the thread is pinned to a secret this saver lacks.
+        """
+        if scheme is None:
+            scheme = self.current or "sha256"
+        if scheme == "sha256":
+            return None, scheme
+        secret = self.by_id.get(scheme)
+        if secret is None:
+            raise SecretUnavailable(
+                f"Thread {thread_id!r} keys its effects under key secret {scheme!r}, which "
+                "this saver does not hold; nothing was sent. A changed key would send its "
+                "effects again: give the saver that secret too (key_secret=[new, old], "
+                f"or {KEY_SECRET_ENV}).",
+                thread_id=thread_id,
+            )
+        return secret, scheme

@@ -1,0 +1,341 @@
+"""What the ledger keeps about a call: sealed with the saver's serde, redacted by policy,
+and keyed by an HMAC a provider cannot reverse. (Byte-level searches of whole database
+files after crashes are in `test_secrets_at_rest.py`.)"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.types import Command
+
+from graph_durable import DurableSqliteSaver, Effect, EffectStatus, NotApplied, current_effect
+from graph_durable.ledger import derive_key
+from graph_durable.secrets import SEALED, SEALED_PREFIX, KeySecrets, SecretUnavailable, redact_keys
+from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
+from tests.nodes.test_guard import CONFIG, build, call, run
+
+KEY = b"k" * 32
+CARD = "4111111111111111"
+TOKEN = "tok-secret-9f3a"
+
+
+def aes(key: bytes = KEY) -> EncryptedSerializer:
+    return EncryptedSerializer.from_pycryptodome_aes(key=key)
+
+
+def open_saver(db: Path, **kwargs: Any) -> DurableSqliteSaver:
+    return DurableSqliteSaver(sqlite3.connect(db, check_same_thread=False), **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _disarm():
+    yield
+    disarm()
+
+
+def charge_agent(saver: Any, provider: FakeProvider, policy: Effect | None = None,
+                 *, fail: bool = False):
+    seen: list[dict[str, Any]] = []
+
+    @tool
+    def charge(card: str, cents: int) -> dict:
+        """Charge a card."""
+        seen.append({"card": card, "cents": cents})
+        if fail:
+            raise NotApplied(f"card {card} declined")
+        receipt = provider.apply(current_effect().key, {"cents": cents})
+        return {"charge": receipt["id"], "token": TOKEN}
+
+    graph = build(saver, [charge], {"charge": policy or Effect(lookup=provider.find)},
+                  call("charge", {"card": CARD, "cents": 500}))
+    return graph, seen
+
+
+def ledger_rows(db: Path) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(db)
+    try:
+        return [*conn.execute("SELECT args, receipt, error, decision FROM effects"),
+                *conn.execute("SELECT data, '', '', '' FROM effect_events")]
+    finally:
+        conn.close()
+
+
+def ledger_text(db: Path) -> str:
+    return "\n".join(str(value) for row in ledger_rows(db) for value in row)
+
+
+# -- sealing -------------------------------------------------------------------------------
+
+
+def test_an_encrypting_serde_seals_args_receipts_and_journal_and_the_saver_reads_them(
+    tmp_path,
+) -> None:
+    db = tmp_path / "a.sqlite"
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+    saver = open_saver(db, serde=aes())
+    graph, seen = charge_agent(saver, provider)
+    result = run(graph)
+
+    assert seen == [{"card": CARD, "cents": 500}]
+    assert TOKEN in result["messages"][2].content
+    [record] = saver.effects("t")
+    assert record.args == {"card": CARD, "cents": 500}
+    assert record.receipt["token"] == TOKEN
+    assert [e.data["status"] for e in saver.events("t")] == ["in_flight", "applied"]
+    text = ledger_text(db)
+    assert CARD not in text and TOKEN not in text
+    args, receipt, _, _ = ledger_rows(db)[0]
+    assert args.startswith(SEALED_PREFIX) and receipt.startswith(SEALED_PREFIX)
+
+
+def test_a_plain_serde_keeps_the_ledger_plain_json(tmp_path) -> None:
+    db = tmp_path / "a.sqlite"
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+    run(charge_agent(open_saver(db), provider)[0])
+    args, receipt, _, _ = ledger_rows(db)[0]
+    assert CARD in args and TOKEN in receipt
+    assert SEALED_PREFIX not in ledger_text(db)
+
+
+def test_a_sealed_tool_error_and_a_humans_receipt_are_read_back(tmp_path) -> None:
+    db = tmp_path / "a.sqlite"
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind", name="p")
+    saver = open_saver(db, serde=aes())
+    graph, _ = charge_agent(saver, provider, Effect())
+    arm(FaultPlan("after_effect", action="raise"))
+    with pytest.raises(InjectedCrash):
+        run(graph)
+    disarm()
+    paused = run(graph, None)
+    [question] = paused["__interrupt__"]
+    assert question.value["args"]["card"] == CARD  # the reviewer sees the real call
+    human = {"charge": "p-1", "token": "human-" + TOKEN}
+    run(graph, Command(resume={"c1": {"type": "applied", "receipt": human}}))
+    [record] = saver.effects("t")
+    assert record.status is EffectStatus.APPLIED and record.receipt == human
+    assert "human-" + TOKEN not in ledger_text(db)
+
+    failing_db = tmp_path / "b.sqlite"
+    failing = open_saver(failing_db, serde=aes())
+    run(charge_agent(failing, provider, Effect(), fail=True)[0])
+    [failed] = failing.effects("t")
+    assert failed.status is EffectStatus.FAILED and CARD in failed.error
+    assert CARD not in ledger_text(failing_db)
+
+
+def test_a_sealed_ledger_without_the_key_is_one_clear_error_and_nothing_is_sent(
+    tmp_path,
+) -> None:
+    db = tmp_path / "a.sqlite"
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind", name="p")
+    graph, _ = charge_agent(open_saver(db, serde=aes()), provider, Effect())
+    arm(FaultPlan("after_intent", action="raise"))
+    with pytest.raises(InjectedCrash):
+        run(graph)
+    disarm()
+
+    for wrong in (open_saver(db), open_saver(db, serde=aes(b"w" * 32))):
+        with pytest.raises(SecretUnavailable, match="encrypted .aes. and this saver cannot"):
+            wrong.effects("t")
+        with pytest.raises(SecretUnavailable, match="LANGGRAPH_AES_KEY"):
+            wrong.events("t")
+        with pytest.raises(SecretUnavailable, match="key secret .keying thread 't'"):
+            wrong.keying("t")  # the database's key secret is sealed too
+    assert provider.count() == 0
+
+    reader = DurableSqliteSaver.open_read_only(str(db))
+    [record] = reader.effects("t")
+    assert record.args is SEALED or record.args == SEALED
+    assert str(record.args) == "<encrypted>" and record.status is EffectStatus.IN_FLIGHT
+    with_key = DurableSqliteSaver.open_read_only(str(db), serde=aes())
+    assert with_key.effects("t")[0].args == {"card": CARD, "cents": 500}
+
+
+def test_a_plain_ledger_keeps_working_once_encryption_is_turned_on(tmp_path) -> None:
+    db = tmp_path / "a.sqlite"
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind", name="p")
+    graph, _ = charge_agent(open_saver(db), provider, Effect())
+    arm(FaultPlan("after_effect", action="raise"))
+    with pytest.raises(InjectedCrash):
+        run(graph)
+    disarm()
+
+    sealed = open_saver(db, serde=aes())
+    graph, seen = charge_agent(sealed, provider, Effect())
+    assert run(graph, None)["__interrupt__"]  # the plain intent is read and reconciled
+    run(graph, Command(resume={"c1": {"type": "applied", "receipt": {"token": TOKEN}}}))
+    assert seen == [] and provider.count() == 1
+    [record] = sealed.effects("t")
+    assert record.args == {"card": CARD, "cents": 500}  # written plain, read plain
+    assert record.receipt == {"token": TOKEN}
+    assert TOKEN not in ledger_text(db)  # written after: sealed
+
+
+# -- redaction -----------------------------------------------------------------------------
+
+
+def test_redaction_stores_no_redacted_field_while_the_tool_and_model_see_everything(
+    tmp_path,
+) -> None:
+    db = tmp_path / "a.sqlite"
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+    saver = open_saver(db)
+    policy = Effect(lookup=provider.find, redact=redact_keys("card", "token"))
+    graph, seen = charge_agent(saver, provider, policy)
+    arm(FaultPlan("after_effect", action="raise"))  # the receipt is not durable yet
+    with pytest.raises(InjectedCrash):
+        run(graph)
+    disarm()
+    result = run(graph, None)  # reconciled by lookup under the same key
+
+    assert seen == [{"card": CARD, "cents": 500}] and provider.count() == 1
+    [record] = saver.effects("t")
+    assert record.status is EffectStatus.APPLIED
+    assert record.args == {"card": "[redacted]", "cents": 500}
+    full = derive_key(thread_id="t", anchor=_anchor(saver), tool_call_id="c1",
+                      tool="charge", args={"card": CARD, "cents": 500},
+                      secret=saver._key_secrets.by_id[saver._key_secrets.current])
+    assert record.key == full  # keyed on the full args, not the stored ones
+    assert CARD not in ledger_text(db) and TOKEN not in ledger_text(db)
+    assert isinstance(result["messages"][2], ToolMessage)
+
+
+def test_a_redacted_stored_result_is_what_a_replay_shows(tmp_path) -> None:
+    db = tmp_path / "a.sqlite"
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+    saver = open_saver(db)
+    graph, seen = charge_agent(
+        saver, provider, Effect(lookup=provider.find, redact=redact_keys("token")))
+    arm(FaultPlan("after_receipt", action="raise"))  # receipt durable, step not
+    with pytest.raises(InjectedCrash):
+        run(graph)
+    disarm()
+    replayed = run(graph, None)["messages"][2]
+    assert len(seen) == 1 and provider.count() == 1
+    assert '"token": "[redacted]"' in replayed.content and TOKEN not in replayed.content
+    assert TOKEN not in ledger_text(db)
+
+
+def test_redact_keys_walks_nested_values_and_json_strings() -> None:
+    redact = redact_keys("card")
+    assert redact({"a": [{"card": 1}], "card": {"x": 2}}) == {"a": [{"card": "[redacted]"}],
+                                                              "card": "[redacted]"}
+    assert redact('{"card": "4111", "n": 1}') == '{"card": "[redacted]", "n": 1}'
+    assert redact("card 4111 declined") == "card 4111 declined"
+    with pytest.raises(ValueError):
+        redact_keys()
+
+
+# -- keys ----------------------------------------------------------------------------------
+
+
+def keys_of(db: Path, **kwargs: Any) -> str:
+    provider = FakeProvider(str(db.with_suffix(".p")), "lookup", name="p")
+    saver = open_saver(db, **kwargs)
+    run(charge_agent(saver, provider)[0])
+    return saver.effects("t")[0].key
+
+
+def expected_key(db: Path, secret: bytes | None) -> str:
+    return derive_key(thread_id="t", anchor=_anchor(open_saver(db)), tool_call_id="c1",
+                      tool="charge", args={"card": CARD, "cents": 500}, secret=secret)
+
+
+def test_keys_are_an_hmac_under_the_deployments_secret(tmp_path, monkeypatch) -> None:
+    secret = "s" * 32
+    given = tmp_path / "given.sqlite"
+    assert keys_of(given, key_secret=secret) == expected_key(given, secret.encode())
+    monkeypatch.setenv("GRAPH_DURABLE_KEY_SECRET", secret)
+    env = tmp_path / "env.sqlite"
+    assert keys_of(env) == expected_key(env, secret.encode())
+    monkeypatch.delenv("GRAPH_DURABLE_KEY_SECRET")
+    own = tmp_path / "own.sqlite"  # no secret given: the database's own, kept in it
+    key = keys_of(own)
+    [(stored,)] = sqlite3.connect(own).execute("SELECT value FROM ledger_meta")
+    assert len(stored) == 64 and key == expected_key(own, stored.encode())
+    for db in (given, env, own):
+        assert expected_key(db, None) not in (keys_of(db.with_name("x" + db.name)), key)
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        KeySecrets.configured("short")
+
+
+def test_a_thread_keeps_the_key_scheme_it_started_with(tmp_path) -> None:
+    """A thread pinned to a key secret the saver lacks is refused before anything is
+    sent; given that secret among others (rotation), it resumes under its old keys."""
+    db = tmp_path / "a.sqlite"
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+    old, new = "o" * 32, "n" * 32
+    graph, _ = charge_agent(open_saver(db, key_secret=old), provider)
+    arm(FaultPlan("after_effect", action="raise"))
+    with pytest.raises(InjectedCrash):
+        run(graph)
+    disarm()
+    first_key = open_saver(db).effects("t")[0].key
+
+    graph, seen = charge_agent(open_saver(db, key_secret=new), provider)
+    with pytest.raises(SecretUnavailable, match="does not hold; nothing was sent"):
+        run(graph, None)
+    assert seen == [] and provider.count() == 1
+
+    rotated = open_saver(db, key_secret=[new, old])
+    graph, seen = charge_agent(rotated, provider)
+    run(graph, None)
+    assert seen == [] and provider.count() == 1  # found by lookup under the old key
+    [record] = rotated.effects("t")
+    assert record.key == first_key and record.status is EffectStatus.APPLIED
+
+
+def test_a_thread_with_effects_from_before_key_secrets_keeps_plain_keys(tmp_path) -> None:
+    """Migration 4 pins threads that already have effects to plain SHA-256 keys, so an
+    effect in flight across the upgrade is found under the key the provider saw."""
+    db = tmp_path / "a.sqlite"
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+    saver = open_saver(db)
+    graph, _ = charge_agent(saver, provider)
+    arm(FaultPlan("after_effect", action="raise"))
+    with pytest.raises(InjectedCrash):
+        run(graph)
+    disarm()
+    # Make the database look as an older release left it: plain keys, no pins.
+    [record] = saver.effects("t")
+    conn = sqlite3.connect(db)
+    old_key = derive_key(thread_id="t", anchor=_anchor(saver), tool_call_id="c1",
+                         tool="charge", args={"card": CARD, "cents": 500})
+    with conn:
+        conn.execute("UPDATE effects SET key = ?", (old_key,))
+        conn.execute("UPDATE effect_events SET key = ?", (old_key,))
+        conn.execute("DROP TABLE thread_key_schemes")
+        conn.execute("DROP TABLE ledger_meta")
+        conn.execute("ALTER TABLE effects DROP COLUMN edited_key")
+        conn.execute("DELETE FROM graph_durable_migrations WHERE v = 4")
+    conn.close()
+    provider_conn = sqlite3.connect(tmp_path / "p.sqlite")
+    with provider_conn:
+        tables = [r[0] for r in provider_conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            columns = [r[1] for r in provider_conn.execute(f"PRAGMA table_info({table})")]
+            if "key" in columns:
+                provider_conn.execute(f"UPDATE {table} SET key = ?", (old_key,))
+    provider_conn.close()
+
+    upgraded = open_saver(db, key_secret="n" * 32)
+    graph, seen = charge_agent(upgraded, provider)
+    run(graph, None)
+    assert seen == [] and provider.count() == 1
+    [after] = upgraded.effects("t")
+    assert after.key == old_key and after.status is EffectStatus.APPLIED
+    assert record.key != old_key
+
+
+def _anchor(saver: DurableSqliteSaver) -> str:
+    from graph_durable.nodes.anchor import call_anchor
+
+    state = saver.get_tuple(CONFIG).checkpoint["channel_values"]
+    return call_anchor(state, "c1", "", "messages")
