@@ -303,12 +303,15 @@ class WriteBatch:
 
     `resume_at` names the checkpoint `(checkpoint_ns, checkpoint_id)` whose stored resume
     value a batch of decisions consumes; it is deleted in the same transaction, so the
-    same answer can never be applied twice.
+    same answer can never be applied twice. `resume_value` is that value as the run
+    holds it: LangGraph saves it in the background, so its save may land after the
+    batch, and the saver then deletes it in that save's own transaction.
     """
 
     thread_id: str
     writes: tuple[IntentWrite | TransitionWrite, ...]
     resume_at: tuple[str, str] | None = None
+    resume_value: Any = None
 
 
 LedgerWrite = IntentWrite | TransitionWrite | WriteBatch

@@ -131,6 +131,9 @@ class DurableSaverMixin:
         self._deferred_lock = threading.Lock()
         # Deferred writes taken by the transaction under way (the saver's lock is held).
         self._uncommitted: list[tuple[TransitionWrite, RunnableConfig | None]] = []
+        # Resume values a decision batch consumed before LangGraph's background save of
+        # them landed: `(thread_id, checkpoint_ns, checkpoint_id) -> value`.
+        self._late_resumes: dict[tuple[str, str, str], Any] = {}
         # Checkpoints this saver committed lately: the guard asks whether the checkpoint
         # a tool call comes from is stored, and it usually is one of these.
         self._stored: dict[tuple[str, str, str], None] = {}
@@ -233,6 +236,38 @@ class DurableSaverMixin:
         """Drop the deferred writes of a thread being deleted."""
         with self._deferred_lock:
             self._deferred.pop(thread_id, None)
+
+    # -- a consumed resume value whose save lands late ----------------------------------
+
+    def _resume_consumed(self, write: Any, deleted: int) -> None:
+        """A decision batch consumed its run's resume value (`write.resume_at`). If
+        LangGraph's background save of that value has not landed yet (`deleted` is 0),
+        remember it, so the save that brings it deletes it again: a stored resume value
+        would answer the next question with an old answer. Called inside the batch's
+        transaction, so a save either landed before it or sees the mark."""
+        if deleted or write.resume_at is None or write.resume_value is None:
+            return
+        with self._deferred_lock:
+            if len(self._late_resumes) >= 256:
+                self._late_resumes.clear()
+            self._late_resumes[(write.thread_id, *write.resume_at)] = write.resume_value
+
+    def _late_resume(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                     task_id: str) -> list[_sql.Statement]:
+        """Statements that delete a consumed resume value these writes save again (run
+        in their transaction, after them): the same value object the batch consumed."""
+        if task_id != _sql.NULL_TASK_ID or not self._late_resumes:
+            return []
+        conf = config["configurable"]
+        slot = (str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")),
+                str(conf.get("checkpoint_id")))
+        with self._deferred_lock:
+            value = self._late_resumes.get(slot)
+            if value is None or not any(channel == _sql.RESUME_CHANNEL and saved is value
+                                        for channel, saved in writes):
+                return []
+            del self._late_resumes[slot]
+        return [(_sql.DELETE_NULL_RESUME, slot)]
 
     # -- write guards: fencing and flow-version pin (run inside the write's transaction) --
 

@@ -223,6 +223,8 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         sql, rows = self._writes_statement(config, writes, task_id, task_path)
         async with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
             await cur.executemany(sql, rows)
+            for statement in self._late_resume(config, writes, task_id):
+                await cur.execute(*statement)
         fault_point("after_put_writes")
 
     async def adelete_thread(self, thread_id: str) -> None:
@@ -544,6 +546,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             changed = [await self._apply_one_txn(cur, one, actor) for one in writes]
             if isinstance(write, WriteBatch) and write.resume_at is not None:
                 await cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
+                self._resume_consumed(write, cur.rowcount)
             return changed
 
     def effect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:

@@ -22,7 +22,7 @@ import functools
 import re
 import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -109,7 +109,7 @@ DELETE_NULL_RESUME = _sql.DELETE_NULL_RESUME.replace("FROM writes", "FROM checkp
 
 # Set while `put`/`put_writes` run LangGraph's own statements, so that `_cursor` runs
 # them inside a fenced transaction of that thread.
-_FENCED_WRITE: ContextVar[tuple[str, RunnableConfig] | None] = ContextVar(
+_FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]]] | None] = ContextVar(
     "graph_durable_pg_fenced_write", default=None
 )
 
@@ -298,15 +298,19 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
             with super()._cursor(pipeline=pipeline) as cur:
                 yield cur
             return
-        thread_id, config = fenced
+        thread_id, config, after = fenced
         with self._txn(thread_id, config) as ledger_cur:
             with ledger_cur.connection.cursor(binary=True, row_factory=dict_row) as cur:
                 yield cur
+            for statement in after():
+                _run(ledger_cur, *statement)
 
     @contextmanager
-    def _fenced(self, config: RunnableConfig) -> Iterator[None]:
+    def _fenced(self, config: RunnableConfig,
+                after: Callable[[], list[Any]] = list) -> Iterator[None]:
+        """Run LangGraph's writes in a fenced transaction, then `after()`'s statements."""
         self.setup()
-        token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config))
+        token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config, after))
         try:
             yield
         finally:
@@ -356,7 +360,11 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
     ) -> None:
         """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
         fault_point("before_put_writes")
-        with self._fenced(config):
+        def late() -> list[Any]:
+            return [(DELETE_NULL_RESUME, params)
+                    for _, params in self._late_resume(config, writes, task_id)]
+
+        with self._fenced(config, late):
             super().put_writes(config, writes, task_id, task_path)
         fault_point("after_put_writes")
 
@@ -502,7 +510,9 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
             with self._txn(write.thread_id, config) as cur:
                 changed = [self._apply_one_txn(cur, one, actor) for one in writes]
                 if isinstance(write, WriteBatch) and write.resume_at is not None:
-                    _run(cur, DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
+                    deleted = _run(cur, DELETE_NULL_RESUME,
+                                   (write.thread_id, *write.resume_at)).rowcount
+                    self._resume_consumed(write, deleted)
         except IntentExists as exists:
             raise IllegalTransition(
                 f"Effect {exists.record.key!r} of thread {write.thread_id!r} is already "

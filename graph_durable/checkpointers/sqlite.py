@@ -269,6 +269,8 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         sql, rows = self._writes_statement(config, writes, task_id, task_path)
         with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
             cur.executemany(sql, rows)
+            for statement in self._late_resume(config, writes, task_id):
+                cur.execute(*statement)
         fault_point("after_put_writes")
 
     def delete_thread(self, thread_id: str) -> None:
@@ -505,3 +507,4 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         item.result = [self._apply_one_txn(cur, one, actor) for one in writes]
         if isinstance(write, WriteBatch) and write.resume_at is not None:
             cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
+            self._resume_consumed(write, cur.rowcount)

@@ -233,6 +233,7 @@ def _decision_batch(task: _Task, asked: list[Any], resume: Any,
             for record in asked if record.key in decisions
         ),
         resume_at=task.resume_at(),
+        resume_value=resume,
     )
 
 

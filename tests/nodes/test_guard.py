@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -492,6 +493,37 @@ def test_a_used_decision_is_never_applied_twice(saver, provider) -> None:
     # Continuing without a new answer asks again; it does not retry a third time.
     still = run(graph, None)
     assert len(calls) == 2 and still["__interrupt__"]
+
+
+def test_a_decision_whose_resume_value_is_saved_late_is_still_used_once(saver) -> None:
+    """LangGraph saves a run's resume value in the background, so the save can land
+    after the guard journaled the decision and deleted the stored value. It is deleted
+    again in the late save's own transaction; otherwise it would answer the next
+    question with the old answer."""
+    calls: list[str] = []
+
+    @tool
+    def send(to: str) -> dict:
+        """Send."""
+        calls.append(current_effect().key)
+        raise ConnectionError("lost")
+
+    put_writes = saver.put_writes
+
+    def late_resume(config, writes, task_id, task_path=""):
+        if any(channel == "__resume__" for channel, _ in writes):
+            time.sleep(0.3)  # after the tools task has journaled the decision
+        return put_writes(config, writes, task_id, task_path)
+
+    saver.put_writes = late_resume
+    graph = build(saver, [send], {}, call("send", {"to": "x"}))
+    run(graph)
+    again = run(graph, Command(resume={"type": "retry"}))
+    assert len(calls) == 2 and again["__interrupt__"]
+    still = run(graph, None)
+    assert len(calls) == 2 and still["__interrupt__"]
+    retries = [e for e in saver.events("t") if e.kind == "decision"]
+    assert len(retries) == 1
 
 
 def test_calls_asked_together_are_answered_one_by_one_by_interrupt_id(saver) -> None:
