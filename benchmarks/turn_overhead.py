@@ -6,6 +6,9 @@ A turn is model -> tools -> model on a fresh thread, run with `durability="sync"
 - guarded: `graph_durable.EffectGuardNode` + `graph_durable.DurableSqliteSaver`,
            the tool declared `Effect(idempotent=True)` and reading `current_effect().key`
 
+The `encrypted` rows give both savers LangGraph's `EncryptedSerializer` (AES), which
+also seals everything the ledger keeps about a call.
+
 Both use file-backed SQLite databases in a temporary directory, the same
 `ScriptedChatModel` script (one AIMessage with 1 or 5 tool calls, then a final answer)
 and the same trivial write tool. After a warm-up, stock and guarded turns alternate one
@@ -167,18 +170,24 @@ def _compile(
     return Agent(name=name, graph=builder.compile(checkpointer=saver), conn=conn, saver=saver)
 
 
-def build_stock(db_path: str, n_calls: int) -> Agent:
+def _encrypted() -> Any:
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    return EncryptedSerializer.from_pycryptodome_aes(key=b"benchmark-key-0123456789abcdef!!")
+
+
+def build_stock(db_path: str, n_calls: int, serde: Any = None) -> Agent:
     """LangGraph's `ToolNode` with LangGraph's `SqliteSaver` on `db_path`."""
     conn = sqlite3.connect(db_path, check_same_thread=False)
-    saver = SqliteSaver(conn)
+    saver = SqliteSaver(conn, serde=serde)
     saver.setup()
     return _compile("stock", _stock_node(), saver, conn, n_calls)
 
 
-def build_guarded(db_path: str, n_calls: int) -> Agent:
+def build_guarded(db_path: str, n_calls: int, serde: Any = None) -> Agent:
     """graph_durable's `EffectGuardNode` with `DurableSqliteSaver` on `db_path`."""
     conn = sqlite3.connect(db_path, check_same_thread=False)
-    saver = DurableSqliteSaver(conn)
+    saver = DurableSqliteSaver(conn, serde=serde)
     saver.setup()
     return _compile("guarded", _guarded_node(), saver, conn, n_calls)
 
@@ -242,11 +251,16 @@ def measure_scenario(
     turns: int = TURNS,
     warmup: int = WARMUP,
     progress: Callable[[str], None] | None = print,
+    encrypted: bool = False,
 ) -> Comparison:
-    """Time stock and guarded turns with `n_calls` tool calls each, interleaved."""
-    stock = build_stock(os.path.join(workdir, f"stock-{n_calls}.sqlite"), n_calls)
-    guarded = build_guarded(os.path.join(workdir, f"guarded-{n_calls}.sqlite"), n_calls)
-    return compare(stock, guarded, n_calls, scenario=f"turn, {_tool_calls(n_calls)}",
+    """Time stock and guarded turns with `n_calls` tool calls each, interleaved (both
+    encrypted with `encrypted`)."""
+    serde, tag = (_encrypted(), "-encrypted") if encrypted else (None, "")
+    stock = build_stock(os.path.join(workdir, f"stock-{n_calls}{tag}.sqlite"), n_calls, serde)
+    guarded = build_guarded(os.path.join(workdir, f"guarded-{n_calls}{tag}.sqlite"), n_calls,
+                            serde)
+    suffix = ", encrypted" if encrypted else ""
+    return compare(stock, guarded, n_calls, scenario=f"turn, {_tool_calls(n_calls)}{suffix}",
                    target=target, repetitions=repetitions, turns=turns, warmup=warmup,
                    progress=progress)
 
@@ -265,6 +279,15 @@ def main() -> list[Comparison]:
         for n_calls, target in SCENARIOS.items():
             _announce(n_calls)
             comparisons.append(measure_scenario(workdir, n_calls, target=target))
+        try:
+            import Crypto  # noqa: F401  (pycryptodome, for LangGraph's AES serializer)
+        except ImportError:
+            print("encrypted rows skipped: pip install 'graph-durable[encryption]'")
+        else:
+            for n_calls, target in SCENARIOS.items():
+                _announce(n_calls)
+                comparisons.append(measure_scenario(workdir, n_calls, target=target,
+                                                    encrypted=True))
     report("turn overhead: guarded (EffectGuardNode + DurableSqliteSaver) vs stock "
            "(ToolNode + SqliteSaver), durability='sync'", comparisons,
            benchmark="turn_overhead")

@@ -9,7 +9,10 @@
     graph-durable recover  --db agent.sqlite --graph app.agent:graph --owner worker-7
 
 `--db` is a SQLite file, or a `postgresql://` URL for `DurablePostgresSaver` (with the
-`postgres` extra). Every command prints a table, or JSON with `--json`. `--graph
+`postgres` extra). When `LANGGRAPH_AES_KEY` is set, checkpoints and ledger are opened
+with LangGraph's `EncryptedSerializer` under that key; without it, read commands show
+encrypted ledger values as `<encrypted>`, and commands that need the checkpoints say
+the key is missing. Every command prints a table, or JSON with `--json`. `--graph
 module:attribute` names a compiled graph, a `StateGraph` builder (compiled here on
 `--db`), or a callable that takes the saver and returns a compiled graph.
 """
@@ -30,6 +33,7 @@ from graph_durable.errors import GraphDurableError
 from graph_durable.ledger import EffectStatus
 from graph_durable.recovery import recover, thread_status
 from graph_durable.review import review
+from graph_durable.secrets import explained
 
 __all__ = ["main"]
 
@@ -45,19 +49,35 @@ class _Refused(Exception):
         self.code = code
 
 
+def _serde() -> Any:
+    """LangGraph's `EncryptedSerializer` under `LANGGRAPH_AES_KEY` if it is set, else the
+    default serializer; either way, a value it cannot open is one clear error."""
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    if not os.environ.get("LANGGRAPH_AES_KEY"):
+        return explained(JsonPlusSerializer())
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    try:
+        return explained(EncryptedSerializer.from_pycryptodome_aes())
+    except (ImportError, ValueError) as exc:
+        raise _Refused(f"LANGGRAPH_AES_KEY is set, but {exc}") from None
+
+
 def _saver(db: str, *, read_only: bool = False) -> Any:
     """`DurablePostgresSaver` for a PostgreSQL URL, `DurableSqliteSaver` for a file.
 
     Read commands open SQLite read-only: a typo never creates a database, and a file
     without the ledger is never given one.
     """
+    serde = _serde()
     if not db.startswith(POSTGRES_SCHEMES):
         if read_only:
-            return DurableSqliteSaver.open_read_only(db)
+            return DurableSqliteSaver.open_read_only(db, serde=serde)
         if not os.path.isfile(db):
             raise _Refused(f"{db!r}: no such file. Check the path; graph-durable never "
                            "creates a database.")
-        return DurableSqliteSaver(sqlite3.connect(db, check_same_thread=False))
+        return DurableSqliteSaver(sqlite3.connect(db, check_same_thread=False), serde=serde)
     try:
         from psycopg import Connection, OperationalError
         from psycopg.rows import dict_row
@@ -69,13 +89,13 @@ def _saver(db: str, *, read_only: bool = False) -> Any:
                          "pip install 'graph-durable[postgres]'") from None
     try:
         if read_only:
-            return DurablePostgresSaver.open_read_only(db)
+            return DurablePostgresSaver.open_read_only(db, serde=serde)
         conn = Connection.connect(db, autocommit=True, prepare_threshold=0,
                                   row_factory=dict_row, connect_timeout=10)
     except OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise _Refused(f"cannot reach PostgreSQL at {db.split('@')[-1]!r}: {first}") from None
-    return DurablePostgresSaver(conn)
+    return DurablePostgresSaver(conn, serde=serde)
 
 
 def _graph(spec: str, saver: Any) -> Any:

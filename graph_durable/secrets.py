@@ -38,6 +38,7 @@ __all__ = [
     "SEALED_PREFIX",
     "Sealed",
     "SecretUnavailable",
+    "explained",
     "redact_keys",
 ]
 
@@ -142,6 +143,34 @@ class LedgerCodec:
                 "with, e.g. serde=EncryptedSerializer.from_pycryptodome_aes() with the same "
                 "LANGGRAPH_AES_KEY; nothing was written."
             ) from None
+
+
+class _Explained:
+    """A serde whose failure to open an encrypted value is `SecretUnavailable`."""
+
+    def __init__(self, serde: Any) -> None:
+        self.serde = serde
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        return self.serde.dumps_typed(obj)  # type: ignore[no-any-return]
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        try:
+            return self.serde.loads_typed(data)
+        except Exception as exc:  # noqa: BLE001 - reworded only for encrypted values
+            type_ = data[0]
+            if "+" not in type_:
+                raise
+            raise SecretUnavailable(
+                f"The checkpoints are encrypted ({type_.partition('+')[2]}) and cannot be "
+                f"opened without the key ({type(exc).__name__}): set LANGGRAPH_AES_KEY to "
+                "the key your agent's EncryptedSerializer uses.") from None
+
+
+def explained(serde: Any) -> Any:
+    """`serde`, raising `SecretUnavailable` (one clear line) instead of a cipher's or a
+    decoder's error when a value it cannot open is read. For operators' tools."""
+    return _Explained(serde)
 
 
 def redact_keys(*names: str, mask: str = "[redacted]") -> Redact:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from graph_durable import DurableSqliteSaver
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
 from graph_durable.testing.child import run_child
 from graph_durable.testing.scenarios import build_effects_agent
@@ -186,3 +188,42 @@ def test_read_commands_never_add_a_ledger_to_a_postgres_database(postgres_connin
         tables = conn.execute("SELECT count(*) FROM information_schema.tables "
                               "WHERE table_schema = current_schema()").fetchone()
     assert tables == (0,)
+
+
+def test_an_encrypted_database_is_read_with_the_key_and_never_shown_as_garbage(
+    tmp_path: Path,
+) -> None:
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    from graph_durable.testing.scenarios import _assemble
+
+    key = "k" * 32
+    db = str(tmp_path / "agent.sqlite")
+    saver = DurableSqliteSaver(
+        sqlite3.connect(db, check_same_thread=False),
+        serde=EncryptedSerializer.from_pycryptodome_aes(key=key.encode()))
+    agent = _assemble(saver, str(tmp_path), [[["mail", "secret-item"]]], {"mail": "dedupe"},
+                      None, None, None)
+    agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": "t"}}, durability="sync")
+    saver.conn.close()
+    before = _bytes_of(tmp_path)
+
+    sealed = cli("effects", "--db", db, "--json", env={"LANGGRAPH_AES_KEY": ""})
+    assert sealed.returncode == 0, sealed.stderr
+    [row] = json.loads(sealed.stdout)
+    assert row["status"] == "applied" and row["receipt"] == '"<encrypted>"'
+    events = json.loads(cli("events", "--db", db, "--json").stdout)
+    assert {e["data"] for e in events} == {'"<encrypted>"'}
+
+    opened = cli("effects", "--db", db, "--json", env={"LANGGRAPH_AES_KEY": key})
+    assert "secret-item" in json.loads(opened.stdout)[0]["receipt"]
+
+    for env in ({}, {"LANGGRAPH_AES_KEY": "w" * 32}):
+        status = cli("status", "--db", db, env={"LANGGRAPH_AES_KEY": "", **env})
+        assert status.returncode == 2 and "Traceback" not in status.stderr
+        assert status.stderr.count("\n") == 1 and "LANGGRAPH_AES_KEY" in status.stderr
+    short = cli("status", "--db", db, env={"LANGGRAPH_AES_KEY": "short"})
+    assert short.returncode == 2 and "16, 24, or 32 bytes" in short.stderr
+    assert json.loads(cli("status", "--db", db, "--json",
+                          env={"LANGGRAPH_AES_KEY": key}).stdout)[0]["status"] == "done"
+    assert _bytes_of(tmp_path) == before
