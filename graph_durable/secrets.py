@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -44,6 +45,12 @@ __all__ = [
 
 SEALED_PREFIX = "gd-sealed:"
 """How a sealed ledger value starts: `gd-sealed:<serde type>:<base64 of the bytes>`."""
+
+_CLEAR_EVENT_FIELDS = frozenset({
+    "status", "tool", "tool_call_id", "source", "attempt", "inherited", "decision",
+    "decided_at", "approval_ttl", "edited_key",
+})
+"""Journal fields that say nothing about the call's content (`decision` only as a kind)."""
 
 KEY_SECRET_ENV = "GRAPH_DURABLE_KEY_SECRET"
 """Environment variable a saver reads its key secret from when not given one."""
@@ -91,10 +98,25 @@ class LedgerCodec:
         self.serde = serde
         self.seals = encrypts(serde)
         self.strict = strict
+        # Sealed texts this process wrote or opened lately, and what they hold: a ledger
+        # row is read back many times (every transition returns it), and a cipher such
+        # as AES-EAX costs a tenth of a millisecond per value.
+        self._opened: OrderedDict[str, str] = OrderedDict()
 
     def dump(self, value: Any) -> str:
         """The column text for `value` (JSON; values JSON cannot hold become `str()`)."""
         return self.seal(json.dumps(value, ensure_ascii=False, default=str, sort_keys=True))
+
+    def dump_event(self, data: dict[str, Any]) -> str:
+        """The column text of a journal entry's data: sealed only when it says more
+        than the protocol's own words (statuses, sources, attempt numbers, kinds of
+        decision), which the effects row keeps in the clear anyway."""
+        if self.seals and all(
+            k in _CLEAR_EVENT_FIELDS and (k != "decision" or isinstance(v, str))
+            for k, v in data.items()
+        ):
+            return json.dumps(data, ensure_ascii=False, default=str, sort_keys=True)
+        return self.dump(data)
 
     def dump_json(self, text: str) -> str:
         """The column text for `text`, already JSON."""
@@ -110,7 +132,15 @@ class LedgerCodec:
         if not self.seals:
             return text
         type_, blob = self.serde.dumps_typed(text.encode("utf-8"))
-        return f"{SEALED_PREFIX}{type_}:{base64.b64encode(blob).decode('ascii')}"
+        sealed = f"{SEALED_PREFIX}{type_}:{base64.b64encode(blob).decode('ascii')}"
+        self._remember(sealed, text)
+        return sealed
+
+    def _remember(self, sealed: str, text: str) -> None:
+        opened = self._opened
+        opened[sealed] = text
+        if len(opened) > 4096:
+            opened.popitem(last=False)
 
     def load(self, text: str | None, *, where: str = "") -> Any:
         """Decode a JSON column (`None` stays `None`)."""
@@ -129,10 +159,15 @@ class LedgerCodec:
         return opened if isinstance(opened, Sealed) else json.loads(opened)
 
     def _open(self, text: str, where: str) -> str:
+        known = self._opened.get(text)
+        if known is not None:
+            return known
         type_, _, body = text[len(SEALED_PREFIX):].partition(":")
         try:
             raw = self.serde.loads_typed((type_, base64.b64decode(body)))
-            return bytes(raw).decode("utf-8")
+            opened = bytes(raw).decode("utf-8")
+            self._remember(text, opened)
+            return opened
         except Exception as exc:  # noqa: BLE001 - any failure to open is one answer
             if not self.strict:
                 return SEALED

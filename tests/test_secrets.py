@@ -144,7 +144,10 @@ def test_a_sealed_ledger_without_the_key_is_one_clear_error_and_nothing_is_sent(
         with pytest.raises(SecretUnavailable, match="encrypted .aes. and this saver cannot"):
             wrong.effects("t")
         with pytest.raises(SecretUnavailable, match="LANGGRAPH_AES_KEY"):
-            wrong.events("t")
+            wrong.effect(wrong._query("SELECT key FROM effects")[0][0], "t")
+        # A journal entry that only names statuses is kept readable.
+        assert [e.data for e in wrong.events("t")] == [
+            {"status": "in_flight", "tool": "charge", "tool_call_id": "c1"}]
         with pytest.raises(SecretUnavailable, match="key secret .keying thread 't'"):
             wrong.keying("t")  # the database's key secret is sealed too
     assert provider.count() == 0

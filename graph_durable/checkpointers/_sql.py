@@ -280,8 +280,8 @@ def plan_intent(
         ),
         (
             INSERT_EVENT,
-            (key, thread_id, "intent", codec.dump({"status": status.value, "tool": tool,
-                                                   "tool_call_id": tool_call_id}),
+            (key, thread_id, "intent", codec.dump_event({"status": status.value, "tool": tool,
+                                                         "tool_call_id": tool_call_id}),
              now, *actor),
         ),
     ], record
@@ -392,5 +392,5 @@ def transition_event(
     return (
         INSERT_EVENT,
         (record.key, record.thread_id, kind,
-         codec.dump({"status": record.status.value, **data}), now, *actor),
+         codec.dump_event({"status": record.status.value, **data}), now, *actor),
     )

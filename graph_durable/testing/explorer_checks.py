@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from collections import Counter, defaultdict
-from contextlib import closing
 from typing import Any
 
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.ledger import EffectStatus
+from graph_durable.testing.explorer_scenario import explorer_saver
 from graph_durable.testing.providers import FakeProvider
 
 __all__ = ["check_episode", "ledger_snapshot", "provider_effects"]
@@ -51,10 +50,9 @@ def provider_effects(provider_dir: str, tools: dict[str, dict[str, Any]]
     return found
 
 
-def ledger_snapshot(db_path: str) -> tuple[list[Any], list[Any]]:
+def ledger_snapshot(db_path: str, sealed: bool = False) -> tuple[list[Any], list[Any]]:
     """Every effect record and journal event of the database, as plain data."""
-    with closing(sqlite3.connect(db_path, check_same_thread=False)) as conn:
-        saver = DurableSqliteSaver(conn)
+    with explorer_saver(db_path, sealed) as saver:
         return ([r.model_dump(mode="json") for r in saver.effects()],
                 [e.model_dump(mode="json") for e in saver.events()])
 
@@ -187,7 +185,7 @@ def _check_ledger(records_by_thread: dict[str, dict[str, Any]],
 
 def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
                   threads: list[str], finished: list[str], abandoned: list[str] = (),
-                  forked: bool = False) -> list[str]:
+                  forked: bool = False, sealed: bool = False) -> list[str]:
     """The broken invariants of an episode (see the module docstring); `[]` if none.
 
     Args:
@@ -197,6 +195,7 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
         finished: The threads that ran to their end.
         abandoned: Threads left behind on purpose (the original of a copy).
         forked: Whether a time travel or fork left a branch of a thread behind.
+        sealed: Whether the episode's saver encrypts (`explorer_scenario.explorer_serde`).
     """
     effects = provider_effects(provider_dir, tools)
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -205,8 +204,7 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
     if not os.path.exists(db_path):
         return [f"LEDGER {e['tool']} applied {e['operation']}: there is no database"
                 for e in effects]
-    with closing(sqlite3.connect(db_path, check_same_thread=False)) as conn:
-        saver = DurableSqliteSaver(conn)
+    with explorer_saver(db_path, sealed) as saver:
         requested = _requests(saver, threads)
         records_by_thread = {t: {r.key: r for r in saver.effects(t)} for t in threads}
         problems = [f"DUPLICATE {held[0]['tool']} applied key {key} ({held[0]['operation']}) "

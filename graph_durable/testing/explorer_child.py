@@ -156,7 +156,7 @@ async def _aleased(saver: Any, spec: dict[str, Any], config: dict[str, Any]
 
 def _run_sync(spec: dict[str, Any]) -> dict[str, Any]:
     agent = build_explorer_agent(spec["db_path"], spec["provider_dir"], spec["tools"],
-                                 spec["turns"])
+                                 spec["turns"], spec.get("sealed", False))
     graph, saver = agent.graph, agent.saver
     report: dict[str, Any] = {"via": spec["via"]}
     try:
@@ -198,7 +198,8 @@ def _prepare(agent: Any, spec: dict[str, Any]) -> tuple[Any, dict[str, Any], str
 
 async def _run_async(spec: dict[str, Any]) -> dict[str, Any]:
     agent = await build_explorer_agent_async(spec["db_path"], spec["provider_dir"],
-                                             spec["tools"], spec["turns"])
+                                             spec["tools"], spec["turns"],
+                                             spec.get("sealed", False))
     graph, saver = agent.graph, agent.saver
     report: dict[str, Any] = {"via": spec["via"]}
     try:

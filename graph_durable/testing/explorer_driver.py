@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import os
 import random
-import sqlite3
 import time
 from collections import Counter
-from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +27,7 @@ from graph_durable.testing.explorer_checks import (
 )
 from graph_durable.testing.explorer_child import DOCUMENTED_ERRORS
 from graph_durable.testing.explorer_model import STABLE_PATHS, Crash, Episode, Resume
-from graph_durable.testing.explorer_scenario import open_providers
+from graph_durable.testing.explorer_scenario import explorer_saver, open_providers
 from graph_durable.testing.forkserver import ForkServer
 from graph_durable.testing.providers import FakeProvider
 
@@ -175,7 +173,8 @@ class _Run:
         self.server = server
         self.timeout = timeout
         self.files = {"db_path": os.path.join(directory, "agent.sqlite"),
-                      "provider_dir": os.path.join(directory, "providers")}
+                      "provider_dir": os.path.join(directory, "providers"),
+                      "sealed": episode.sealed}
         self.output = os.path.join(directory, "children.log")
         self.result = EpisodeResult(episode)
         self.reviewer = _Reviewer(episode, self.files["provider_dir"])
@@ -243,10 +242,8 @@ class _Run:
 
     def copy(self, thread_id: str, how: Resume) -> str:
         """Copy `thread_id` (`saver.copy_thread`) and return the copy's id."""
-        from graph_durable.checkpointers.sqlite import DurableSqliteSaver
-
         target = f"{thread_id}-copy{len(self.threads)}"
-        with DurableSqliteSaver.from_conn_string(self.files["db_path"]) as saver:
+        with explorer_saver(self.files["db_path"], self.episode.sealed) as saver:
             saver.copy_thread(thread_id, target)
         self.result.log.append(f"{how.via} {thread_id} -> {target}")
         self.result.vias.append(how.via)
@@ -363,11 +360,8 @@ class _Run:
         `held_elsewhere`): the driver waits for the lease and recovers again. After a run
         that did resume the thread it is a bug: the decisions were lost.
         """
-        from graph_durable.checkpointers.sqlite import DurableSqliteSaver
-
         interrupts = report["interrupts"]
-        with closing(sqlite3.connect(self.files["db_path"], check_same_thread=False)) as conn:
-            saver = DurableSqliteSaver(conn)
+        with explorer_saver(self.files["db_path"], self.episode.sealed) as saver:
             records = [saver.effect(i["value"]["key"], thread_id) for i in interrupts]
         waiting = [i for i, r in zip(interrupts, records, strict=True) if r is None or r.asked]
         if waiting:
@@ -385,10 +379,9 @@ class _Run:
     def misjudged(self, thread_id: str, report: dict[str, Any]) -> bool:
         """Whether `recover()` passed over an unfinished thread with nothing pending
         because `thread_status` misjudges it (not `orphaned`, and no live lease)."""
-        from graph_durable.checkpointers.sqlite import DurableSqliteSaver
         from graph_durable.recovery import thread_status
 
-        with DurableSqliteSaver.from_conn_string(self.files["db_path"]) as saver:
+        with explorer_saver(self.files["db_path"], self.episode.sealed) as saver:
             status = thread_status(saver, thread_id)
         if status.status in ("orphaned", "running"):
             return False
@@ -408,7 +401,7 @@ class _Run:
         if payload is None:
             return
         self.wait_for_dead_lease()
-        before = (ledger_snapshot(self.files["db_path"]),
+        before = (ledger_snapshot(self.files["db_path"], self.episode.sealed),
                   provider_effects(self.files["provider_dir"], self.episode.tools))
         _, report = self.child(thread_id, Resume("decide"), crashable=False,
                                decisions=payload, style="malformed")
@@ -416,7 +409,7 @@ class _Run:
         if raised.get("type") != "InvalidDecision":
             raise _Stop(f"MALFORMED decision {payload} was not refused with InvalidDecision: "
                         f"{raised.get('type', 'accepted')} {raised.get('message', '')[:300]}")
-        after = (ledger_snapshot(self.files["db_path"]),
+        after = (ledger_snapshot(self.files["db_path"], self.episode.sealed),
                  provider_effects(self.files["provider_dir"], self.episode.tools))
         if after != before:
             raise _Stop(f"MALFORMED decision {payload} was refused but changed the ledger or "
@@ -446,6 +439,7 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
     run.result.problems += check_episode(
         run.files["db_path"], run.files["provider_dir"], episode.tools, run.threads,
         run.finished, run.abandoned,
-        forked=bool({"time_travel", "update_state"} & set(run.result.vias)))
+        forked=bool({"time_travel", "update_state"} & set(run.result.vias)),
+        sealed=episode.sealed)
     run.result.duration = time.monotonic() - started
     return run.result

@@ -138,6 +138,8 @@ class Episode:
     flavour: str = "sync"
     sequential: bool = True
     leased: bool = False
+    sealed: bool = False
+    """The saver encrypts (LangGraph's `EncryptedSerializer`), sealing the ledger."""
     reviewer: dict[str, Any] = field(default_factory=dict)
     """`seed`, `malformed` (try a malformed decision first, among valid ones), `raw`
     (resume by hand instead of through `review`: keyed by interrupt id, or, while one
@@ -368,7 +370,9 @@ def generate(seed: int, paths: Iterable[str] = STABLE_PATHS, *,
     paths = frozenset(paths)
     rng = random.Random(seed)
     tools = _tools(rng, planted_bug)
-    episode = Episode(seed, tools, _turns(rng, tools, paths))
+    # A third of the episodes run on an encrypted saver; drawn from the seed, not the
+    # generator, so every other choice of a seed stays what it was.
+    episode = Episode(seed, tools, _turns(rng, tools, paths), sealed=seed % 3 == 2)
     crashes = 0 if rng.random() < 0.2 else (2 if rng.random() < 0.3 else 1)
     copied = False
     for _ in range(crashes):

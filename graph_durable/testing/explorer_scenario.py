@@ -26,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from typing import Any
 
 import aiosqlite
@@ -146,16 +148,37 @@ def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
                         providers=providers, inputs={"messages": [HumanMessage("Go.")]})
 
 
+def explorer_serde(sealed: bool) -> Any:
+    """The serde of an episode's savers: LangGraph's AES `EncryptedSerializer` (which
+    seals the ledger too) when `sealed`, else the default."""
+    if not sealed:
+        return None
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    return EncryptedSerializer.from_pycryptodome_aes(key=b"explorer-key-0123456789abcdef!!!")
+
+
+@contextmanager
+def explorer_saver(db_path: str, sealed: bool) -> Iterator[DurableSqliteSaver]:
+    """A `DurableSqliteSaver` on an episode's database with the episode's serde, closed
+    after the block."""
+    with closing(sqlite3.connect(db_path, check_same_thread=False)) as conn:
+        yield DurableSqliteSaver(conn, serde=explorer_serde(sealed))
+
+
 def build_explorer_agent(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
-                         turns: list[list[dict[str, Any]]]) -> EffectsAgent:
+                         turns: list[list[dict[str, Any]]], sealed: bool = False
+                         ) -> EffectsAgent:
     """Build the episode's agent on a `DurableSqliteSaver` (see the module docstring)."""
-    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
+                               serde=explorer_serde(sealed))
     return _assemble(saver, provider_dir, tools, turns)
 
 
 async def build_explorer_agent_async(db_path: str, provider_dir: str,
                                      tools: dict[str, dict[str, Any]],
-                                     turns: list[list[dict[str, Any]]]) -> EffectsAgent:
+                                     turns: list[list[dict[str, Any]]],
+                                     sealed: bool = False) -> EffectsAgent:
     """`build_explorer_agent` on an `AsyncDurableSqliteSaver` (same arguments)."""
-    saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path))
+    saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path), serde=explorer_serde(sealed))
     return _assemble(saver, provider_dir, tools, turns)
