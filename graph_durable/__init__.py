@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "AsyncDurableSqliteSaver",
+    "CancelReport",
+    "Compensation",
     "DurabilityError",
     "DurableSqliteSaver",
     "Effect",
@@ -36,8 +38,11 @@ __all__ = [
     "Retryable",
     "Review",
     "SecretUnavailable",
+    "ThreadCancelled",
     "ThreadStatus",
     "areview",
+    "cancel",
+    "compensate",
     "current_effect",
     "flow_version_of",
     "recover",
@@ -49,6 +54,10 @@ __all__ = [
 
 _HOMES = {
     "AsyncDurableSqliteSaver": "graph_durable.checkpointers.aio",
+    "CancelReport": "graph_durable.compensation",
+    "Compensation": "graph_durable.policy",
+    "cancel": "graph_durable.compensation",
+    "compensate": "graph_durable.compensation",
     "DurableSqliteSaver": "graph_durable.checkpointers.sqlite",
     "Effect": "graph_durable.policy",
     "EffectEvent": "graph_durable.ledger",
@@ -70,7 +79,7 @@ _HOMES = {
     "thread_status": "graph_durable.recovery",
     **{name: "graph_durable.errors" for name in (
         "DurabilityError", "FlowVersionMismatch", "GraphDurableError", "InvalidDecision",
-        "LeaseHeld", "LeaseLost", "NotApplied", "Retryable")},
+        "LeaseHeld", "LeaseLost", "NotApplied", "Retryable", "ThreadCancelled")},
 }
 
 
@@ -117,12 +126,14 @@ if TYPE_CHECKING:
         LeaseLost,
         NotApplied,
         Retryable,
+        ThreadCancelled,
     )
     from graph_durable.flow import flow_version_of
     from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
     from graph_durable.nodes.context import current_effect
     from graph_durable.nodes.middleware import EffectGuardMiddleware
     from graph_durable.nodes.node import EffectGuardNode
-    from graph_durable.policy import Effect
+    from graph_durable.compensation import CancelReport, cancel, compensate
+    from graph_durable.policy import Compensation, Effect
     from graph_durable.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status
     from graph_durable.review import Review, areview, review

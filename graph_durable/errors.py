@@ -12,6 +12,7 @@ The hierarchy::
     └── IllegalTransition        a ledger status change the lifecycle forbids
 
     LeaseLost (BaseException)    a write made with a stale fencing token
+    └── ThreadCancelled          a write to (or a lease on) a thread cancel() stopped
 
     Tool outcomes (raised by tools, read by the guard):
     ├── NotApplied (Exception)   the provider certainly did not apply the effect
@@ -34,6 +35,7 @@ __all__ = [
     "NotApplied",
     "NotDurableCheckpointer",
     "Retryable",
+    "ThreadCancelled",
     "UnkeyableToolCall",
 ]
 
@@ -135,6 +137,25 @@ class LeaseLost(BaseException):
         super().__init__(message)
         self.thread_id = thread_id
         self.token = token
+
+
+class ThreadCancelled(LeaseLost):
+    """The thread was stopped for good by `graph_durable.cancel()`.
+
+    Raised by any checkpoint or ledger write to it, and by `saver.lease()` for anyone but
+    another cancel (which may finish a cancel that stopped half way). A `LeaseLost`, so a
+    tool's `except Exception` cannot swallow it.
+
+    Attributes:
+        thread_id: The cancelled thread.
+        token: The fencing token presented, if any.
+        cancelled_by: The owner that cancelled it.
+    """
+
+    def __init__(self, message: str, *, thread_id: str, token: int | None,
+                 cancelled_by: str) -> None:
+        super().__init__(message, thread_id=thread_id, token=token)
+        self.cancelled_by = cancelled_by
 
 
 class NotApplied(Exception):

@@ -22,9 +22,31 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from graph_durable.errors import LeaseHeld, LeaseLost
+from graph_durable.errors import LeaseHeld, LeaseLost, ThreadCancelled
 
-__all__ = ["Lease", "active_lease", "check_fence", "check_lease_available"]
+__all__ = ["CANCEL_PREFIX", "Lease", "active_lease", "cancelled_by", "check_fence",
+           "check_lease_available"]
+
+CANCEL_PREFIX = "cancelled-by:"
+"""Lease owners of `cancel()` start with this. The lease row of a cancelled thread keeps
+such an owner once released: it is the durable mark that the thread is stopped for good,
+read by the same fence check as every write (so it costs nothing more)."""
+
+
+def cancelled_by(holder: str | None) -> str | None:
+    """Who cancelled the thread whose lease row names `holder` (`None`: not cancelled)."""
+    if holder is not None and holder.startswith(CANCEL_PREFIX):
+        return holder[len(CANCEL_PREFIX):]
+    return None
+
+
+def _cancelled(thread_id: str, holder: str, token: int | None) -> ThreadCancelled:
+    who = cancelled_by(holder)
+    return ThreadCancelled(
+        f"Thread {thread_id!r} was cancelled by {who!r}: it does not run again, and "
+        "nothing was written. Start a new thread, or run cancel() again to finish a "
+        "cancel that stopped half way.",
+        thread_id=thread_id, token=token, cancelled_by=who or holder)
 
 OWNER_KEY = "graph_durable_owner"
 TOKEN_KEY = "graph_durable_fencing_token"
@@ -119,6 +141,8 @@ def check_lease_available(
     if row is None:
         return 1
     holder, token, expires_at = row
+    if cancelled_by(holder) is not None and cancelled_by(owner) is None:
+        raise _cancelled(thread_id, holder, None)
     if expires_at > now and holder != owner:
         raise LeaseHeld(
             f"Thread {thread_id!r} is held by {holder!r} until "
@@ -146,6 +170,8 @@ def check_fence(
             )
         return
     holder, current, expires_at = row
+    if token is None and cancelled_by(holder) is not None:
+        raise _cancelled(thread_id, holder, None)
     if token is None:
         if expires_at > now:
             raise LeaseLost(
@@ -155,6 +181,8 @@ def check_fence(
                 thread_id=thread_id, token=None,
             )
         return
+    if token != current and cancelled_by(holder) is not None:
+        raise _cancelled(thread_id, holder, token)
     if token != current or expires_at <= now:
         reason = (f"token {current} was issued to {holder!r} since" if token != current
                   else "the lease expired before it was renewed")

@@ -8,8 +8,14 @@ Lifecycle of one effect (one row per key)::
       │              └──► skipped      ▼  │
       └──────────────────────────► unknown ──► applied | skipped
 
+    applied ──► compensated                (its compensation applied: undone)
+    applied ──► compensation_failed ──► compensated
+                 (the compensation failed, or its outcome is unknown: a human's question)
+
 `unknown` is never `failed`: `failed` means "certainly not applied", while `unknown`
 keeps the duty to reconcile (look the key up, or ask a human) before anything is retried.
+A compensation is an effect of its own (its own key, intent and receipt; see
+`graph_durable.compensation`); the statuses above are those of the effect it undoes.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ __all__ = [
     "IntentWrite",
     "Keying",
     "LedgerWrite",
+    "SENT_STATUSES",
     "TERMINAL_STATUSES",
     "TransitionWrite",
     "WriteBatch",
@@ -58,6 +65,8 @@ class EffectStatus(str, Enum):
     UNKNOWN = "unknown"
     REJECTED = "rejected"
     SKIPPED = "skipped"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
 
     def can_become(self, other: EffectStatus) -> bool:
         """Whether the lifecycle allows moving from this status to `other`."""
@@ -73,14 +82,22 @@ _ALLOWED: dict[EffectStatus, frozenset[EffectStatus]] = {
     # in_flight -> in_flight is a further attempt with the same key.
     _S.IN_FLIGHT: frozenset({_S.IN_FLIGHT, _S.APPLIED, _S.FAILED, _S.UNKNOWN}),
     _S.UNKNOWN: frozenset({_S.UNKNOWN, _S.IN_FLIGHT, _S.APPLIED, _S.SKIPPED}),
-    _S.APPLIED: frozenset(),
+    # An applied effect stays applied unless its compensation runs.
+    _S.APPLIED: frozenset({_S.COMPENSATED, _S.COMPENSATION_FAILED}),
+    _S.COMPENSATION_FAILED: frozenset({_S.COMPENSATION_FAILED, _S.COMPENSATED}),
+    _S.COMPENSATED: frozenset(),
     _S.FAILED: frozenset(),
     _S.REJECTED: frozenset(),
     _S.SKIPPED: frozenset(),
 }
 
-TERMINAL_STATUSES = frozenset({_S.APPLIED, _S.FAILED, _S.REJECTED, _S.SKIPPED})
-"""Statuses whose stored result is replayed, never re-executed."""
+TERMINAL_STATUSES = frozenset({_S.APPLIED, _S.FAILED, _S.REJECTED, _S.SKIPPED,
+                               _S.COMPENSATED, _S.COMPENSATION_FAILED})
+"""Statuses whose stored result is replayed, never re-executed (a compensated effect
+was sent: re-running its step replays, it never sends again)."""
+
+SENT_STATUSES = frozenset({_S.APPLIED, _S.COMPENSATED, _S.COMPENSATION_FAILED})
+"""Statuses of an effect known to have reached its provider."""
 
 
 def answered(record: EffectRecord | None, asks: str | None = None) -> bool:
@@ -263,6 +280,9 @@ class IntentWrite:
     """`Effect.redact`: what of `args` is stored (`None`: all of it)."""
     key_scheme: str | None = None
     """Pins the thread's key scheme with this intent (`Keying.pin`), if not pinned yet."""
+    data: dict[str, Any] | None = None
+    """Details for the intent's journal entry (a compensation: what it undoes, and the
+    decision that asked for it)."""
 
 
 @dataclass(frozen=True)

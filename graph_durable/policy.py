@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Effect", "Lookup", "ApprovalPredicate"]
+__all__ = ["ApprovalPredicate", "Compensation", "Effect", "Lookup"]
 
 Lookup = Callable[[str], Any | None] | Callable[[str], Awaitable[Any | None]]
 """`lookup(key)`: the provider's record of the keyed effect, or `None` if certainly absent."""
@@ -55,6 +55,12 @@ class Effect:
     description: str | None = None
     """Shown to the reviewer in approval interrupts."""
 
+    compensate: Compensation | Callable[..., Any] | Any = None
+    """How an applied effect of this tool is undone (a refund for a charge, a cancel for a
+    ticket): a `Compensation`, or what one wraps, a callable `undo(record, receipt)` or a
+    tool (then give `Compensation(tool, args=...)`). It runs when a reviewer decides to
+    compensate, or when `cancel()` undoes a thread, as a guarded effect of its own."""
+
     redact: Callable[[Any], Any] | None = None
     """What the ledger stores of this tool's calls: `redact(value) -> value` is applied
     to the args, receipts (the tool's, a lookup's or a human's), stored results, error
@@ -75,6 +81,13 @@ class Effect:
                 "Effect(read_only=True) runs without the ledger, so idempotent, lookup "
                 "and approval do not apply; drop them or drop read_only"
             )
+        if self.compensate is not None and not isinstance(self.compensate, Compensation):
+            object.__setattr__(self, "compensate", Compensation(self.compensate))
+
+    @property
+    def compensation(self) -> Compensation | None:
+        """How this tool's applied effects are undone, if they can be."""
+        return self.compensate  # type: ignore[no-any-return]
 
     @property
     def reconcilable(self) -> bool:
@@ -87,3 +100,63 @@ class Effect:
         if callable(self.approval):
             return bool(self.approval(tool_call))
         return bool(self.approval)
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """How one tool's applied effect is undone, as a guarded effect of its own.
+
+    The compensation gets its own key, derived from the key of the effect it undoes
+    (read it with `current_effect().key` and pass it to the provider), its own intent
+    and receipt, and the lookup, idempotent and unknown rules of `effect`, its policy.
+    A crash while compensating is recovered like any other effect: it never undoes
+    twice where the provider dedupes or can be asked, and pauses for a human otherwise.
+
+    Example::
+
+        Effect(lookup=charges.find,
+               compensate=Compensation(lambda record, receipt: refunds.create(
+                   charge=receipt["id"], key=current_effect().key), effect=Effect(idempotent=True)))
+    """
+
+    undo: Any
+    """A callable `undo(record, receipt) -> receipt` (may be a coroutine function), or a
+    LangChain tool invoked with `args(record, receipt)`."""
+
+    effect: Effect = field(default_factory=Effect)
+    """The compensation's own policy (`idempotent`, `lookup`, `retries`, `timeout`). The
+    default, `Effect()`, is a provider that neither dedupes nor can be asked: a crash in
+    the middle of compensating then leaves it for a human, never undone twice."""
+
+    args: Callable[[Any, Any], dict[str, Any]] | None = None
+    """`args(record, receipt) -> dict`: the compensating call's arguments, recorded in the
+    ledger (and, for a tool, what it is invoked with). Default: the receipt, as
+    `{"receipt": receipt}`."""
+
+    name: str | None = None
+    """The name the ledger records the compensation under (default: the tool's or the
+    function's name)."""
+
+    def __post_init__(self) -> None:
+        if not callable(self.undo) and not hasattr(self.undo, "invoke"):
+            raise TypeError(f"Compensation.undo must be a callable or a tool, got {self.undo!r}")
+        if self.effect.read_only or self.effect.approval:
+            raise ValueError("a compensation is a write sent without asking: its Effect may "
+                             "not be read_only or need approval")
+        if self.effect.timeout is not None:
+            raise ValueError("a compensation's Effect cannot have a timeout yet: compensations "
+                             "are called without one; drop timeout=")
+        if self.effect.compensate is not None:
+            raise ValueError("a compensation has no compensation of its own")
+
+    @property
+    def tool_name(self) -> str:
+        """The name the compensating call is recorded under."""
+        return (self.name or getattr(self.undo, "name", None)
+                or getattr(self.undo, "__name__", None) or "compensate")
+
+    def call_args(self, record: Any, receipt: Any) -> dict[str, Any]:
+        """The compensating call's arguments for the applied `record`."""
+        if self.args is not None:
+            return dict(self.args(record, receipt))
+        return {"receipt": receipt}

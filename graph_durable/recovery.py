@@ -21,7 +21,8 @@ from graph_durable.ledger import EffectStatus, answered
 
 __all__ = ["RecoveryOutcome", "ThreadStatus", "recover", "thread_status"]
 
-Status = Literal["running", "waiting", "needs_human", "done", "failed", "orphaned"]
+Status = Literal["running", "waiting", "needs_human", "done", "failed", "orphaned",
+                 "cancelled"]
 
 START = "__start__"
 
@@ -32,7 +33,8 @@ class ThreadStatus:
 
     thread_id: str
     status: Status
-    """`running`, `waiting`, `needs_human`, `done`, `failed` or `orphaned`."""
+    """`running`, `waiting`, `needs_human`, `done`, `failed`, `orphaned` or `cancelled`
+    (stopped for good by `cancel()`)."""
     reason: str
     """One sentence a person can act on."""
     next: tuple[str, ...] = ()
@@ -69,6 +71,9 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
         raise GraphDurableError(f"Thread {thread_id!r} has no checkpoint in this database.",
                                 thread_id=thread_id)
     nxt = _next_nodes(latest.checkpoint["channel_values"])
+    canceller = saver.cancelled_threads().get(thread_id)
+    if canceller is not None:
+        return _cancelled_status(saver, thread_id, canceller, nxt)
     lease = saver.live_leases().get(thread_id)
     if lease is not None and lease[0] != ignore_owner:
         return ThreadStatus(thread_id, "running",
@@ -105,6 +110,25 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
                             f"has next steps {list(nxt)}, no pending interrupt and no live "
                             "lease: its worker stopped; resume it (recover)", nxt)
     return ThreadStatus(thread_id, "done", "ran to its end")
+
+
+def _cancelled_status(saver: Any, thread_id: str, canceller: str, nxt: tuple[str, ...]
+                      ) -> ThreadStatus:
+    """A thread `cancel()` stopped: whether its cancel finished, and what a human owes."""
+    records = saver.effects(thread_id)
+    open_ = tuple(r.tool_call_id for r in records if r.status in _OPEN_AFTER_CANCEL)
+    if saver.live_leases().get(thread_id) is not None:
+        why = f"being cancelled by {canceller!r}"
+    elif open_:
+        why = (f"cancelled by {canceller!r}; a human must settle tool calls {list(open_)} "
+               "(compensation failed, or outcome unknown)")
+    else:
+        why = f"cancelled by {canceller!r}; it does not run again"
+    return ThreadStatus(thread_id, "cancelled", why, nxt, open_)
+
+
+_OPEN_AFTER_CANCEL = frozenset({EffectStatus.COMPENSATION_FAILED, EffectStatus.UNKNOWN,
+                                EffectStatus.IN_FLIGHT})
 
 
 def _all_answered(saver: Any, thread_id: str, interrupts: list[Any]) -> bool:

@@ -4,6 +4,8 @@ import graph_durable
 
 EXPECTED = [
     "AsyncDurableSqliteSaver",
+    "CancelReport",
+    "Compensation",
     "DurabilityError",
     "DurableSqliteSaver",
     "Effect",
@@ -22,8 +24,11 @@ EXPECTED = [
     "Retryable",
     "Review",
     "SecretUnavailable",
+    "ThreadCancelled",
     "ThreadStatus",
     "areview",
+    "cancel",
+    "compensate",
     "current_effect",
     "flow_version_of",
     "recover",

@@ -32,9 +32,16 @@ def test_non_json_args_name_the_call_and_the_fix() -> None:
 S = EffectStatus
 
 
-@pytest.mark.parametrize("terminal", [S.APPLIED, S.FAILED, S.REJECTED, S.SKIPPED])
+@pytest.mark.parametrize("terminal", [S.FAILED, S.REJECTED, S.SKIPPED, S.COMPENSATED])
 def test_terminal_statuses_never_move(terminal) -> None:
     assert not any(terminal.can_become(other) for other in EffectStatus)
+
+
+def test_an_applied_effect_moves_only_by_its_compensation() -> None:
+    assert {other for other in EffectStatus if S.APPLIED.can_become(other)} == {
+        S.COMPENSATED, S.COMPENSATION_FAILED}
+    assert S.COMPENSATION_FAILED.can_become(S.COMPENSATED)
+    assert not S.COMPENSATION_FAILED.can_become(S.APPLIED)
 
 
 def test_unknown_is_never_failed() -> None:

@@ -390,6 +390,7 @@ class DurableSaverMixin:
             now=now,
             actor=actor,
             codec=codec,
+            data=write.data,
         )
         if write.key_scheme is not None:
             plan.append((_sql.PIN_KEY_SCHEME,

@@ -14,6 +14,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
+from graph_durable.leases import CANCEL_PREFIX
 from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus, IntentWrite, Keying
 
 __all__ = ["SyncLedgerReads"]
@@ -50,6 +51,11 @@ class SyncLedgerReads:
         """`{thread_id: (owner, token, expires_at)}` of every live lease."""
         rows = self._query(_sql.SELECT_LIVE_LEASES, (time.time(),))
         return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
+
+    def cancelled_threads(self) -> dict[str, str]:
+        """`{thread_id: owner that cancelled it}` of every thread `cancel()` stopped."""
+        rows = self._query(_sql.SELECT_CANCELLED, _sql.cancelled_params())
+        return {thread_id: owner[len(CANCEL_PREFIX):] for thread_id, owner in rows}
 
     def thread_ids(self) -> list[str]:
         """Every thread with a checkpoint, sorted."""

@@ -46,7 +46,8 @@ SELECT_EFFECT_BY_KEY = (
 # in place, or an edit sent under another key); `failed` and `rejected` were not sent.
 SELECT_SENT_IN_FAMILY = (
     f"SELECT {EFFECT_COLUMNS} FROM effects WHERE key = ? AND thread_id <> ? "
-    "AND status IN ('in_flight', 'unknown', 'applied', 'skipped') "
+    "AND status IN ('in_flight', 'unknown', 'applied', 'skipped', 'compensated', "
+    "'compensation_failed') "
     "ORDER BY created_at LIMIT 1"
 )
 SELECT_RESULT = "SELECT result_type, result FROM effects WHERE thread_id = ? AND key = ?"
@@ -152,6 +153,11 @@ RENEW_LEASE = (
     "AND expires_at > ?"
 )
 RELEASE_LEASE = "UPDATE thread_leases SET expires_at = 0 WHERE thread_id = ? AND token = ?"
+# Threads cancel() stopped: their lease row keeps the canceller as owner (see
+# `graph_durable.leases.CANCEL_PREFIX`).
+SELECT_CANCELLED = (
+    "SELECT thread_id, owner FROM thread_leases WHERE substr(owner, 1, ?) = ?"
+)
 SELECT_LIVE_LEASES = "SELECT thread_id, owner, token, expires_at FROM thread_leases WHERE expires_at > ?"
 SELECT_FLOW_VERSION = "SELECT flow_version FROM thread_flow_versions WHERE thread_id = ?"
 INSERT_FLOW_VERSION = (
@@ -259,11 +265,13 @@ def plan_intent(
     now: float,
     actor: tuple[str | None, int | None],
     codec: LedgerCodec = PLAIN,
+    data: dict[str, Any] | None = None,
 ) -> tuple[list[Statement], EffectRecord]:
     """Insert a new effect row (the intent) and its `intent` event; return the record.
 
     `args_text` is the args column as stored (JSON, redacted or sealed as the saver
-    and the tool's policy say); the record carries `args`.
+    and the tool's policy say); the record carries `args`. `data` adds details to the
+    intent's journal entry (a compensation names the effect it undoes, and who decided).
     """
     attempts = 1 if status is EffectStatus.IN_FLIGHT else 0
     record = EffectRecord.model_construct(
@@ -281,7 +289,8 @@ def plan_intent(
         (
             INSERT_EVENT,
             (key, thread_id, "intent", codec.dump_event({"status": status.value, "tool": tool,
-                                                         "tool_call_id": tool_call_id}),
+                                                         "tool_call_id": tool_call_id,
+                                                         **(data or {})}),
              now, *actor),
         ),
     ], record
@@ -394,3 +403,10 @@ def transition_event(
         (record.key, record.thread_id, kind,
          codec.dump_event({"status": record.status.value, **data}), now, *actor),
     )
+
+
+def cancelled_params() -> tuple[int, str]:
+    """Parameters of `SELECT_CANCELLED`."""
+    from graph_durable.leases import CANCEL_PREFIX
+
+    return len(CANCEL_PREFIX), CANCEL_PREFIX

@@ -132,6 +132,10 @@ class AsyncFromSync:
         """Async `live_leases`."""
         return self.live_leases()  # type: ignore[attr-defined,no-any-return]
 
+    async def acancelled_threads(self) -> dict[str, str]:
+        """Async `cancelled_threads`."""
+        return self.cancelled_threads()  # type: ignore[attr-defined,no-any-return]
+
     async def aapply(
         self, write: LedgerWrite, config: RunnableConfig | None = None
     ) -> list[EffectRecord]:

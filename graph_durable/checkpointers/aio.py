@@ -27,7 +27,7 @@ from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE, statements
 from graph_durable.errors import IllegalTransition
-from graph_durable.leases import Lease, register, unregister
+from graph_durable.leases import CANCEL_PREFIX, Lease, register, unregister
 from graph_durable.ledger import (
     EffectEvent,
     EffectRecord,
@@ -400,6 +400,11 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         rows = await self._fetchall(_sql.SELECT_LIVE_LEASES, (time.time(),))
         return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
 
+    async def acancelled_threads(self) -> dict[str, str]:
+        """`{thread_id: owner that cancelled it}` of every thread `cancel()` stopped."""
+        rows = await self._fetchall(_sql.SELECT_CANCELLED, _sql.cancelled_params())
+        return {thread_id: owner[len(CANCEL_PREFIX):] for thread_id, owner in rows}
+
     async def athread_ids(self) -> list[str]:
         """Every thread with a checkpoint, sorted."""
         return [row[0] for row in await self._fetchall(_sql.SELECT_THREAD_IDS, ())]
@@ -419,6 +424,10 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     def live_leases(self) -> dict[str, tuple[str, int, float]]:
         """Sync `alive_leases`."""
         return self._sync(self.alive_leases())
+
+    def cancelled_threads(self) -> dict[str, str]:
+        """Sync `acancelled_threads`."""
+        return self._sync(self.acancelled_threads())
 
     def thread_ids(self) -> list[str]:
         """Sync `athread_ids`."""

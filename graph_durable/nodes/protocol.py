@@ -21,6 +21,7 @@ from langgraph.prebuilt.tool_node import ToolInvocationError
 
 from graph_durable.errors import NotApplied, Retryable, UnkeyableToolCall
 from graph_durable.ledger import (
+    SENT_STATUSES,
     TERMINAL_STATUSES,
     EffectRecord,
     EffectStatus,
@@ -141,6 +142,11 @@ class CallContext:
     """The key secret of the thread's keys (`Keying.secret`; `None`: plain SHA-256)."""
     key_scheme: str | None = None
     """The key scheme to pin the thread to with its first intent (`Keying.pin`)."""
+    intent_data: dict[str, Any] | None = None
+    """Details journaled with the call's intent (see `IntentWrite.data`)."""
+    defer_receipts: bool = True
+    """Whether a reconcilable call's receipt may ride on the thread's next write (a
+    step's call: its step writes next); a call outside a step commits it at once."""
     key: str = field(init=False)
     args_json: str = field(init=False)
 
@@ -250,6 +256,7 @@ def _intent(ctx: CallContext, status: EffectStatus, *, record_args: dict[str, An
         # An edit's args are the only copy of what must be sent: never redacted.
         redact=None if record_args is not None else ctx.policy.redact,
         key_scheme=ctx.key_scheme,
+        data=ctx.intent_data,
     )
 
 
@@ -298,7 +305,7 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                        receipt=receipt, result=result,
                                        data={"source": "tool"},
-                                       defer=ctx.policy.reconcilable))
+                                       defer=ctx.policy.reconcilable and ctx.defer_receipts))
             fault_point("after_receipt", tool=ctx.tool)
             return result
         if isinstance(error, NotApplied | ToolInvocationError):
@@ -376,7 +383,7 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
     if sent.status is S.SKIPPED and edited_key is not None:
         # Sent there as a reviewer edited it: that effect is this call's.
         sent = (yield Read("effect", (edited_key, sent.thread_id))) or sent
-    if sent.status is S.APPLIED:
+    if sent.status in SENT_STATUSES:
         result = yield Read("stored_result", (sent.thread_id, sent.key))
         yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                    receipt=sent.receipt, result=result,
@@ -426,7 +433,7 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
         # thread that sent the call makes that false, so the call is not sent again, in
         # any form. A retry answers the very doubt a sibling's open attempt raises; only
         # a sibling's receipt still stands against it.
-        if sent is not None and (kind != "retry" or sent.status is S.APPLIED):
+        if sent is not None and (kind != "retry" or sent.status in SENT_STATUSES):
             return (yield from _adopt_family_send(ctx, record, sent, data))
     if kind in ("approve", "retry"):
         [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt",
