@@ -12,14 +12,11 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import tools_condition
 
 from graph_durable import (
     Compensation,
     DurableSqliteSaver,
     Effect,
-    EffectGuardNode,
     EffectStatus,
     InvalidDecision,
     ThreadCancelled,
@@ -31,6 +28,7 @@ from graph_durable import (
 )
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
+from graph_durable.testing.scenarios import react_graph
 from graph_durable.testing.scenarios_saga import SAGA_THREAD, assemble_saga_agent, saga_providers
 
 S = EffectStatus
@@ -106,17 +104,8 @@ def test_cancel_without_compensate_leaves_effects_in_place_and_rejects_unsent_ca
 
 
 def _graph(tmp_path: Path, model: Any, tools: list[Any], effects: dict[str, Effect]) -> Any:
-    def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", EffectGuardNode(tools, effects=effects))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
     saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite", check_same_thread=False))
-    return builder.compile(checkpointer=saver)
+    return react_graph(model, tools, effects, saver)
 
 
 def _unknown_charge(tmp_path: Path, *, lookup: bool):

@@ -35,6 +35,7 @@ __all__ = [
     "build_effects_agent",
     "build_effects_agent_async",
     "policy_for_mode",
+    "react_graph",
     "script_of",
 ]
 
@@ -68,6 +69,21 @@ def script_of(turns: list[list[list[str]]]) -> list[AIMessage]:
         for t, calls in enumerate(turns)
     ]
     return [*script, AIMessage(content="All done.")]
+
+
+def react_graph(model: Any, tools: list[Any], effects: dict[str, Effect], saver: Any) -> Any:
+    """A ReAct-style graph, model -> `EffectGuardNode(tools, effects)` -> model, compiled
+    on `saver` (a sync model node)."""
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", EffectGuardNode(tools, effects=effects))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=saver)
 
 
 def _write_tool(provider: FakeProvider, delay: float) -> StructuredTool:
@@ -154,18 +170,8 @@ def _assemble(
         name: policy_for_mode(p, approval=name in approvals) for name, p in providers.items()
     }
     model = ScriptedChatModel(script=script_of(turns))
-
-    def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", EffectGuardNode(tools, effects=effects))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
     return EffectsAgent(
-        graph=builder.compile(checkpointer=saver),
+        graph=react_graph(model, tools, effects, saver),
         saver=saver,
         providers=providers,
         inputs={"messages": [HumanMessage("Go.")]},

@@ -27,15 +27,13 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import tools_condition
 
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
-from graph_durable.nodes import EffectGuardNode, current_effect
+from graph_durable.nodes import current_effect
 from graph_durable.policy import Compensation, Effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
-from graph_durable.testing.scenarios import EffectsAgent, policy_for_mode
+from graph_durable.testing.scenarios import EffectsAgent, policy_for_mode, react_graph
 
 __all__ = ["SAGA_THREAD", "assemble_saga_agent", "build_saga_agent", "saga_providers",
            "graph_on", "saga_step"]
@@ -94,17 +92,7 @@ def assemble_saga_agent(saver: Any, providers: dict[str, FakeProvider]) -> Effec
              StructuredTool.from_function(open_ticket, name="open_ticket",
                                           description="Open a ticket.")]
     model = ScriptedChatModel(script=_script())
-
-    def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", EffectGuardNode(tools, effects=effects))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return EffectsAgent(graph=builder.compile(checkpointer=saver), saver=saver,
+    return EffectsAgent(graph=react_graph(model, tools, effects, saver), saver=saver,
                         providers=providers,
                         inputs={"messages": [HumanMessage("Charge Ana and open a ticket.")]})
 
