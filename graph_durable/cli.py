@@ -7,6 +7,10 @@
     graph-durable decide   --db agent.sqlite --graph app.agent:graph --thread T \\
                            --decisions '{"call_1": {"type": "approve"}}'
     graph-durable recover  --db agent.sqlite --graph app.agent:graph --owner worker-7
+    graph-durable compensate --db agent.sqlite --graph app.agent:graph --thread T \
+                           --call call_1 [--receipt JSON] [--reviewer ana]
+    graph-durable cancel   --db agent.sqlite --graph app.agent:graph --thread T \
+                           --owner ops-ana [--no-compensate]
 
 `--db` is a SQLite file, or a `postgresql://` URL for `DurablePostgresSaver` (with the
 `postgres` extra). When `LANGGRAPH_AES_KEY` is set, checkpoints and ledger are opened
@@ -29,7 +33,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
-from graph_durable.errors import GraphDurableError
+from graph_durable.compensation import cancel, compensate
+from graph_durable.errors import GraphDurableError, LeaseLost
 from graph_durable.ledger import EffectStatus
 from graph_durable.recovery import recover, thread_status
 from graph_durable.review import review
@@ -213,6 +218,40 @@ def _cmd_recover(args: argparse.Namespace) -> list[dict[str, Any]]:
              "error": o.error} for o in outcomes]
 
 
+def _cmd_compensate(args: argparse.Namespace) -> list[dict[str, Any]]:
+    receipt = None
+    if args.receipt is not None:
+        try:
+            receipt = json.loads(args.receipt)
+        except ValueError as exc:
+            raise _Refused(f"--receipt is not JSON ({exc}); e.g. --receipt '{{\"id\": \"ch_1\"}}'"
+                           ) from None
+    saver = _saver(args.db)
+    _known_thread(saver, args.thread)
+    record = compensate(_graph(args.graph, saver), saver, args.thread, args.call,
+                        receipt=receipt, reviewer=args.reviewer)
+    return [{"thread": record.thread_id, "tool_call_id": record.tool_call_id,
+             "tool": record.tool, "status": record.status.value, "error": record.error}]
+
+
+def _cmd_cancel(args: argparse.Namespace) -> list[dict[str, Any]]:
+    saver = _saver(args.db)
+    _known_thread(saver, args.thread)
+    report = cancel(_graph(args.graph, saver), saver, args.thread,
+                    compensate=not args.no_compensate, owner=args.owner, ttl=args.ttl)
+    if report.outcome == "held_elsewhere":
+        raise _Refused(report.summary(), code=1)
+    rows = [{"thread": report.thread_id, "tool_call_id": r.tool_call_id, "tool": r.tool,
+             "outcome": outcome, "status": r.status.value, "error": r.error}
+            for outcome, records in (("compensated", report.compensated),
+                                     ("left in place", report.left_in_place),
+                                     ("needs a human", report.needs_human),
+                                     ("withdrawn", report.withdrawn))
+            for r in records]
+    return rows or [{"thread": report.thread_id, "tool_call_id": None, "tool": None,
+                     "outcome": "no effects", "status": None, "error": None}]
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graph-durable", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -242,11 +281,23 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--owner", required=True)
     sweep.add_argument("--limit", type=int)
     sweep.add_argument("--ttl", type=float, default=30.0)
+    undo = command("compensate", "undo one applied (or confirmed) effect", graph=True,
+                   thread="required")
+    undo.add_argument("--call", required=True, help="tool_call_id (or key) of the effect")
+    undo.add_argument("--receipt", help="JSON: a human's word that an unknown effect happened")
+    undo.add_argument("--reviewer")
+    stop = command("cancel", "stop a thread for good, undoing its effects newest first",
+                   graph=True, thread="required")
+    stop.add_argument("--owner", required=True)
+    stop.add_argument("--no-compensate", action="store_true",
+                      help="leave applied effects in place")
+    stop.add_argument("--ttl", type=float, default=30.0)
     return parser
 
 
 _COMMANDS = {"status": _cmd_status, "effects": _cmd_effects, "events": _cmd_events,
-             "pending": _cmd_pending, "decide": _cmd_decide, "recover": _cmd_recover}
+             "pending": _cmd_pending, "decide": _cmd_decide, "recover": _cmd_recover,
+             "compensate": _cmd_compensate, "cancel": _cmd_cancel}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -263,10 +314,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GraphDurableError, _Refused) as exc:
         print(f"graph-durable: {exc}", file=sys.stderr)
         return getattr(exc, "code", 2)
+    except LeaseLost as exc:  # the thread was cancelled, or another worker took it
+        print(f"graph-durable: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `| head` closed the pipe: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     if args.command == "recover" and any(row["outcome"] == "error" for row in rows):
+        return 1
+    if args.command == "cancel" and any(row["outcome"] == "needs a human" for row in rows):
+        return 1
+    if args.command == "compensate" and rows[0]["status"] == "compensation_failed":
         return 1
     return 0
 
