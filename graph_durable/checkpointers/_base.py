@@ -327,6 +327,16 @@ class DurableSaverMixin:
         ]
         return sql, rows
 
+    # -- the audit -----------------------------------------------------------------------
+
+    def audit(self, thread_id: str) -> Any:
+        """What ran again in each run of `thread_id`, and what became of its effects
+        (`graph_durable.audit.Audit`; count re-run nodes and model calls by running the
+        graph `audited`)."""
+        from graph_durable.audit import audit_of
+
+        return audit_of(self, thread_id)
+
     # -- leases --------------------------------------------------------------------------
 
     @contextmanager

@@ -57,6 +57,11 @@ class SyncLedgerReads:
         rows = self._query(_sql.SELECT_CANCELLED, _sql.cancelled_params())
         return {thread_id: owner[len(CANCEL_PREFIX):] for thread_id, owner in rows}
 
+    def task_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
+        """The run log of an audited thread, in order: `(seq, run_id, checkpoint_ns,
+        node, kind, at)`, `kind` being `node` or `model` (see `graph_durable.audit`)."""
+        return [tuple(row) for row in self._query(_sql.SELECT_TASK_RUNS, (str(thread_id),))]  # type: ignore[misc]
+
     def thread_ids(self) -> list[str]:
         """Every thread with a checkpoint, sorted."""
         return [row[0] for row in self._query(_sql.SELECT_THREAD_IDS)]

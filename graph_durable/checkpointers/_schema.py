@@ -163,6 +163,20 @@ MIGRATIONS: list[str] = [
         LEFT JOIN thread_origins o ON o.thread_id = e.thread_id;
     CREATE TABLE ledger_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    # 5: the run log of audited graphs (`graph_durable.audit`): every node run and model
+    # call, by run, so an audit can tell what ran again after a crash.
+    """
+    CREATE TABLE task_runs (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        thread_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        node TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    CREATE INDEX task_runs_thread ON task_runs (thread_id, seq);
+    """,
 ]
 
 # PostgreSQL: the same tables in PostgreSQL's types, numbered on their own.
@@ -266,5 +280,18 @@ PG_MIGRATIONS: list[str] = [
         SELECT DISTINCT COALESCE(o.origin_thread_id, e.thread_id), 'sha256', 0 FROM effects e
         LEFT JOIN thread_origins o ON o.thread_id = e.thread_id;
     CREATE TABLE ledger_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
+    # 5: the run log of audited graphs (see the SQLite migration 5).
+    """
+    CREATE TABLE task_runs (
+        seq BIGSERIAL PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        checkpoint_ns TEXT NOT NULL,
+        node TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX task_runs_thread ON task_runs (thread_id, seq);
     """,
 ]

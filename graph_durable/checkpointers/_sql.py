@@ -69,6 +69,7 @@ DELETE_THREAD_LEDGER: tuple[str, ...] = (
     "DELETE FROM thread_flow_versions WHERE thread_id = ?",
     "DELETE FROM thread_origins WHERE thread_id = ?",
     "DELETE FROM legacy_key_threads WHERE thread_id = ?",
+    "DELETE FROM task_runs WHERE thread_id = ?",
 )
 # Key-scheme pins are kept when a thread is deleted: its copies keep its keys.
 # Keys are derived from a thread's origin: the thread itself, or for a copy, the thread
@@ -153,6 +154,15 @@ RENEW_LEASE = (
     "AND expires_at > ?"
 )
 RELEASE_LEASE = "UPDATE thread_leases SET expires_at = 0 WHERE thread_id = ? AND token = ?"
+# The run log of audited graphs (`graph_durable.audit`).
+INSERT_TASK_RUN = (
+    "INSERT INTO task_runs (thread_id, run_id, checkpoint_ns, node, kind, at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+SELECT_TASK_RUNS = (
+    "SELECT seq, run_id, checkpoint_ns, node, kind, at FROM task_runs WHERE thread_id = ? "
+    "ORDER BY seq"
+)
 # Threads cancel() stopped: their lease row keeps the canceller as owner (see
 # `graph_durable.leases.CANCEL_PREFIX`).
 SELECT_CANCELLED = (

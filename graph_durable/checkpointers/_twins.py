@@ -132,6 +132,15 @@ class AsyncFromSync:
         """Async `live_leases`."""
         return self.live_leases()  # type: ignore[attr-defined,no-any-return]
 
+    async def arecord_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str,
+                               node: str, kind: str) -> None:
+        """Async `record_task_run`."""
+        self.record_task_run(thread_id, run_id, checkpoint_ns, node, kind)  # type: ignore[attr-defined]
+
+    async def atask_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
+        """Async `task_runs`."""
+        return self.task_runs(thread_id)  # type: ignore[attr-defined,no-any-return]
+
     async def acancelled_threads(self) -> dict[str, str]:
         """Async `cancelled_threads`."""
         return self.cancelled_threads()  # type: ignore[attr-defined,no-any-return]

@@ -405,6 +405,27 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         rows = await self._fetchall(_sql.SELECT_CANCELLED, _sql.cancelled_params())
         return {thread_id: owner[len(CANCEL_PREFIX):] for thread_id, owner in rows}
 
+    async def arecord_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str,
+                               node: str, kind: str) -> None:
+        """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
+        async with self._txn() as cur:
+            await cur.execute(_sql.INSERT_TASK_RUN,
+                              (str(thread_id), run_id, checkpoint_ns, node, kind, time.time()))
+
+    async def atask_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
+        """The run log of an audited thread (see `DurableSqliteSaver.task_runs`)."""
+        return [tuple(row) for row in
+                await self._fetchall(_sql.SELECT_TASK_RUNS, (str(thread_id),))]  # type: ignore[misc]
+
+    def record_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str, node: str,
+                        kind: str) -> None:
+        """Sync `arecord_task_run`."""
+        self._sync(self.arecord_task_run(thread_id, run_id, checkpoint_ns, node, kind))
+
+    def task_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
+        """Sync `atask_runs`."""
+        return self._sync(self.atask_runs(thread_id))
+
     async def athread_ids(self) -> list[str]:
         """Every thread with a checkpoint, sorted."""
         return [row[0] for row in await self._fetchall(_sql.SELECT_THREAD_IDS, ())]

@@ -391,6 +391,13 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         with self._txn() as cur:
             cur.execute(_sql.RELEASE_LEASE, (lease.thread_id, lease.token))
 
+    def record_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str, node: str,
+                        kind: str) -> None:
+        """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
+        with self._txn() as cur:
+            cur.execute(_sql.INSERT_TASK_RUN,
+                        (str(thread_id), run_id, checkpoint_ns, node, kind, time.time()))
+
     # -- the ledger ----------------------------------------------------------------------
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

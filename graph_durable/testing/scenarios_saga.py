@@ -115,15 +115,18 @@ def graph_on(saver: Any) -> Any:
 
 def saga_step(action: str, db_path: str, provider_dir: str, refund_mode: str = "dedupe",
               close_mode: str = "lookup", ttl: float = 1.0) -> dict[str, Any]:
-    """Run the thread to its end (`run`) or cancel it (`cancel`); for a child process
-    (`graph_durable.testing.forkserver.ForkServer.run` names it)."""
+    """Run the thread to its end (`run`; `resume` goes on from its last checkpoint), or
+    cancel it (`cancel`); for a child process (`ForkServer.run` names it). Runs are
+    `audited`."""
+    from graph_durable.audit import audited
     from graph_durable.compensation import cancel
 
     agent = build_saga_agent(db_path, provider_dir, refund_mode, close_mode)
     try:
-        if action == "run":
-            agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": SAGA_THREAD}},
-                               durability="sync")
+        if action in ("run", "resume"):
+            audited(agent.graph).invoke(agent.inputs if action == "run" else None,
+                                        {"configurable": {"thread_id": SAGA_THREAD}},
+                                        durability="sync")
             return {"outcome": "done", "summary": ""}
         report = cancel(agent.graph, agent.saver, SAGA_THREAD, owner=f"pid-{os.getpid()}",
                         ttl=ttl)
