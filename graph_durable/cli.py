@@ -11,6 +11,7 @@
                            --call call_1 [--receipt JSON] [--reviewer ana]
     graph-durable cancel   --db agent.sqlite --graph app.agent:graph --thread T \
                            --owner ops-ana [--no-compensate]
+    graph-durable audit    --db agent.sqlite --thread T
 
 `--db` is a SQLite file, or a `postgresql://` URL for `DurablePostgresSaver` (with the
 `postgres` extra). When `LANGGRAPH_AES_KEY` is set, checkpoints and ledger are opened
@@ -252,6 +253,12 @@ def _cmd_cancel(args: argparse.Namespace) -> list[dict[str, Any]]:
                      "outcome": "no effects", "status": None, "error": None}]
 
 
+def _cmd_audit(args: argparse.Namespace) -> Any:
+    saver = _saver(args.db, read_only=True)
+    _known_thread(saver, args.thread)
+    return saver.audit(args.thread)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graph-durable", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -292,12 +299,14 @@ def _parser() -> argparse.ArgumentParser:
     stop.add_argument("--no-compensate", action="store_true",
                       help="leave applied effects in place")
     stop.add_argument("--ttl", type=float, default=30.0)
+    command("audit", "what ran again in each run of a thread, and its effects",
+            thread="required")
     return parser
 
 
 _COMMANDS = {"status": _cmd_status, "effects": _cmd_effects, "events": _cmd_events,
              "pending": _cmd_pending, "decide": _cmd_decide, "recover": _cmd_recover,
-             "compensate": _cmd_compensate, "cancel": _cmd_cancel}
+             "compensate": _cmd_compensate, "cancel": _cmd_cancel, "audit": _cmd_audit}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -310,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         rows = _COMMANDS[args.command](args)
+        if args.command == "audit":
+            print(json.dumps(rows.to_dict(), indent=2) if args.json else rows.summary())
+            return 0
         _print(rows, args.json)
     except (GraphDurableError, _Refused) as exc:
         print(f"graph-durable: {exc}", file=sys.stderr)
