@@ -78,6 +78,8 @@ class Review:
     pending: list[PendingItem]
     decisions: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     """Decisions taken so far, by `(interrupt_id, key)`."""
+    settled: list[PendingItem] = field(default_factory=list)
+    """Items settled outside the graph (`compensate`): the thread resumes past them."""
 
     def _item(self, tool_call_id: str, kind: str, interrupt_id: str | None = None
               ) -> PendingItem:
@@ -186,6 +188,28 @@ class Review:
         return self._decide(tool_call_id, {"type": "skip", "message": message}, reviewer,
                             interrupt_id)
 
+    def compensate(self, tool_call_id: str, *, receipt: Any = None,
+                   reviewer: str | None = None, interrupt_id: str | None = None) -> Review:
+        """Undo a pending `unknown` effect, now (`graph_durable.compensate`): only once its
+        lookup finds it, or `receipt` is your word that it happened; a lookup that finds
+        nothing settles it as not applied, and nothing is undone. The call then answers
+        with what was recorded when the thread resumes (`resume()`)."""
+        from graph_durable.compensation import compensate
+
+        found = [i for i in self.pending if tool_call_id in (i.tool_call_id, i.key)]
+        if found and all(i.kind == "approval" for i in found):
+            raise InvalidDecision(
+                f"Tool call {tool_call_id!r} in thread {self.thread_id!r} awaits approval: it "
+                "was never sent, so there is nothing to compensate; reject it instead. "
+                "Nothing was changed.", thread_id=self.thread_id, tool_call_id=tool_call_id)
+        item = self._item(tool_call_id, "applied", interrupt_id)
+        saver = _saver_of(self.graph)
+        compensate(self.graph, saver, self.thread_id, item.key, receipt=receipt,
+                   reviewer=reviewer)
+        self.pending = [i for i in self.pending if i is not item]
+        self.settled.append(item)
+        return self
+
     def command(self) -> Command:
         """The `Command(resume=...)` carrying the decisions, keyed by interrupt id.
 
@@ -221,13 +245,17 @@ class Review:
             )
         return Command(resume=resume)
 
+    def _resume_value(self) -> Command | None:
+        # Only items settled outside the graph: the step runs again and replays them.
+        return None if self.settled and not self.decisions else self.command()
+
     def resume(self) -> Any:
         """Resume the thread with the decisions (`durability="sync"`)."""
-        return self.graph.invoke(self.command(), self.config, durability="sync")
+        return self.graph.invoke(self._resume_value(), self.config, durability="sync")
 
     async def aresume(self) -> Any:
         """Async `resume`."""
-        return await self.graph.ainvoke(self.command(), self.config, durability="sync")
+        return await self.graph.ainvoke(self._resume_value(), self.config, durability="sync")
 
     def _repr_html_(self) -> str:
         if not self.pending:

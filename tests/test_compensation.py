@@ -248,3 +248,14 @@ def test_the_cli_cancels_a_thread_and_compensates_one_effect(tmp_path, monkeypat
     assert agent.providers["refunds"].count() == 1 and agent.providers["closures"].count() == 1
     assert main(["status", "--db", db, "--thread", SAGA_THREAD]) == 0
     assert "cancelled" in capsys.readouterr().out
+
+
+def test_review_compensates_a_pending_unknown_effect_and_the_thread_goes_on(tmp_path) -> None:
+    graph, refunds, _ = _unknown_charge(tmp_path, lookup=False)
+    pending = review(graph, CONFIG)
+    pending.compensate("c1", receipt={"id": "charge-7"}, reviewer="ana")
+    assert pending.pending == [] and [i.tool_call_id for i in pending.settled] == ["c1"]
+    pending.resume()
+    assert refunds.count() == 1 and review(graph, CONFIG).pending == []
+    assert graph.checkpointer.effects(SAGA_THREAD)[0].status is S.COMPENSATED
+    assert graph.get_state(CONFIG).values["messages"][-1].content == "done"
