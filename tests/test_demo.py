@@ -47,6 +47,12 @@ def test_demo_kills_resumes_and_counts_each_effect_once(tmp_path: Path) -> None:
     assert len(lines_matching(r"ticket\s+gd-\S+\s+1 effect", out)) == 1
     assert len(lines_matching(r"email\s+gd-\S+\s+1 effect", out)) == 1
     assert not lines_matching(r"(ticket|email)\s+gd-\S+\s+\d+ effects", out)
+    # The cancel closed the ticket once and left the email; the audit counts the re-run.
+    assert lines_matching(r"create_ticket\s+compensated", out)
+    assert lines_matching(r"send_email\s+left in place", out)
+    assert lines_matching(r"ticket provider closed 1 ticket\(s\); emails sent: 1", out)
+    assert lines_matching(r"nodes run again: tools \(\w+\); model calls: 2, repeated: 0", out)
+    assert lines_matching(r"compensated: create_ticket\(call_ticket\)", out)
     assert out.rstrip().splitlines()[-1] == (
         "OK: killed mid-effect, resumed, and every effect happened exactly once."
     )

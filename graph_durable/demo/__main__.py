@@ -7,8 +7,12 @@
 2. A new process resumes the thread. The ledger holds an intent without a receipt and
    the ticket provider answers lookups by key, so the receipt is recovered, not re-sent.
 3. The email is sent, and each provider applied each key exactly once.
+4. The thread is cancelled: the ticket is closed by its compensation (an effect of its
+   own, keyed and journaled), the email is left in place, and the audit shows what ran
+   again after the crash.
 
-Exit code 0 only when the thread finished and every effect happened exactly once.
+Exit code 0 only when the thread finished, every effect happened exactly once, and the
+cancel closed the ticket once.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import shutil
 import sys
 from typing import Any
 
-from graph_durable import DurableSqliteSaver, EffectRecord, EffectStatus
+from graph_durable import DurableSqliteSaver, EffectRecord, EffectStatus, cancel
 from graph_durable.demo.ticket import build_ticket_agent
 from graph_durable.testing.child import ChildResult, run_child
 from graph_durable.testing.faults import FaultPlan
@@ -137,6 +141,24 @@ def main(argv: list[str] | None = None) -> int:
             n = counts.get(key, 0)
             print(f"    {provider.name:<8}{short(key, 16):<18}"
                   + paint(f"{n} effect{'s' * (n != 1)}", "32" if n == 1 else "1;31"))
+
+    header("5. Cancel the thread: undo what can be undone, newest first")
+    agent = build_ticket_agent(**kwargs)
+    report = cancel(agent.graph, agent.saver, THREAD, owner="demo-operator")
+    for outcome, records in (("compensated", report.compensated),
+                             ("left in place", report.left_in_place),
+                             ("needs a human", report.needs_human)):
+        for record in records:
+            print(f"    {record.tool:<14}{outcome}")
+    closed = tickets.count(operation="close")
+    print(f"  ticket provider closed {closed} ticket(s); emails sent: {mail.count()}")
+    if closed != 1 or [r.tool for r in report.compensated] != ["create_ticket"]:
+        problems.append(f"the cancel closed {closed} ticket(s), expected 1")
+
+    header("6. Audit: what ran again after the crash")
+    for line in agent.saver.audit(THREAD).summary().splitlines():
+        print(f"    {line}")
+    agent.saver.conn.close()
 
     print()
     if problems:

@@ -6,6 +6,7 @@ can build the same agent on the same database and providers after a crash.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 from dataclasses import dataclass
@@ -16,7 +17,14 @@ from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from graph_durable import DurableSqliteSaver, Effect, EffectGuardNode, current_effect
+from graph_durable import (
+    Compensation,
+    DurableSqliteSaver,
+    Effect,
+    EffectGuardNode,
+    current_effect,
+)
+from graph_durable.audit import audited
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import ProviderMode
@@ -55,7 +63,8 @@ def policy_for(provider: FakeProvider) -> Effect:
 
 @dataclass
 class TicketAgent:
-    """The compiled graph with its saver, providers and input."""
+    """The compiled graph (`audited`: its node runs and model calls are logged for
+    `saver.audit`) with its saver, providers and input."""
 
     graph: Any
     saver: Any
@@ -91,6 +100,14 @@ def build_ticket_agent(
         """Email a customer."""
         return mail.apply(current_effect().key, {"to": to, "subject": subject})
 
+    def close_ticket(record: Any, receipt: dict[str, Any]) -> dict[str, Any]:
+        """Undo a ticket: close it (under the compensation's own key)."""
+        return tickets.apply(current_effect().key, {"ticket": receipt["id"]}, operation="close")
+
+    # A ticket can be undone (closed, and looked up like a ticket); an email cannot.
+    ticket_policy = dataclasses.replace(policy_for(tickets), compensate=Compensation(
+        close_ticket, effect=Effect(lookup=tickets.find),
+        args=lambda record, receipt: {"ticket": receipt["id"]}))
     model = ScriptedChatModel(script=SCRIPT)
 
     def agent(state: MessagesState) -> dict[str, Any]:
@@ -101,13 +118,13 @@ def build_ticket_agent(
     builder.add_node("agent", agent)
     builder.add_node("tools", EffectGuardNode(
         [create_ticket, send_email],
-        effects={"create_ticket": policy_for(tickets), "send_email": policy_for(mail)},
+        effects={"create_ticket": ticket_policy, "send_email": policy_for(mail)},
     ))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
     return TicketAgent(
-        graph=builder.compile(checkpointer=saver),
+        graph=audited(builder.compile(checkpointer=saver)),
         saver=saver,
         tickets=tickets,
         mail=mail,
