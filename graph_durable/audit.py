@@ -27,11 +27,11 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 from uuid import UUID
 
-from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 
 from graph_durable.ledger import EffectRecord
 
-__all__ = ["Audit", "RunAudit", "RunLog", "audit_of", "audited"]
+__all__ = ["AsyncRunLog", "Audit", "RunAudit", "RunLog", "audit_of", "audited", "run_log"]
 
 G = TypeVar("G")
 
@@ -89,6 +89,60 @@ class RunLog(BaseCallbackHandler):
                                    str(meta.get("langgraph_checkpoint_ns", "")), node, kind)
 
 
+class AsyncRunLog(AsyncCallbackHandler):
+    """`RunLog` for a saver that lives on an event loop (`AsyncDurableSqliteSaver`): it
+    awaits `saver.arecord_task_run`."""
+
+    raise_error = False
+
+    def __init__(self, saver: Any) -> None:
+        self.saver = saver
+        self._sync = RunLog(saver)  # its run-id bookkeeping; it writes nothing itself
+        self._sync._log = self._collect  # type: ignore[method-assign]
+        self._pending: list[tuple[str, str, str, str, str]] = []
+
+    def _collect(self, meta: Mapping[str, Any], root: UUID, kind: str) -> None:
+        thread_id, node = meta.get("thread_id"), meta.get("langgraph_node")
+        if thread_id is not None and node is not None:
+            self._pending.append((str(thread_id), str(root),
+                                  str(meta.get("langgraph_checkpoint_ns", "")), node, kind))
+
+    async def _flush(self) -> None:
+        while self._pending:
+            await self.saver.arecord_task_run(*self._pending.pop(0))
+
+    async def on_chain_start(self, *args: Any, **kwargs: Any) -> None:
+        """See `RunLog.on_chain_start`."""
+        self._sync.on_chain_start(*args, **kwargs)
+        await self._flush()
+
+    async def on_chain_end(self, *args: Any, **kwargs: Any) -> None:
+        """See `RunLog.on_chain_end`."""
+        self._sync.on_chain_end(*args, **kwargs)
+
+    async def on_chain_error(self, *args: Any, **kwargs: Any) -> None:
+        """See `RunLog.on_chain_error`."""
+        self._sync.on_chain_error(*args, **kwargs)
+
+    async def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+        """See `RunLog.on_chat_model_start`."""
+        self._sync.on_chat_model_start(*args, **kwargs)
+        await self._flush()
+
+    async def on_llm_start(self, *args: Any, **kwargs: Any) -> None:
+        """See `RunLog.on_llm_start`."""
+        self._sync.on_llm_start(*args, **kwargs)
+        await self._flush()
+
+
+def run_log(saver: Any) -> BaseCallbackHandler | AsyncCallbackHandler:
+    """The callback that logs runs to `saver`: `AsyncRunLog` for a saver on an event loop,
+    else `RunLog`."""
+    from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+
+    return AsyncRunLog(saver) if isinstance(saver, AsyncDurableSqliteSaver) else RunLog(saver)
+
+
 def audited(graph: G) -> G:
     """A copy of the compiled `graph` whose runs log their node runs and model calls to
     its durable saver, so `saver.audit(thread_id)` can count what ran again."""
@@ -97,7 +151,7 @@ def audited(graph: G) -> G:
     saver = durable_saver(getattr(graph, "checkpointer", None))
     if saver is None:
         raise TypeError("audited() takes a graph compiled with a durable saver")
-    return graph.with_config(callbacks=[RunLog(saver)])  # type: ignore[attr-defined,no-any-return]
+    return graph.with_config(callbacks=[run_log(saver)])  # type: ignore[attr-defined,no-any-return]
 
 
 @dataclass(frozen=True)

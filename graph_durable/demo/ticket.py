@@ -24,7 +24,6 @@ from graph_durable import (
     EffectGuardNode,
     current_effect,
 )
-from graph_durable.audit import audited
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import ProviderMode
@@ -63,8 +62,7 @@ def policy_for(provider: FakeProvider) -> Effect:
 
 @dataclass
 class TicketAgent:
-    """The compiled graph (`audited`: its node runs and model calls are logged for
-    `saver.audit`) with its saver, providers and input."""
+    """The compiled graph with its saver, providers and input."""
 
     graph: Any
     saver: Any
@@ -124,7 +122,7 @@ def build_ticket_agent(
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
     return TicketAgent(
-        graph=audited(builder.compile(checkpointer=saver)),
+        graph=builder.compile(checkpointer=saver),
         saver=saver,
         tickets=tickets,
         mail=mail,

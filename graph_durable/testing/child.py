@@ -220,11 +220,15 @@ def _report(summary: dict[str, Any], hold: bool) -> None:
 
 
 def _run_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> dict[str, Any]:
+    from graph_durable.audit import run_log
     from graph_durable.errors import LeaseHeld, LeaseLost
     from graph_durable.recovery import recover
     from graph_durable.review import review
 
     scenario = factory(**spec["kwargs"])
+    # Log node runs and model calls, so an audit (and crash_matrix) can count what a
+    # crash made run again.
+    config = {**config, "callbacks": [run_log(scenario.saver)]}
     if spec["start_at"]:
         time.sleep(max(0.0, spec["start_at"] - time.time()))
     if spec["action"] == "recover":
@@ -236,7 +240,8 @@ def _run_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> dic
     try:
         if spec["owner"]:
             with scenario.saver.lease(spec["thread_id"], spec["owner"], spec["ttl"]) as lease:
-                scenario.graph.invoke(graph_input, lease.config, durability="sync")
+                scenario.graph.invoke(graph_input, {**lease.config, "callbacks": config["callbacks"]},
+                                      durability="sync")
         else:
             scenario.graph.invoke(graph_input, config, durability="sync")
     except LeaseHeld as exc:

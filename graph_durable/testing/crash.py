@@ -394,8 +394,25 @@ def run_schedule(scenario: str, schedule: Sequence[CrashPoint],
     if killed and killed[0] + 1 < len(run.processes):
         row.recovery = tuple(run.processes[killed[0] + 1][1])
     row.questions, row.runs, row.fired = run.questions, len(run.processes), run.fired
+    row.audit = _resume_costs(case)
     row.duration = time.monotonic() - started
     return row
+
+
+def _resume_costs(case: _Case) -> dict[str, int]:
+    """What the resumes of the row's thread cost (`saver.audit`, as `CrashRow.audit`)."""
+    if not os.path.exists(case.kwargs["db_path"]):
+        return {}
+    try:
+        with _saver(case.kwargs["db_path"]) as saver:
+            runs = saver.audit(case.thread_id).runs
+    except Exception:  # a database the failed run left unreadable: no costs to show
+        return {}
+    return {"models": sum(r.model_calls_repeated or 0 for r in runs),
+            "nodes": sum(len(r.nodes_rerun) for r in runs),
+            "replayed": sum(len(r.replayed) for r in runs),
+            "reconciled": sum(len(r.reconciled) for r in runs),
+            "resent": sum(len(r.resent) for r in runs)}
 
 
 # -- the sweep -----------------------------------------------------------------------------

@@ -105,6 +105,9 @@ class CrashRow:
     """Why the row is not ok, in words."""
     recovery: tuple[CrashPoint, ...] = ()
     """Points reached by the first process after the first crash (for pairs)."""
+    audit: dict[str, int] = field(default_factory=dict)
+    """What the resumes cost, from `saver.audit`: `models` (model calls paid again),
+    `nodes` (node runs repeated), `replayed`, `reconciled` and `resent` effects."""
 
     @property
     def pauses(self) -> list[str]:
@@ -220,6 +223,8 @@ class CrashReport:
                 + (f", {longer} longer schedules" if longer else "") + "; "
                 + ", ".join(f"{n} {o}" for o, n in outcomes.items())
                 + f"; {self.duplicates} duplicate effects"
+                + f"; {sum(row.audit.get('models', 0) for row in self.rows)} model calls "
+                  "paid again"
                 + (f"; {unreached} scheduled crashes not reached" if unreached else "")
                 + f"; {self.duration:.1f} s")
 
@@ -227,10 +232,13 @@ class CrashReport:
         return [(str(i), row.label, row.outcome,
                  " ".join(f"{name}:{n}" for name, n in sorted(row.effects.items())),
                  ",".join(p.removeprefix("effect_") for p in row.pauses) or "-",
-                 f"{row.fired}/{len(row.schedule)}", str(row.runs), f"{row.duration:.1f}s")
+                 f"{row.fired}/{len(row.schedule)}", str(row.runs),
+                 " ".join(f"{name}:{n}" for name, n in row.audit.items() if n) or "-",
+                 f"{row.duration:.1f}s")
                 for i, row in enumerate(self.rows, 1)]
 
-    _HEADER = ("#", "crash point(s)", "outcome", "effects", "pauses", "crashed", "runs", "time")
+    _HEADER = ("#", "crash point(s)", "outcome", "effects", "pauses", "crashed", "runs",
+               "ran again", "time")
 
     def render(self) -> str:
         """The table, then the differences of every row that is not ok."""

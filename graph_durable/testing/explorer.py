@@ -157,6 +157,9 @@ class ExplorerReport:
     """How many episodes were generated with each path class."""
     sidesteps: Counter[str] = field(default_factory=Counter)
     """Known bugs of disabled classes met at run time and stepped around."""
+    costs: Counter[str] = field(default_factory=Counter)
+    """What the resumes cost, from the audits (`models` paid again, `replayed`,
+    `reconciled`, `resent` effects)."""
 
     @property
     def ok(self) -> bool:
@@ -173,6 +176,9 @@ class ExplorerReport:
             f"{len(self.failures)} failing",
             "  paths: " + ", ".join(sorted(self.paths)),
             "  runs by way: " + ", ".join(f"{k} {v}" for k, v in sorted(self.vias.items())),
+            f"  resumes cost: {self.costs['models']} model calls paid again; effects "
+            f"{self.costs['replayed']} replayed, {self.costs['reconciled']} reconciled by "
+            f"lookup, {self.costs['resent']} re-sent under their key",
         ]
         if self.sidesteps:
             lines.append("  known bugs met and stepped around: " + ", ".join(
@@ -306,6 +312,7 @@ def explore(episodes: int | None = 100, seed: int = 0, *,
                 report.malformed += result.malformed
                 report.vias.update(result.vias)
                 report.sidesteps.update(result.sidesteps)
+                report.costs.update(result.costs)
                 report.classes.update(episode.paths())
                 if failure is not None:
                     report.failures.append(failure)

@@ -40,6 +40,7 @@ from typing import Any
 from langgraph.types import Command
 
 from graph_durable import errors
+from graph_durable.audit import run_log
 from graph_durable.recovery import recover
 from graph_durable.review import areview, review
 from graph_durable.testing.explorer_model import SLOW_SECONDS
@@ -166,7 +167,8 @@ def _run_sync(spec: dict[str, Any]) -> dict[str, Any]:
         else:
             graph_input, config, report["via"] = _prepare(agent, spec)
             with _leased(saver, spec, config) as run_config:
-                graph.invoke(graph_input, run_config, durability="sync")
+                graph.invoke(graph_input, {**run_config, "callbacks": [run_log(saver)]},
+                             durability="sync")
     except (Exception, errors.LeaseLost) as exc:  # reported: the driver judges it
         report["raised"] = _classify(exc)
     report.update(_summary(graph.get_state(_thread_config(spec)), spec["thread_id"]))
@@ -205,7 +207,8 @@ async def _run_async(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         graph_input, config, report["via"] = await _aprepare(agent, spec)
         async with _aleased(saver, spec, config) as run_config:
-            await graph.ainvoke(graph_input, run_config, durability="sync")
+            await graph.ainvoke(graph_input, {**run_config, "callbacks": [run_log(saver)]},
+                                durability="sync")
     except (Exception, errors.LeaseLost) as exc:  # reported: the driver judges it
         report["raised"] = _classify(exc)
     report.update(_summary(await graph.aget_state(_thread_config(spec)), spec["thread_id"]))

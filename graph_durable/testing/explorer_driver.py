@@ -60,6 +60,9 @@ class EpisodeResult:
     """Malformed decisions refused as they must be."""
     sidesteps: Counter[str] = field(default_factory=Counter)
     """Known bugs met at run time and stepped around, by path class."""
+    costs: Counter[str] = field(default_factory=Counter)
+    """What the resumes cost, from the audit of each thread (`models` paid again,
+    `replayed`, `reconciled`, `resent`; as `CrashRow.audit`)."""
     duration: float = 0.0
 
     @property
@@ -441,5 +444,23 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
         run.finished, run.abandoned,
         forked=bool({"time_travel", "update_state"} & set(run.result.vias)),
         sealed=episode.sealed)
+    run.result.costs.update(_resume_costs(run.files["db_path"], run.threads, episode.sealed))
     run.result.duration = time.monotonic() - started
     return run.result
+
+
+def _resume_costs(db_path: str, threads: Any, sealed: bool) -> Counter[str]:
+    """The audit of every thread of an episode, added up."""
+    costs: Counter[str] = Counter()
+    if not os.path.exists(db_path):
+        return costs
+    with explorer_saver(db_path, sealed) as saver:
+        for thread_id in threads:
+            try:
+                runs = saver.audit(thread_id).runs
+            except Exception:  # an episode that failed may leave a thread unreadable
+                continue
+            costs["models"] += sum(r.model_calls_repeated or 0 for r in runs)
+            for name in ("replayed", "reconciled", "resent"):
+                costs[name] += sum(len(getattr(r, name)) for r in runs)
+    return costs

@@ -60,6 +60,19 @@ def test_ticket_blind_every_point_pauses_instead_of_duplicating(
         f"{point}({tool})#1": ["effect_unknown"]
         for tool in ("create_ticket", "send_email") for point in ("after_intent", "after_effect")
     }
+    # What the resumes cost (the audit): a model call is paid again only where the model's
+    # step had not saved its writes; a receipt recorded before the crash is replayed.
+    costs = {row.label: row.audit for row in report.rows}
+    repaid = {label for label, audit in costs.items() if audit.get("models")}
+    # Killed before the model's step saved its writes, the model runs again; whether a
+    # crash just before the next checkpoint also loses them depends on when the saver's
+    # group commit flushed. Crashes inside the tools step never re-run the model.
+    assert {"before_put_writes#2", "before_put_writes#4", "before_put_writes#6"} <= repaid
+    assert all(label.startswith(("before_put", "after_put")) for label in repaid), repaid
+    assert costs["after_receipt(create_ticket)#1"]["replayed"] == 1
+    assert costs["after_intent(send_email)#1"]["resent"] == 1  # the resolver's retry
+    assert f"{sum(a.get('models', 0) for a in costs.values())} model calls paid again" in (
+        report.summary())
 
 
 def test_ticket_dedupe_every_guard_point() -> None:

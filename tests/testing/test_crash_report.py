@@ -89,7 +89,8 @@ def report() -> CrashReport:
                           (CrashPoint("after_effect", "create_ticket"),), (), 1.0)
     rows = [
         CrashRow((CrashPoint("after_effect", "create_ticket"),), "ok", {"tickets": 1},
-                 questions=[{"type": "effect_unknown"}], runs=3, fired=1, duration=2.5),
+                 questions=[{"type": "effect_unknown"}], runs=3, fired=1, duration=2.5,
+                 audit={"models": 1, "nodes": 2, "replayed": 0, "reconciled": 1}),
         CrashRow((CrashPoint("after_put", None, 2, phase=1),
                   CrashPoint("after_intent", "<script>")), "mismatch", {"tickets": 2},
                  duplicates=1, runs=4, fired=1, duration=3.0,
@@ -102,11 +103,13 @@ def test_render_is_a_table_with_the_differences_below() -> None:
     text = str(report())
     lines = text.splitlines()
     assert lines[0] == ("crash matrix pkg:<factory>: 1 points, 1 pairs; 1 ok, 1 mismatch, "
-                        "0 error; 1 duplicate effects; 1 scheduled crashes not reached; 5.5 s")
+                        "0 error; 1 duplicate effects; 1 model calls paid again; 1 scheduled "
+                        "crashes not reached; 5.5 s")
     assert lines[1].split() == ["#", "crash", "point(s)", "outcome", "effects", "pauses",
-                                "crashed", "runs", "time"]
+                                "crashed", "runs", "ran", "again", "time"]
     assert lines[2].split() == ["1", "after_effect(create_ticket)#1", "ok", "tickets:1",
-                                "unknown", "1/1", "3", "2.5s"]
+                                "unknown", "1/1", "3", "models:1", "nodes:2", "reconciled:1",
+                                "2.5s"]
     assert lines[3].split()[1:4] == ["p1:after_put#2", "->", "after_intent(<script>)#1"]
     assert text.endswith("p1:after_put#2 -> after_intent(<script>)#1: mismatch\n"
                          "DUPLICATE  tickets/apply: key <b> applied 2 times")
