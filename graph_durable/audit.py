@@ -31,7 +31,8 @@ from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 
 from graph_durable.ledger import EffectRecord
 
-__all__ = ["AsyncRunLog", "Audit", "RunAudit", "RunLog", "audit_of", "audited", "run_log"]
+__all__ = ["AsyncRunLog", "Audit", "RunAudit", "RunLog", "audit_of", "audited", "logs_runs",
+           "run_log"]
 
 G = TypeVar("G")
 
@@ -143,6 +144,13 @@ def run_log(saver: Any) -> BaseCallbackHandler | AsyncCallbackHandler:
     return AsyncRunLog(saver) if isinstance(saver, AsyncDurableSqliteSaver) else RunLog(saver)
 
 
+def logs_runs(graph: Any) -> bool:
+    """Whether `graph` is `audited` already (its config carries a run log)."""
+    callbacks = (getattr(graph, "config", None) or {}).get("callbacks") or []
+    handlers = getattr(callbacks, "handlers", callbacks)
+    return any(isinstance(h, RunLog | AsyncRunLog) for h in handlers)
+
+
 def audited(graph: G) -> G:
     """A copy of the compiled `graph` whose runs log their node runs and model calls to
     its durable saver, so `saver.audit(thread_id)` can count what ran again."""
@@ -151,6 +159,8 @@ def audited(graph: G) -> G:
     saver = durable_saver(getattr(graph, "checkpointer", None))
     if saver is None:
         raise TypeError("audited() takes a graph compiled with a durable saver")
+    if logs_runs(graph):
+        return graph
     return graph.with_config(callbacks=[run_log(saver)])  # type: ignore[attr-defined,no-any-return]
 
 
@@ -170,6 +180,8 @@ class RunAudit:
     """Of those, calls a task had made before and made again: the token bill of a crash."""
     sent: list[str] = field(default_factory=list)
     """Effects sent for the first time (`tool(tool_call_id)`)."""
+    asked: list[str] = field(default_factory=list)
+    """Effects a person was asked about (an approval, or an outcome `unknown`)."""
     replayed: list[str] = field(default_factory=list)
     """Effects whose task ran again and got the stored receipt, not a new call."""
     reconciled: list[str] = field(default_factory=list)
@@ -209,7 +221,8 @@ class Audit:
                 lines.append(f"  nodes run again: {', '.join(run.nodes_rerun) or 'none'}; "
                              f"model calls: {run.model_calls}, repeated: "
                              f"{run.model_calls_repeated}")
-            for name in ("sent", "replayed", "reconciled", "resent", "decided", "compensated"):
+            for name in ("sent", "asked", "replayed", "reconciled", "resent", "decided",
+                         "compensated"):
                 items = getattr(run, name)
                 if items:
                     lines.append(f"  {name}: {', '.join(items)}")
@@ -224,11 +237,11 @@ class Audit:
             f"<td>{html.escape(', '.join(r.nodes_rerun) or '-')}</td>"
             f"<td>{'' if r.model_calls_repeated is None else r.model_calls_repeated}</td>"
             + "".join(f"<td>{html.escape(', '.join(getattr(r, name)) or '-')}</td>"
-                      for name in ("sent", "replayed", "reconciled", "resent", "decided",
-                                   "compensated"))
+                      for name in ("sent", "asked", "replayed", "reconciled", "resent",
+                                   "decided", "compensated"))
             + "</tr>" for n, r in enumerate(self.runs))
         head = "".join(f"<th>{h}</th>" for h in (
-            "run", "nodes run again", "model calls repeated", "sent", "replayed",
+            "run", "nodes run again", "model calls repeated", "sent", "asked", "replayed",
             "reconciled", "re-sent", "decided", "compensated"))
         twice = html.escape(self.summary().splitlines()[-1])
         return (f"<b>Audit of thread {html.escape(self.thread_id)}</b><table><tr>{head}</tr>"
@@ -287,7 +300,10 @@ def audit_of(saver: Any, thread_id: str) -> Audit:
             model_calls_repeated=None if run_id is None else sum(
                 1 for ns in models if ns in called_before),
             sent=names("intent", lambda e: not e.data.get("inherited")
-                       and "compensates" not in e.data),
+                       and "compensates" not in e.data
+                       and e.data.get("status") != "awaiting_approval")
+            + names("attempt", lambda e: e.data.get("decision") in ("approve", "edit")),
+            asked=names("asked"),
             replayed=[_name(r, key) for key, r in records.items()
                       if key in settled_earlier and r.checkpoint_ns in rerun_ns],
             reconciled=names("receipt", lambda e: e.data.get("source") == "lookup"),

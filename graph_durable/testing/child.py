@@ -220,7 +220,7 @@ def _report(summary: dict[str, Any], hold: bool) -> None:
 
 
 def _run_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> dict[str, Any]:
-    from graph_durable.audit import run_log
+    from graph_durable.audit import logs_runs, run_log
     from graph_durable.errors import LeaseHeld, LeaseLost
     from graph_durable.recovery import recover
     from graph_durable.review import review
@@ -228,7 +228,8 @@ def _run_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> dic
     scenario = factory(**spec["kwargs"])
     # Log node runs and model calls, so an audit (and crash_matrix) can count what a
     # crash made run again.
-    config = {**config, "callbacks": [run_log(scenario.saver)]}
+    if not logs_runs(scenario.graph):
+        config = {**config, "callbacks": [run_log(scenario.saver)]}
     if spec["start_at"]:
         time.sleep(max(0.0, spec["start_at"] - time.time()))
     if spec["action"] == "recover":
@@ -240,8 +241,10 @@ def _run_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> dic
     try:
         if spec["owner"]:
             with scenario.saver.lease(spec["thread_id"], spec["owner"], spec["ttl"]) as lease:
-                scenario.graph.invoke(graph_input, {**lease.config, "callbacks": config["callbacks"]},
-                                      durability="sync")
+                scenario.graph.invoke(
+                    graph_input, {**lease.config, **({"callbacks": config["callbacks"]}
+                                                     if "callbacks" in config else {})},
+                    durability="sync")
         else:
             scenario.graph.invoke(graph_input, config, durability="sync")
     except LeaseHeld as exc:
