@@ -128,6 +128,10 @@ class Review:
 
     def _decide(self, tool_call_id: str, decision: dict[str, Any],
                 reviewer: str | None, interrupt_id: str | None = None) -> Review:
+        if decision.get("type") == "compensate":  # carried out now, outside the graph
+            return self.compensate(tool_call_id, receipt=decision.get("receipt"),
+                                   reviewer=reviewer or decision.get("reviewer"),
+                                   interrupt_id=interrupt_id)
         item = self._item(tool_call_id, decision["type"], interrupt_id)
         if reviewer is not None:
             decision["reviewer"] = reviewer

@@ -108,11 +108,29 @@ def _graph(tmp_path: Path, model: Any, tools: list[Any], effects: dict[str, Effe
     return react_graph(model, tools, effects, saver)
 
 
+def _unknown_graph(tmp_path: Path, *, lookup: bool = True,
+                   can_tell: threading.Event | None = None) -> Any:
+    """The graph of `_unknown_charge` (a charge that raises; a lookup that cannot tell
+    until `can_tell` is set, and then finds nothing)."""
+    return _unknown_parts(tmp_path, lookup=lookup, can_tell=can_tell)[0]
+
+
 def _unknown_charge(tmp_path: Path, *, lookup: bool):
     """A thread paused on a charge whose outcome is unknown (the call raised, and the
     lookup could not tell at the time)."""
-    refunds = FakeProvider(str(tmp_path / "refunds.sqlite"), "dedupe", name="refund")
     can_tell = threading.Event()
+    graph, refunds = _unknown_parts(tmp_path, lookup=lookup, can_tell=can_tell)
+    graph.invoke({"messages": [HumanMessage("pay")]}, CONFIG, durability="sync")
+    [pending] = review(graph, CONFIG).pending
+    assert pending.kind == "unknown"
+    return graph, refunds, can_tell
+
+
+def _unknown_parts(tmp_path: Path, *, lookup: bool, can_tell: threading.Event | None):
+    refunds = FakeProvider(str(tmp_path / "refunds.sqlite"), "dedupe", name="refund")
+    if can_tell is None:
+        can_tell = threading.Event()
+        can_tell.set()
 
     def charge(cents: int) -> dict[str, Any]:
         raise ConnectionError("connection reset")
@@ -130,10 +148,7 @@ def _unknown_charge(tmp_path: Path, *, lookup: bool):
     tool = StructuredTool.from_function(charge, name="charge", description="Charge.")
     graph = _graph(tmp_path, model, [tool], {"charge": Effect(
         lookup=find if lookup else None, compensate=undo)})
-    graph.invoke({"messages": [HumanMessage("pay")]}, CONFIG, durability="sync")
-    [pending] = review(graph, CONFIG).pending
-    assert pending.kind == "unknown"
-    return graph, refunds, can_tell
+    return graph, refunds
 
 
 def test_compensating_an_unknown_effect_a_lookup_finds_absent_undoes_nothing(tmp_path) -> None:
@@ -259,3 +274,28 @@ def test_review_compensates_a_pending_unknown_effect_and_the_thread_goes_on(tmp_
     assert refunds.count() == 1 and review(graph, CONFIG).pending == []
     assert graph.checkpointer.effects(SAGA_THREAD)[0].status is S.COMPENSATED
     assert graph.get_state(CONFIG).values["messages"][-1].content == "done"
+
+
+def test_the_cli_decides_compensate_on_a_pending_unknown_effect(tmp_path, capsys,
+                                                               monkeypatch) -> None:
+    """`decide` takes `{"type": "compensate"}` beside the other decisions."""
+    from graph_durable.cli import main
+
+    graph, refunds, can_tell = _unknown_charge(tmp_path, lookup=True)
+    can_tell.set()  # the lookup now answers: no such charge
+    graph.checkpointer.conn.close()
+    module = tmp_path / "unknown_charge_app.py"
+    module.write_text(
+        "from pathlib import Path\n"
+        "from tests.test_compensation import _unknown_graph\n"
+        f"graph = _unknown_graph(Path({str(tmp_path)!r}))\n")
+    monkeypatch.chdir(tmp_path)  # --graph finds modules in the working directory
+    code = main(["decide", "--db", str(tmp_path / "agent.sqlite"), "--graph",
+                 "unknown_charge_app:graph", "--thread", SAGA_THREAD, "--decisions",
+                 '{"c1": {"type": "compensate"}}', "--reviewer", "ana"])
+    assert code == 0, capsys.readouterr().err
+    assert refunds.count() == 0  # the lookup found no charge: nothing to undo
+    with DurableSqliteSaver.from_conn_string(str(tmp_path / "agent.sqlite")) as saver:
+        [record] = saver.effects(SAGA_THREAD)
+        assert record.status is S.SKIPPED
+        assert thread_status(saver, SAGA_THREAD).status == "done"

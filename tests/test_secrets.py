@@ -343,3 +343,27 @@ def _anchor(saver: DurableSqliteSaver) -> str:
 
     state = saver.get_tuple(CONFIG).checkpoint["channel_values"]
     return call_anchor(state, "c1", "", "messages")
+
+
+def test_a_compensation_is_sealed_like_the_effect_it_undoes(tmp_path) -> None:
+    """A refund's args (built from the charge's receipt), its receipt and the decision that
+    asked for it are sealed too; the raw file holds none of them."""
+    from graph_durable import Compensation, compensate
+
+    db = tmp_path / "a.sqlite"
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+    refunds = FakeProvider(str(tmp_path / "r.sqlite"), "dedupe", name="r")
+    saver = open_saver(db, serde=aes())
+    undo = Compensation(
+        lambda record, receipt: {**refunds.apply(current_effect().key, {}), "token": TOKEN},
+        effect=Effect(idempotent=True), args=lambda record, receipt: {"card": CARD, **receipt},
+        name="refund")
+    graph, _ = charge_agent(saver, provider, Effect(lookup=provider.find, compensate=undo))
+    run(graph)
+    record = compensate(graph, saver, "t", "c1", reviewer="ana")  # owners stay clear
+    assert record.status is EffectStatus.COMPENSATED and refunds.count() == 1
+    undone = next(r for r in saver.effects("t") if r.tool == "refund")
+    assert undone.args["card"] == CARD and undone.receipt["token"] == TOKEN
+    saver.conn.close()
+    raw = b"".join(path.read_bytes() for path in tmp_path.glob("a.sqlite*"))
+    assert CARD.encode() not in raw and TOKEN.encode() not in raw
