@@ -36,7 +36,7 @@ from langgraph.checkpoint.base import (
     SerializerProtocol,
 )
 from langgraph.checkpoint.postgres import PostgresSaver, _internal
-from psycopg import Connection, Cursor
+from psycopg import Connection, Cursor, IsolationLevel
 from psycopg.rows import dict_row, tuple_row
 
 from graph_durable.checkpointers import _sql
@@ -144,6 +144,24 @@ def _setup_mutex(conn: _internal.Conn) -> Iterator[None]:
             yield
         finally:
             cur.execute(UNLOCK_SETUP)
+
+
+@contextmanager
+def _read_committed(conn: Connection[Any]) -> Iterator[None]:
+    """Begin the transactions of this block `READ COMMITTED`, whatever the server's
+    `default_transaction_isolation`: the fence reads the thread's lease row after the
+    advisory lock is granted, and only a statement snapshot taken then (not one taken
+    when the transaction began, as `REPEATABLE READ` does) sees a lease committed while
+    it waited. psycopg puts the level in the `BEGIN` itself: no extra round trip."""
+    before = conn.isolation_level
+    if before is IsolationLevel.READ_COMMITTED:
+        yield
+        return
+    conn.isolation_level = IsolationLevel.READ_COMMITTED
+    try:
+        yield
+    finally:
+        conn.isolation_level = before
 
 
 def _run(cur: Cursor[Any], sql: str, params: Sequence[Any] = ()) -> Cursor[Any]:
@@ -272,7 +290,7 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         before anything is written, and the whole transaction rolls back on any error.
         """
         self.setup()
-        with self.lock, _internal.get_connection(self.conn) as conn:
+        with self.lock, _internal.get_connection(self.conn) as conn, _read_committed(conn):
             try:
                 with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
                     if thread_id is not None:
