@@ -25,7 +25,10 @@ stops. No running server, Docker or network access is needed:
   belongs to that user; its parent must be traversable by it (the default,
   `tempfile.gettempdir()`, is).
 - A server still running when the interpreter exits is stopped by an `atexit` hook, so
-  an aborted test run does not leave it behind (a SIGKILLed interpreter still does).
+  an aborted test run does not leave it behind. A server whose interpreter was killed by
+  a signal (no `atexit` runs then) is swept by the next `start()` in the same base
+  folder: each server's folder names the process that owns it (`owner.json`), and one
+  whose owner is gone is stopped and removed.
 
 psycopg is imported only when a server starts, so importing this module costs nothing
 in projects without the ``postgres`` extra.
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import glob
+import json
 import math
 import os
 import pwd
@@ -48,6 +52,7 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 __all__ = ["ENV_BIN", "PostgresServer", "find_postgres_bin"]
 
@@ -61,6 +66,7 @@ _SUPERUSER = "postgres"
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; the socket file is ".s.PGSQL.NNNNN"
 _PORT_ATTEMPTS = 3
 _POLL_INTERVAL = 0.05
+_OWNER_FILE = "owner.json"
 _SERVER_SETTINGS = {
     "max_connections": "50",
     "shared_buffers": "64MB",
@@ -204,6 +210,47 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _process_identity(pid: int) -> dict[str, Any]:
+    """`{pid, started}`: a pid, and when that process started (so a reused pid is not
+    taken for the owner)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        started: str | None = fields[19]  # starttime, in clock ticks since boot
+    except (OSError, IndexError):
+        started = None
+    return {"pid": pid, "started": started}
+
+
+def _sweep_orphans(base_dir: str, prefix: list[str], bin_dir: str) -> None:
+    """Stop and remove every server in `base_dir` whose owning process is gone (killed
+    by a signal, so its `atexit` hook never ran); never raises."""
+    for folder in Path(base_dir).glob("gd-pg-*"):
+        try:
+            owner = json.loads((folder / _OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not a server of this kit, or one still being created
+        if _pid_alive(owner["pid"]) and _process_identity(owner["pid"]) == owner:
+            continue
+        data = folder / "data"
+        try:
+            pid = int((data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pid = None
+        if pid is not None and _pid_alive(pid):
+            try:
+                subprocess.run([*prefix, os.path.join(bin_dir, "pg_ctl"), "stop", "-D",
+                                str(data), "-m", "immediate", "-w", "-t", "30"],
+                               capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+            except (OSError, subprocess.SubprocessError):
+                pass
+            if _pid_alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 # ------------------------------------------------------------------- atexit registry
 
 _live_servers: set[PostgresServer] = set()
@@ -285,7 +332,9 @@ class PostgresServer:
             raise RuntimeError("PostgresServer is already started")
         self._prefix = _user_prefix()
         self._owner_pid = os.getpid()
+        _sweep_orphans(self._base_dir, self._prefix, self._bin_dir)
         self._tmp = self._make_tmp_dir()
+        (self._tmp / _OWNER_FILE).write_text(json.dumps(_process_identity(os.getpid())))
         with _live_lock:
             _live_servers.add(self)  # from here on, stop() must run at exit
         self._running = True

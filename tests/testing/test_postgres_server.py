@@ -58,3 +58,55 @@ def test_stop_stops_the_server_and_removes_its_folder() -> None:
     assert not os.path.exists(os.path.dirname(data_dir))
     server.stop()  # idempotent
     server.stop()
+
+
+def test_a_server_whose_owner_was_killed_is_swept_by_the_next_start() -> None:
+    """pytest killed by a signal runs no atexit hook: the next server started in the
+    same base folder stops the orphan and removes its folder."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psycopg
+
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    base = Path(tempfile.mkdtemp(prefix="gd-sweep-"))  # short: socket paths are short
+    os.chmod(base, 0o755)
+    try:
+        _sweep_test(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _sweep_test(base) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from graph_durable.testing.postgres import PostgresServer\n"
+         f"s = PostgresServer({str(base)!r}).start()\n"
+         "print(s.port, s.data_dir, flush=True)\n"
+         "time.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        port, data_dir = owner.stdout.readline().split()
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(30)
+    orphan = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+    with psycopg.connect(orphan, connect_timeout=5) as conn:  # left running
+        conn.execute("SELECT 1")
+    with PostgresServer(str(base)) as server:
+        assert server.port != int(port)
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(orphan, connect_timeout=5)
+        assert not os.path.exists(os.path.dirname(data_dir))
+        assert [p.name for p in base.iterdir()] == [os.path.basename(
+            os.path.dirname(server.data_dir))]
