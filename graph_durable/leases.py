@@ -54,7 +54,13 @@ TOKEN_KEY = "graph_durable_fencing_token"
 
 @dataclass
 class Lease:
-    """A thread held by one owner until `expires_at`, renewed while in use."""
+    """A thread held by one owner until `expires_at`, renewed while in use.
+
+    `expires_at` is on the database's clock (the worker's own for SQLite, which one
+    machine shares; the server's for PostgreSQL). This process judges its own lease by
+    `deadline`, on its monotonic clock, taken before the database granted the time: never
+    later than the database's expiry, whatever the worker's wall clock says.
+    """
 
     thread_id: str
     owner: str
@@ -62,7 +68,20 @@ class Lease:
     ttl: float
     expires_at: float
     lost: bool = False
+    deadline: float | None = None
+    """`time.monotonic()` until which this process may act (default: from `expires_at`
+    and the local wall clock)."""
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.deadline is None:
+            self.deadline = time.monotonic() + max(0.0, self.expires_at - time.time())
+
+    def extended(self, expires_at: float, started: float) -> None:
+        """Record a renewal: the database's new `expires_at`, granted for `ttl` from a
+        request that began at `started` (`time.monotonic()`)."""
+        self.expires_at = expires_at
+        self.deadline = started + self.ttl
 
     @property
     def config(self) -> dict[str, Any]:
@@ -71,8 +90,13 @@ class Lease:
                                  TOKEN_KEY: self.token}}
 
     def is_valid(self, now: float | None = None) -> bool:
-        """Whether this process may still act for the thread (renewed and not lost)."""
-        return not self.lost and (now or time.time()) < self.expires_at
+        """Whether this process may still act for the thread (renewed and not lost);
+        `now` on the database's clock, else judged by `deadline`."""
+        if self.lost:
+            return False
+        if now is not None:
+            return now < self.expires_at
+        return time.monotonic() < (self.deadline or 0.0)
 
     def check(self) -> None:
         """Raise `LeaseLost` if the lease is lost or has expired without renewal."""

@@ -77,7 +77,7 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
     lease = saver.live_leases().get(thread_id)
     if lease is not None and lease[0] != ignore_owner:
         return ThreadStatus(thread_id, "running",
-                            f"{lease[0]!r} holds a live lease for {lease[2] - time.time():.1f} s",
+                            f"{lease[0]!r} holds a live lease for {lease[2] - saver.clock():.1f} s",
                             nxt)
     # Only an interrupt the checkpoint holds is pending: a worker killed between asking
     # (ledger) and interrupting (checkpoint) left an orphan that must be resumed to ask.

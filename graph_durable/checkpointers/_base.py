@@ -361,16 +361,25 @@ class DurableSaverMixin:
             self.release_lease(lease)  # type: ignore[attr-defined]
 
     @staticmethod
-    def _new_lease(row: Any, thread_id: str, owner: str, ttl: float
+    def _new_lease(row: Any, thread_id: str, owner: str, ttl: float, *,
+                   now: float | None = None, started: float | None = None
                    ) -> tuple[Lease, _sql.Statement]:
+        """The lease to grant and its statement; `now` is the database's clock (default:
+        this machine's), `started` the `time.monotonic()` the request began at."""
         if ttl <= 0:
             raise ValueError(f"lease ttl must be > 0 seconds, got {ttl}")
-        now = time.time()
+        started = time.monotonic() if started is None else started
+        now = time.time() if now is None else now
         token = check_lease_available(None if row is None else tuple(row), thread_id, owner,
                                       now)
         lease = Lease(thread_id=thread_id, owner=owner, token=token, ttl=ttl,
-                      expires_at=now + ttl)
+                      expires_at=now + ttl, deadline=started + ttl)
         return lease, (_sql.UPSERT_LEASE, (thread_id, owner, token, lease.expires_at, now))
+
+    def clock(self) -> float:
+        """Now, on the clock the leases are judged by (Unix time): this machine's for
+        SQLite; the database server's for PostgreSQL."""
+        return time.time()
 
     def _plan_intent(
         self, write: IntentWrite, actor: tuple[str | None, int | None]

@@ -294,4 +294,20 @@ PG_MIGRATIONS: list[str] = [
     );
     CREATE INDEX task_runs_thread ON task_runs (thread_id, seq);
     """,
+    # 6: leases on the server's clock. `graph_durable_lock_thread` also says what time
+    # the server has (its own row even when the thread has no lease yet); a new function,
+    # so a worker of the previous release keeps calling the old one while both run.
+    """
+    CREATE FUNCTION graph_durable_lock_thread_at(p_thread_id TEXT)
+    RETURNS TABLE (owner TEXT, token BIGINT, expires_at DOUBLE PRECISION,
+                   now_at DOUBLE PRECISION)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_thread_id, 0));
+        RETURN QUERY SELECT l.owner, l.token, l.expires_at,
+            extract(epoch FROM clock_timestamp())::DOUBLE PRECISION
+            FROM (SELECT 1) AS one LEFT JOIN thread_leases l ON l.thread_id = p_thread_id;
+    END
+    $fn$
+    """,
 ]

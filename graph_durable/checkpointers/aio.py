@@ -381,13 +381,14 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
 
     async def arenew_lease(self, lease: Lease) -> bool:
         """Extend a live lease by its ttl; `False` if it expired or was taken over."""
+        started = time.monotonic()
         now = time.time()
         expires_at = now + lease.ttl
         async with self._txn() as cur:
             await cur.execute(_sql.RENEW_LEASE, (expires_at, lease.thread_id, lease.token, now))
             renewed = cur.rowcount == 1
         if renewed:
-            lease.expires_at = expires_at
+            lease.extended(expires_at, started)
         return renewed
 
     async def arelease_lease(self, lease: Lease) -> None:

@@ -51,7 +51,7 @@ from graph_durable.checkpointers._schema import (
 )
 from graph_durable.checkpointers._twins import AsyncFromSync
 from graph_durable.errors import IllegalTransition
-from graph_durable.leases import Lease
+from graph_durable.leases import Lease, check_fence
 from graph_durable.ledger import (
     EffectRecord,
     IntentWrite,
@@ -66,10 +66,20 @@ __all__ = ["DurablePostgresSaver", "pg_sql"]
 LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 """Serializes the writes of one thread across connections until the transaction ends."""
 LOCK_THREAD_READ_LEASE = (
-    "SELECT owner, token, expires_at FROM graph_durable_lock_thread(%s)"
+    "SELECT owner, token, expires_at, now_at FROM graph_durable_lock_thread_at(%s)"
 )
-"""`LOCK_THREAD`, then the thread's lease row read after the lock is granted (see the
-PostgreSQL migrations): one round trip."""
+"""`LOCK_THREAD`, then the thread's lease row (NULLs when it has none) and the server's
+clock, read after the lock is granted (see the PostgreSQL migrations): one round trip."""
+NOW = "SELECT extract(epoch FROM clock_timestamp())::DOUBLE PRECISION"
+RENEW_LEASE_AT = (
+    "UPDATE thread_leases SET expires_at = extract(epoch FROM clock_timestamp()) + %s "
+    "WHERE thread_id = %s AND token = %s AND expires_at > extract(epoch FROM clock_timestamp()) "
+    "RETURNING expires_at"
+)
+SELECT_LIVE_LEASES_AT = (
+    "SELECT thread_id, owner, token, expires_at FROM thread_leases "
+    "WHERE expires_at > extract(epoch FROM clock_timestamp())"
+)
 TRY_LOCK_SETUP = "SELECT pg_try_advisory_lock(hashtextextended('graph_durable_setup', 0))"
 UNLOCK_SETUP = "SELECT pg_advisory_unlock(hashtextextended('graph_durable_setup', 0))"
 
@@ -162,6 +172,12 @@ def _read_committed(conn: Connection[Any]) -> Iterator[None]:
         yield
     finally:
         conn.isolation_level = before
+
+
+def _lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, float]:
+    """`(lease row or None, server clock)` from a `LOCK_THREAD_READ_LEASE` row."""
+    owner, token, expires_at, now = row
+    return (None if owner is None else (owner, token, expires_at)), float(now)
 
 
 def _run(cur: Cursor[Any], sql: str, params: Sequence[Any] = ()) -> Cursor[Any]:
@@ -434,8 +450,8 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         self, cur: Cursor[Any], thread_id: str, config: RunnableConfig | None
     ) -> None:
         """Lock the thread, fence, pin, and commit its deferred receipts with this write."""
-        self._check_fence(cur.execute(LOCK_THREAD_READ_LEASE, (thread_id,)).fetchone(),
-                          thread_id, config)
+        row, now = _lease_and_clock(cur.execute(LOCK_THREAD_READ_LEASE, (thread_id,)).fetchone())
+        check_fence(row, thread_id, actor_of(config)[1], now)
         if self._needs_flow_check(thread_id):
             row = _run(cur, _sql.SELECT_FLOW_VERSION, (thread_id,)).fetchone()
             for sql, params in self._flow_statements(row, thread_id):
@@ -478,24 +494,40 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
     # -- leases --------------------------------------------------------------------------
 
     def acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
-        """Take the thread with a new, higher fencing token (see `lease`)."""
+        """Take the thread with a new, higher fencing token (see `lease`). Expiry is
+        on the server's clock: workers whose clocks disagree still agree on it."""
+        started = time.monotonic()
         with self._txn() as cur:
-            row = cur.execute(LOCK_THREAD_READ_LEASE, (str(thread_id),)).fetchone()
-            lease, statement = self._new_lease(row, str(thread_id), owner, ttl)
+            row, now = _lease_and_clock(
+                cur.execute(LOCK_THREAD_READ_LEASE, (str(thread_id),)).fetchone())
+            lease, statement = self._new_lease(row, str(thread_id), owner, ttl, now=now,
+                                               started=started)
             _run(cur, *statement)
         return lease
 
     def renew_lease(self, lease: Lease) -> bool:
-        """Extend a live lease by its ttl; `False` if it expired or was taken over."""
-        now = time.time()
-        expires_at = now + lease.ttl
+        """Extend a live lease by its ttl on the server's clock; `False` if it expired
+        or was taken over."""
+        started = time.monotonic()
         with self._txn() as cur:
             cur.execute(LOCK_THREAD, (lease.thread_id,))
-            renewed = _run(cur, _sql.RENEW_LEASE,
-                           (expires_at, lease.thread_id, lease.token, now)).rowcount == 1
-        if renewed:
-            lease.expires_at = expires_at
-        return renewed
+            row = cur.execute(RENEW_LEASE_AT, (lease.ttl, lease.thread_id, lease.token)
+                              ).fetchone()
+        if row is not None:
+            lease.extended(row[0], started)
+        return row is not None
+
+    def clock(self) -> float:
+        """The server's clock (Unix time), which leases are judged by."""
+        with self._read() as cur:
+            return float(cur.execute(NOW).fetchone()[0])
+
+    def live_leases(self) -> dict[str, tuple[str, int, float]]:
+        """`{thread_id: (owner, token, expires_at)}` of every lease live by the server's
+        clock."""
+        with self._read() as cur:
+            rows = cur.execute(SELECT_LIVE_LEASES_AT).fetchall()
+        return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
 
     def release_lease(self, lease: Lease) -> None:
         """End a lease now (a no-op if another owner has taken the thread since)."""

@@ -895,4 +895,4 @@ def _refused_by_fence(task: _Task, leases: Mapping[str, tuple[str, int, float]])
     """
     row = leases.get(task.thread_id)
     if row is not None:
-        check_fence(row, task.thread_id, actor_of(task.config)[1], time.time())
+        check_fence(row, task.thread_id, actor_of(task.config)[1], task.saver.clock())

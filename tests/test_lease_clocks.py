@@ -1,0 +1,91 @@
+"""Leases on PostgreSQL are decided by the server's clock, not the workers'.
+
+Two real worker processes share one thread; each has its wall clock (`time.time`) faked
+60 s fast or 60 s slow before anything is imported. The holder keeps its lease for a few
+seconds (renewing it), checks it and makes a fenced write; meanwhile the other tries again
+and again to take the thread. On the workers' own clocks, a slow holder's lease would look
+expired to a fast worker at once (two owners), and a fast holder would judge its own live
+lease expired (a lost lease). On the server's clock neither happens.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("psycopg")
+
+WORKER = r"""
+import json, sys, time
+offset = float(sys.argv[1])
+_real = time.time
+time.time = lambda: _real() + offset  # this process's wall clock is off by `offset`
+import psycopg
+from psycopg.rows import dict_row
+from graph_durable.checkpointers.postgres import DurablePostgresSaver
+from graph_durable.errors import LeaseHeld, LeaseLost
+from graph_durable.ledger import EffectStatus, IntentWrite
+
+conninfo, role, seconds = sys.argv[2], sys.argv[3], float(sys.argv[4])
+saver = DurablePostgresSaver(psycopg.connect(conninfo, autocommit=True, prepare_threshold=0,
+                                             row_factory=dict_row))
+report = {"role": role}
+if role == "hold":
+    with saver.lease("t", "holder", ttl=2.0) as lease:
+        print(json.dumps({"held": True}), flush=True)
+        checks = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            checks.append(lease.is_valid())
+            time.sleep(0.2)
+        try:
+            lease.check()
+            saver.claim(IntentWrite(key="gd-k", thread_id="t", checkpoint_ns="",
+                                    tool_call_id="c1", tool="pay", args={},
+                                    status=EffectStatus.IN_FLIGHT), lease.config)
+            report["write"] = "ok"
+        except LeaseLost as exc:
+            report["write"] = f"LeaseLost: {exc}"
+        report["valid_throughout"] = all(checks)
+else:
+    taken = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            lease = saver.acquire_lease("t", "grabber", ttl=2.0)
+            taken += 1
+            saver.release_lease(lease)
+        except LeaseHeld:
+            pass
+        time.sleep(0.1)
+    report["taken"] = taken
+print(json.dumps(report), flush=True)
+"""
+
+
+def worker(conninfo: str, offset: float, role: str, seconds: float) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", WORKER, str(offset), conninfo, role,
+                             str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+@pytest.mark.parametrize("holder_offset", [-60.0, 60.0], ids=["slow holder", "fast holder"])
+def test_workers_with_skewed_clocks_never_share_a_thread_nor_lose_a_live_lease(
+        postgres_conninfo: str, holder_offset: float) -> None:
+    from graph_durable.checkpointers.postgres import DurablePostgresSaver
+
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+        saver.setup()
+    holder = worker(postgres_conninfo, holder_offset, "hold", 4.0)
+    assert json.loads(holder.stdout.readline()) == {"held": True}, holder.stderr.read()
+    grabber = worker(postgres_conninfo, -holder_offset, "grab", 3.0)
+    grabbed = json.loads(grabber.communicate(timeout=60)[0].splitlines()[-1])
+    held = json.loads(holder.communicate(timeout=60)[0].splitlines()[-1])
+    assert grabbed["taken"] == 0, "two workers held the thread at once"
+    assert held["valid_throughout"] and held["write"] == "ok", held
+    # Once the holder is done, the other worker takes the thread at once.
+    late = worker(postgres_conninfo, -holder_offset, "grab", 0.5)
+    assert json.loads(late.communicate(timeout=60)[0].splitlines()[-1])["taken"] >= 1
