@@ -23,7 +23,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -37,6 +37,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres import PostgresSaver, _internal
 from psycopg import Connection, Cursor, IsolationLevel
+from psycopg_pool import ConnectionPool
 from psycopg.rows import dict_row, tuple_row
 
 from graph_durable.checkpointers import _sql
@@ -306,7 +307,7 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         before anything is written, and the whole transaction rolls back on any error.
         """
         self.setup()
-        with self.lock, _internal.get_connection(self.conn) as conn, _read_committed(conn):
+        with self._own_lock(), _internal.get_connection(self.conn) as conn, _read_committed(conn):
             try:
                 with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
                     if thread_id is not None:
@@ -317,10 +318,17 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
                 raise
             self._deferred_committed()
 
+    def _own_lock(self) -> Any:
+        """What a ledger transaction holds while it runs: the saver's lock on a single
+        connection (one transaction at a time), nothing on a `ConnectionPool` (each
+        transaction has a connection of its own, so one waiting for a thread's advisory
+        lock never holds up another thread's write)."""
+        return nullcontext() if isinstance(self.conn, ConnectionPool) else self.lock
+
     @contextmanager
     def _read(self) -> Iterator[Cursor[Any]]:
         self.setup()
-        with self.lock, _internal.get_connection(self.conn) as conn:
+        with self._own_lock(), _internal.get_connection(self.conn) as conn:
             with conn.cursor(row_factory=tuple_row) as cur:
                 yield cur
 

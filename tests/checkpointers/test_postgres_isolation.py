@@ -83,3 +83,38 @@ def test_a_write_that_waited_for_a_lease_taken_over_meanwhile_is_refused(
         writer.join(10)
     assert isinstance(outcome["error"], LeaseLost), outcome
     assert saver.effects("t") == []
+
+
+def test_on_a_pool_a_write_waiting_for_one_thread_never_holds_up_another(
+        postgres_conninfo: str) -> None:
+    """One process, one `ConnectionPool`: while a write to thread `a` waits for `a`'s lock
+    (held elsewhere), a write to thread `b` goes through."""
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(postgres_conninfo, min_size=2, max_size=2, open=True, kwargs={
+            "autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}) as pool:
+        saver = DurablePostgresSaver(pool)
+        saver.setup()
+        done: dict[str, float] = {}
+        with psycopg.connect(postgres_conninfo, autocommit=True) as other:
+            other.execute("SELECT pg_advisory_lock(hashtextextended('a', 0))")
+
+            def write(thread_id: str) -> None:
+                saver.claim(IntentWrite(key=f"gd-{thread_id}", thread_id=thread_id,
+                                        checkpoint_ns="", tool_call_id="c1", tool="pay",
+                                        args={}, status=EffectStatus.IN_FLIGHT))
+                done[thread_id] = time.monotonic()
+
+            waiting = threading.Thread(target=write, args=("a",))
+            waiting.start()
+            time.sleep(0.3)
+            other_write = threading.Thread(target=write, args=("b",))
+            other_write.start()
+            other_write.join(5)
+            b_went_through = "b" in done and "a" not in done
+            other.execute("SELECT pg_advisory_unlock(hashtextextended('a', 0))")
+        waiting.join(10)
+        other_write.join(10)
+        assert b_went_through, done
+        assert {r.thread_id for r in saver.effects()} == {"a", "b"}
