@@ -11,6 +11,7 @@ sweep the same database at once and each thread is resumed by exactly one of the
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -174,13 +175,17 @@ def recover(
     `durability="sync"` until it finishes or pauses again.
     """
     outcomes: list[RecoveryOutcome] = []
-    for thread_id in saver.thread_ids():
+    threads = saver.thread_ids()
+    # Sweepers start at different places, and pass by a thread another one is writing
+    # (`wait=False`), so many of them split the work instead of queueing on one thread.
+    random.Random(owner).shuffle(threads)
+    for thread_id in threads:
         if limit is not None and len(outcomes) >= limit:
             break
         if thread_status(saver, thread_id).status != "orphaned":
             continue
         try:
-            with saver.lease(thread_id, owner, ttl) as lease:
+            with saver.lease(thread_id, owner, ttl, wait=False) as lease:
                 if thread_status(saver, thread_id, ignore_owner=owner).status != "orphaned":
                     outcomes.append(RecoveryOutcome(thread_id, "no_longer_orphaned"))
                     continue

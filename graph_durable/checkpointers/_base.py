@@ -340,17 +340,24 @@ class DurableSaverMixin:
     # -- leases --------------------------------------------------------------------------
 
     @contextmanager
-    def lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Iterator[Lease]:
+    def lease(self, thread_id: str, owner: str, ttl: float = 30.0, *,
+              wait: bool = True) -> Iterator[Lease]:
         """Hold `thread_id` as `owner` while the block runs, renewing every `ttl / 3`.
 
         Pass `lease.config` to `graph.invoke`: every write it makes presents the lease's
         fencing token. (On an async saver, call this from another thread than its
-        event loop, or use `alease`.)
+        event loop, or use `alease`.) With `wait=False`, a thread another worker is
+        writing at this moment is not waited for (`LeaseHeld` at once, on PostgreSQL):
+        what a sweep over many threads wants.
 
         Raises:
             LeaseHeld: another owner's lease on the thread is live.
         """
-        lease = self.acquire_lease(thread_id, owner, ttl)  # type: ignore[attr-defined]
+        try_acquire = getattr(self, "try_acquire_lease", None)
+        if not wait and try_acquire is not None:
+            lease = try_acquire(thread_id, owner, ttl)
+        else:
+            lease = self.acquire_lease(thread_id, owner, ttl)  # type: ignore[attr-defined]
         register(lease)
         lease.start_renewing(self.renew_lease)  # type: ignore[attr-defined]
         try:

@@ -51,7 +51,7 @@ from graph_durable.checkpointers._schema import (
     statements,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync
-from graph_durable.errors import IllegalTransition
+from graph_durable.errors import IllegalTransition, LeaseHeld
 from graph_durable.leases import Lease, check_fence
 from graph_durable.ledger import (
     EffectRecord,
@@ -72,6 +72,7 @@ LOCK_THREAD_READ_LEASE = (
 """`LOCK_THREAD`, then the thread's lease row (NULLs when it has none) and the server's
 clock, read after the lock is granted (see the PostgreSQL migrations): one round trip."""
 NOW = "SELECT extract(epoch FROM clock_timestamp())::DOUBLE PRECISION"
+TRY_LOCK_THREAD = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
 RENEW_LEASE_AT = (
     "UPDATE thread_leases SET expires_at = extract(epoch FROM clock_timestamp()) + %s "
     "WHERE thread_id = %s AND token = %s AND expires_at > extract(epoch FROM clock_timestamp()) "
@@ -506,6 +507,29 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         on the server's clock: workers whose clocks disagree still agree on it."""
         started = time.monotonic()
         with self._txn() as cur:
+            row, now = _lease_and_clock(
+                cur.execute(LOCK_THREAD_READ_LEASE, (str(thread_id),)).fetchone())
+            lease, statement = self._new_lease(row, str(thread_id), owner, ttl, now=now,
+                                               started=started)
+            _run(cur, *statement)
+        return lease
+
+    def try_acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
+        """`acquire_lease`, but without waiting while another worker writes the thread:
+        its advisory lock is tried, as `FOR UPDATE SKIP LOCKED` skips a locked row, so
+        sweepers over many threads never queue behind each other.
+
+        Raises:
+            LeaseHeld: the thread is being written right now, or its lease is live.
+        """
+        started = time.monotonic()
+        with self._txn() as cur:
+            if not cur.execute(TRY_LOCK_THREAD, (str(thread_id),)).fetchone()[0]:
+                raise LeaseHeld(
+                    f"Thread {str(thread_id)!r} is being written by another worker right "
+                    "now; passed by (try again later).",
+                    thread_id=str(thread_id), holder="(another worker, writing)",
+                    expires_at=0.0)
             row, now = _lease_and_clock(
                 cur.execute(LOCK_THREAD_READ_LEASE, (str(thread_id),)).fetchone())
             lease, statement = self._new_lease(row, str(thread_id), owner, ttl, now=now,
