@@ -4,6 +4,7 @@ The hierarchy::
 
     GraphDurableError (Exception)
     ├── DurabilityError          effects refused: the requesting step is not durably saved
+    ├── DatabaseUnavailable      the database connection broke under a write
     ├── InvalidDecision          a resume value that does not answer the pending interrupt
     ├── FlowVersionMismatch      a thread pinned to another flow version
     ├── LeaseHeld                another live owner holds the thread
@@ -25,6 +26,7 @@ swallow it: once a worker has lost its thread it must stop, not carry on.
 from __future__ import annotations
 
 __all__ = [
+    "DatabaseUnavailable",
     "DurabilityError",
     "FlowVersionMismatch",
     "GraphDurableError",
@@ -67,6 +69,13 @@ class DurabilityError(GraphDurableError):
     lose the AIMessage that asked for the effect; the model then chooses again with new
     tool_call_ids, which means new keys and duplicate effects.
     """
+
+
+class DatabaseUnavailable(GraphDurableError):
+    """The database connection broke under a write (the server restarted, or the
+    connection was terminated). The write was not committed, unless the break hit its
+    `COMMIT`; either way nothing is lost: running the thread again reconciles it from its
+    ledger. A read is retried once on a fresh pooled connection instead."""
 
 
 class InvalidDecision(GraphDurableError):

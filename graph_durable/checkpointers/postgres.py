@@ -36,7 +36,7 @@ from langgraph.checkpoint.base import (
     SerializerProtocol,
 )
 from langgraph.checkpoint.postgres import PostgresSaver, _internal
-from psycopg import Connection, Cursor, IsolationLevel
+from psycopg import Connection, Cursor, IsolationLevel, OperationalError
 from psycopg_pool import ConnectionPool
 from psycopg.rows import dict_row, tuple_row
 
@@ -51,7 +51,7 @@ from graph_durable.checkpointers._schema import (
     statements,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync
-from graph_durable.errors import IllegalTransition, LeaseHeld
+from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseHeld
 from graph_durable.leases import Lease, check_fence
 from graph_durable.ledger import (
     EffectRecord,
@@ -141,8 +141,9 @@ def pg_sql(sql: str) -> str:
 
 
 @contextmanager
-def _setup_mutex(conn: _internal.Conn) -> Iterator[None]:
-    """Hold a database-wide lock while the schema is created or migrated.
+def _setup_mutex(conn: _internal.Conn) -> Iterator[Connection[Any]]:
+    """Hold a database-wide lock while the schema is created or migrated; yields the
+    connection that holds it, for the setup to run on.
 
     `CREATE TABLE IF NOT EXISTS` is not safe against a concurrent twin in PostgreSQL,
     so processes starting together take turns. The lock is tried, not waited for: a
@@ -153,7 +154,7 @@ def _setup_mutex(conn: _internal.Conn) -> Iterator[None]:
         while not cur.execute(TRY_LOCK_SETUP).fetchone()[0]:
             time.sleep(0.05)
         try:
-            yield
+            yield held
         finally:
             cur.execute(UNLOCK_SETUP)
 
@@ -173,7 +174,8 @@ def _read_committed(conn: Connection[Any]) -> Iterator[None]:
     try:
         yield
     finally:
-        conn.isolation_level = before
+        if not conn.closed:  # a broken connection is dropped by its pool anyway
+            conn.isolation_level = before
 
 
 def _lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, float]:
@@ -277,9 +279,17 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         with self._setup_lock:
             if self.is_setup:
                 return
-            with _setup_mutex(self.conn):
-                super().setup()
-                self._migrate()
+            pool = self.conn
+            with _setup_mutex(pool) as held:
+                # The whole setup runs on the connection that holds the setup lock: a
+                # pool of one connection (or two savers sharing a pool of two) would
+                # otherwise wait for a second connection while holding the first.
+                self.conn = held
+                try:
+                    super().setup()
+                    self._migrate()
+                finally:
+                    self.conn = pool
             self.is_setup = True
 
     def _migrate(self) -> None:
@@ -314,6 +324,18 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
                     if thread_id is not None:
                         self._check_write_txn(cur, thread_id, config)
                     yield cur
+            except OperationalError as exc:
+                self._deferred_rolled_back()
+                if not conn.broken:
+                    raise
+                raise DatabaseUnavailable(
+                    f"The connection to PostgreSQL broke under a write"
+                    f"{f' to thread {thread_id!r}' if thread_id else ''} "
+                    f"({type(exc).__name__}: {str(exc).strip()}). It was not committed, "
+                    "unless the break hit its COMMIT; nothing is lost: run the thread again "
+                    "(resume it, or recover()) and its ledger reconciles it. A "
+                    "ConnectionPool replaces the broken connection.",
+                    thread_id=thread_id) from exc
             except BaseException:
                 self._deferred_rolled_back()
                 raise
@@ -577,8 +599,17 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
     # -- the ledger ----------------------------------------------------------------------
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Every row of one read (the ledger's reads are in `SyncLedgerReads`)."""
-        with self._read() as cur:
+        """Every row of one read (the ledger's reads are in `SyncLedgerReads`); a read
+        whose pooled connection broke is tried once more on a fresh one."""
+        try:
+            with self._read() as cur:
+                return _run(cur, sql, params).fetchall()
+        except OperationalError as exc:
+            if not isinstance(self.conn, ConnectionPool):
+                raise DatabaseUnavailable(
+                    f"The connection to PostgreSQL broke under a read ({type(exc).__name__}: "
+                    f"{str(exc).strip()}); reconnect the saver, then try again.") from exc
+        with self._read() as cur:  # the pool has dropped the broken connection
             return _run(cur, sql, params).fetchall()
 
     def apply(

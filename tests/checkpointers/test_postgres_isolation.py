@@ -118,3 +118,62 @@ def test_on_a_pool_a_write_waiting_for_one_thread_never_holds_up_another(
         other_write.join(10)
         assert b_went_through, done
         assert {r.thread_id for r in saver.effects()} == {"a", "b"}
+
+
+@pytest.mark.parametrize("savers,size", [(1, 1), (2, 2)], ids=["one saver, pool of 1",
+                                                               "two savers, pool of 2"])
+def test_savers_start_on_small_pools(postgres_conninfo: str, savers: int, size: int) -> None:
+    """`setup()` holds one pooled connection for its schema lock and runs on it; it never
+    asks the pool for a second one while holding the first."""
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(postgres_conninfo, min_size=size, max_size=size, timeout=5,
+                        open=True, kwargs={"autocommit": True, "prepare_threshold": 0,
+                                           "row_factory": dict_row}) as pool:
+        started = [DurablePostgresSaver(pool) for _ in range(savers)]
+        errors: list[BaseException] = []
+
+        def start(saver: DurablePostgresSaver) -> None:
+            try:
+                saver.setup()
+                saver.claim(IntentWrite(key=f"gd-{id(saver)}", thread_id=f"t{id(saver)}",
+                                        checkpoint_ns="", tool_call_id="c1", tool="pay",
+                                        args={}, status=EffectStatus.IN_FLIGHT))
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=start, args=(s,)) for s in started]
+        for one in threads:
+            one.start()
+        for one in threads:
+            one.join(30)
+        assert errors == []
+        assert len(started[0].effects()) == savers
+
+
+def test_a_broken_pooled_connection_is_a_clear_error_for_a_write_and_a_retry_for_a_read(
+        postgres_conninfo: str) -> None:
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
+    from graph_durable.errors import DatabaseUnavailable
+
+    def terminate_the_pools_connections() -> None:
+        with psycopg.connect(postgres_conninfo, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+    with ConnectionPool(postgres_conninfo, min_size=1, max_size=1, open=True, kwargs={
+            "autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}) as pool:
+        saver = DurablePostgresSaver(pool)
+        saver.setup()
+        saver.claim(intent("gd-1"))
+        terminate_the_pools_connections()
+        assert [r.key for r in saver.effects("t")] == ["gd-1"]  # retried transparently
+        terminate_the_pools_connections()
+        with pytest.raises(DatabaseUnavailable, match="broke under a write to thread 't'.*"
+                                                      "nothing is lost"):
+            saver.claim(intent("gd-2"))
+        saver.claim(intent("gd-3"))  # the pool replaced the broken connection
+        assert [r.key for r in saver.effects("t")] == ["gd-1", "gd-3"]
