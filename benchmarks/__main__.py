@@ -17,6 +17,7 @@ __all__ = ["COMMANDS", "MODULES", "main"]
 MODULES: tuple[str, ...] = (
     "turn_overhead",
     "turn_overhead_postgres",
+    "postgres_workers",
     "dbos_step",
     "recovery",
     "ledger_scale",
