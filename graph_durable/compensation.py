@@ -164,6 +164,35 @@ class _Driver:
         self.compensation, self.original = compensation, original
         return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
 
+    def settle_failed(self, original: EffectRecord, compensation: Compensation,
+                      decision: dict[str, Any], receipt: Any, *, have_receipt: bool
+                      ) -> EffectRecord:
+        """A human's word on a `compensation_failed` effect: `receipt` says it was undone
+        (by the compensation whose outcome was open, or by hand); without one, the
+        compensation is tried again: the same call (looked up first where it can be)
+        if its outcome is open, a new call if it certainly failed."""
+        keying = self.saver.keying(original.thread_id)
+        ctx = compensation_context(original, compensation, keying,
+                                   _failed_tries(self.saver, original), {"decision": decision})
+        undo = self.saver.effect(ctx.key, original.thread_id)
+        open_ = undo is not None and undo.status in (S.UNKNOWN, S.IN_FLIGHT)
+        if have_receipt:
+            if open_:
+                assert undo is not None
+                if undo.status is S.IN_FLIGHT:
+                    undo = self.transition(undo, S.UNKNOWN, "unknown", error=undo.error)
+                self.transition(undo, S.APPLIED, "receipt", error=None, receipt=receipt,
+                                asked=False, decision=None, data={"source": "human"})
+            return self.transition(original, S.COMPENSATED, "compensated", error=None,
+                                   data={"source": "human", "decision": decision})
+        if open_:
+            assert undo is not None
+            self.transition(undo, undo.status, "decision", decision={"type": "retry",
+                            "decided_at": time.time()}, asked=False,
+                            data={"decision": {"type": "retry"}})
+        self.compensation, self.original = compensation, original
+        return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
+
     def transition(self, record: EffectRecord, to: EffectStatus, kind: str,
                    **fields: Any) -> EffectRecord:
         [after] = self.saver.apply(TransitionWrite(
@@ -244,9 +273,11 @@ def compensate(
     """Carry out a reviewer's `{"type": "compensate"}` on one effect of `thread_id`.
 
     `call` is the tool_call_id (or the effect key) of the effect to undo. It runs its
-    compensation if the effect is `applied` (or `compensation_failed`: a retry), and for
-    an `unknown` (or `in_flight`) effect only once it is known to exist: its lookup finds
-    it, or `receipt=` is a human's word that it happened. If the lookup finds nothing, the
+    compensation if the effect is `applied`, and for an `unknown` (or `in_flight`) effect
+    only once it is known to exist: its lookup finds it, or `receipt=` is a human's word
+    that it happened. On a `compensation_failed` effect, `receipt=` is a human's word
+    that it was undone (by the compensation, or by hand); without it the compensation is
+    tried again (the same call, looked up first, if its outcome was open). If the lookup finds nothing, the
     effect is settled as not applied and nothing is compensated (its record says why).
     The decision is journaled before it takes effect. A thread paused on the effect's
     question goes on from there when resumed: its call answers with what was recorded.
@@ -284,10 +315,13 @@ def compensate(
             # the decision with its own intent (an applied record does not move otherwise).
             record = driver.transition(record, record.status, "decision",
                                        data={"decision": decision}, redact=policy.redact)
+        assert policy.compensation is not None
+        if record.status is S.COMPENSATION_FAILED:
+            return driver.settle_failed(record, policy.compensation, decision, receipt,
+                                        have_receipt=have_receipt)
         if record.status in (S.IN_FLIGHT, S.UNKNOWN):
             record = _settle_open(driver, record, policy, receipt, have_receipt=have_receipt)
-        if record.status in (S.APPLIED, S.COMPENSATION_FAILED):
-            assert policy.compensation is not None
+        if record.status is S.APPLIED:
             record = driver.compensate(record, policy.compensation, {"decision": decision})
         return record
 

@@ -299,3 +299,46 @@ def test_the_cli_decides_compensate_on_a_pending_unknown_effect(tmp_path, capsys
         [record] = saver.effects(SAGA_THREAD)
         assert record.status is S.SKIPPED
         assert thread_status(saver, SAGA_THREAD).status == "done"
+
+
+def test_a_compensation_whose_outcome_is_open_is_settled_by_a_humans_receipt(tmp_path) -> None:
+    agent = saga_agent(tmp_path, refund_mode="blind")
+    agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    refunds = agent.providers["refunds"]
+    refunds.script_faults("lost")  # the refund lands, the answer does not
+    record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge")
+    assert record.status is S.COMPENSATION_FAILED and "unknown" in (record.error or "")
+    assert refunds.count() == 1
+    [sent] = refunds.effects()
+    record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge",
+                        receipt=sent["receipt"], reviewer="ana")
+    assert record.status is S.COMPENSATED and refunds.count() == 1  # not sent again
+    undo = next(r for r in agent.saver.effects(SAGA_THREAD) if r.tool == "refund")
+    assert undo.status is S.APPLIED and undo.receipt == sent["receipt"]
+
+
+def test_compensating_again_retries_an_open_compensation_under_its_key(tmp_path) -> None:
+    agent = saga_agent(tmp_path, refund_mode="lookup")
+    agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    refunds, charges = agent.providers["refunds"], agent.providers["charges"]
+    can_tell = threading.Event()
+
+    def find(key: str) -> Any:
+        if not can_tell.is_set():
+            raise TimeoutError("the refunds search is down")
+        return refunds.find(key)
+
+    effects = {"charge": Effect(lookup=charges.find, compensate=Compensation(
+        lambda record, receipt: refunds.apply(current_effect().key, {"charge": receipt["id"]}),
+        effect=Effect(lookup=find), name="refund"))}
+    refunds.script_faults("hang")  # no answer, nothing applied
+    refunds.hang_seconds = 0.0
+    record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge", effects=effects)
+    assert record.status is S.COMPENSATION_FAILED and refunds.count() == 0
+    can_tell.set()
+    record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge", effects=effects)
+    assert record.status is S.COMPENSATED and refunds.count() == 1
+    assert len({e["key"] for e in refunds.requests()}) == 1  # one compensating call, one key
+    undo = next(r for r in agent.saver.effects(SAGA_THREAD) if r.tool == "refund")
+    assert [e.kind for e in agent.saver.events(SAGA_THREAD, undo.key)][-3:] == [
+        "decision", "attempt", "receipt"]
