@@ -527,14 +527,7 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
     def acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
         """Take the thread with a new, higher fencing token (see `lease`). Expiry is
         on the server's clock: workers whose clocks disagree still agree on it."""
-        started = time.monotonic()
-        with self._txn() as cur:
-            row, now = _lease_and_clock(
-                cur.execute(LOCK_THREAD_READ_LEASE, (str(thread_id),)).fetchone())
-            lease, statement = self._new_lease(row, str(thread_id), owner, ttl, now=now,
-                                               started=started)
-            _run(cur, *statement)
-        return lease
+        return self._acquire(str(thread_id), owner, ttl, wait=True)
 
     def try_acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
         """`acquire_lease`, but without waiting while another worker writes the thread:
@@ -544,17 +537,19 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         Raises:
             LeaseHeld: the thread is being written right now, or its lease is live.
         """
+        return self._acquire(str(thread_id), owner, ttl, wait=False)
+
+    def _acquire(self, thread_id: str, owner: str, ttl: float, *, wait: bool) -> Lease:
         started = time.monotonic()
         with self._txn() as cur:
-            if not cur.execute(TRY_LOCK_THREAD, (str(thread_id),)).fetchone()[0]:
+            if not wait and not cur.execute(TRY_LOCK_THREAD, (thread_id,)).fetchone()[0]:
                 raise LeaseHeld(
-                    f"Thread {str(thread_id)!r} is being written by another worker right "
-                    "now; passed by (try again later).",
-                    thread_id=str(thread_id), holder="(another worker, writing)",
-                    expires_at=0.0)
+                    f"Thread {thread_id!r} is being written by another worker right now; "
+                    "passed by (try again later).",
+                    thread_id=thread_id, holder="(another worker, writing)", expires_at=0.0)
             row, now = _lease_and_clock(
-                cur.execute(LOCK_THREAD_READ_LEASE, (str(thread_id),)).fetchone())
-            lease, statement = self._new_lease(row, str(thread_id), owner, ttl, now=now,
+                cur.execute(LOCK_THREAD_READ_LEASE, (thread_id,)).fetchone())
+            lease, statement = self._new_lease(row, thread_id, owner, ttl, now=now,
                                                started=started)
             _run(cur, *statement)
         return lease
