@@ -23,39 +23,18 @@ compiled graph does not expose).
 
 from __future__ import annotations
 
-import inspect
-import json
-import time
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from langchain_core.messages import ToolMessage
-
-from graph_durable.checkpointers._base import actor_of, durable_saver
+from graph_durable._compensation_driver import Driver, answer_message, settle_open
+from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld
-from graph_durable.leases import CANCEL_PREFIX, Lease
-from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite
-from graph_durable.nodes.compensation import (
-    compensation_context,
-    is_compensation,
-    run_compensation,
-)
-from graph_durable.nodes.context import _CURRENT, EffectContext
-from graph_durable.nodes.protocol import (
-    Ask,
-    CallContext,
-    CallTool,
-    Claim,
-    Lookup,
-    Outcome,
-    Protocol,
-    Read,
-    Sleep,
-    Write,
-)
-from graph_durable.policy import Compensation, Effect
+from graph_durable.leases import CANCEL_PREFIX
+from graph_durable.ledger import EffectRecord, EffectStatus
+from graph_durable.nodes.compensation import is_compensation
+from graph_durable.policy import Effect
 
 __all__ = ["CancelReport", "cancel", "compensate", "policies_of"]
 
@@ -89,137 +68,6 @@ def _policy(policies: Mapping[str, Effect], tool: str) -> Effect:
     return policies.get(tool, Effect())
 
 
-# -- the driver: performs the protocol's operations outside a graph ------------------------
-
-
-class _Driver:
-    """Runs compensation protocols for one thread under `lease`."""
-
-    def __init__(self, saver: Any, lease: Lease, compensation: Compensation | None = None,
-                 original: EffectRecord | None = None) -> None:
-        self.saver = saver
-        self.lease = lease
-        self.config = lease.config
-        self.compensation = compensation
-        self.original = original
-
-    def run(self, protocol: Protocol, ctx: CallContext | None = None) -> Any:
-        value: Any = None
-        while True:
-            try:
-                op = protocol.send(value)
-            except StopIteration as done:
-                return done.value
-            if isinstance(op, Read):
-                value = getattr(self.saver, op.name)(*op.args)
-            elif isinstance(op, Claim):
-                value = self.saver.claim(op.intent, self.config)
-            elif isinstance(op, Write):
-                value = self.saver.apply(op.write, self.config)
-            elif isinstance(op, CallTool):
-                assert ctx is not None
-                value = self._undo(ctx, op)
-            elif isinstance(op, Lookup):
-                assert ctx is not None
-                value = _lookup(ctx.policy, op.key)
-            elif isinstance(op, Sleep):
-                time.sleep(op.seconds)
-            elif isinstance(op, Ask):
-                value = None  # outside a graph nobody is asked: the record says what is owed
-            else:  # pragma: no cover - the protocol yields nothing else
-                raise TypeError(f"unknown protocol operation {op!r}")
-
-    def _undo(self, ctx: CallContext, op: CallTool) -> Outcome:
-        """Call the compensation once, as the guard calls a tool."""
-        self.lease.check()
-        compensation, original = self.compensation, self.original
-        assert compensation is not None and original is not None
-        effect = EffectContext(key=op.record.key, thread_id=ctx.thread_id,
-                               tool_call_id=ctx.tool_call_id, tool=ctx.tool,
-                               attempt=op.record.attempts, fencing_token=actor_of(self.config)[1])
-        token = _CURRENT.set(effect)
-        try:
-            undo = compensation.undo
-            if hasattr(undo, "invoke"):
-                value = undo.invoke(dict(op.record.args))
-            else:
-                value = undo(original, original.receipt)
-            if inspect.isawaitable(value):
-                if inspect.iscoroutine(value):
-                    value.close()
-                raise TypeError(f"compensation {ctx.tool!r} is async; cancel() and "
-                                "compensate() call it synchronously")
-            return Outcome(value=value if isinstance(value, ToolMessage) else ctx.message(value))
-        except Exception as exc:
-            return Outcome(error=exc)
-        finally:
-            _CURRENT.reset(token)
-
-    def compensate(self, original: EffectRecord, compensation: Compensation,
-                   cause: dict[str, Any]) -> EffectRecord:
-        """Undo `original` (applied or compensation_failed); its record afterwards."""
-        keying = self.saver.keying(original.thread_id)
-        ctx = compensation_context(original, compensation, keying,
-                                   _failed_tries(self.saver, original), cause)
-        self.compensation, self.original = compensation, original
-        return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
-
-    def settle_failed(self, original: EffectRecord, compensation: Compensation,
-                      decision: dict[str, Any], receipt: Any, *, have_receipt: bool
-                      ) -> EffectRecord:
-        """A human's word on a `compensation_failed` effect: `receipt` says it was undone
-        (by the compensation whose outcome was open, or by hand); without one, the
-        compensation is tried again: the same call (looked up first where it can be)
-        if its outcome is open, a new call if it certainly failed."""
-        keying = self.saver.keying(original.thread_id)
-        ctx = compensation_context(original, compensation, keying,
-                                   _failed_tries(self.saver, original), {"decision": decision})
-        undo = self.saver.effect(ctx.key, original.thread_id)
-        open_ = undo is not None and undo.status in (S.UNKNOWN, S.IN_FLIGHT)
-        if have_receipt:
-            if open_:
-                assert undo is not None
-                if undo.status is S.IN_FLIGHT:
-                    undo = self.transition(undo, S.UNKNOWN, "unknown", error=undo.error)
-                self.transition(undo, S.APPLIED, "receipt", error=None, receipt=receipt,
-                                asked=False, decision=None, data={"source": "human"})
-            return self.transition(original, S.COMPENSATED, "compensated", error=None,
-                                   data={"source": "human", "decision": decision})
-        if open_:
-            assert undo is not None
-            self.transition(undo, undo.status, "decision", decision={"type": "retry",
-                            "decided_at": time.time()}, asked=False,
-                            data={"decision": {"type": "retry"}})
-        self.compensation, self.original = compensation, original
-        return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
-
-    def transition(self, record: EffectRecord, to: EffectStatus, kind: str,
-                   **fields: Any) -> EffectRecord:
-        [after] = self.saver.apply(TransitionWrite(
-            thread_id=record.thread_id, key=record.key, to=to, kind=kind, **fields), self.config)
-        return after  # type: ignore[no-any-return]
-
-
-def _failed_tries(saver: Any, original: EffectRecord) -> int:
-    """How many compensations of `original` certainly failed (each retry is a new call)."""
-    return sum(1 for e in saver.events(original.thread_id, original.key)
-               if e.kind == "compensation_failed" and e.data.get("status") == S.FAILED.value)
-
-
-def _lookup(policy: Effect, key: str) -> Outcome:
-    if policy.lookup is None:
-        return Outcome(error=LookupError("no lookup"))
-    try:
-        found = policy.lookup(key)
-    except Exception as exc:
-        return Outcome(error=exc)
-    if inspect.isawaitable(found):
-        if inspect.iscoroutine(found):
-            found.close()
-        return Outcome(error=TypeError("the lookup is async; cancel() calls it synchronously"))
-    return Outcome(value=found)
-
-
 def _saver_of(saver: Any) -> Any:
     found = durable_saver(saver)
     if found is None:
@@ -228,47 +76,13 @@ def _saver_of(saver: Any) -> Any:
     return found
 
 
-def _settle_open(driver: _Driver, record: EffectRecord, policy: Effect,
-                 receipt: Any = None, *, have_receipt: bool = False) -> EffectRecord:
-    """An effect whose outcome is open (`in_flight`, `unknown`): applied once a lookup
-    finds it or a human gives its receipt, not applied once a lookup finds nothing, and
-    left as it is (`unknown`) when neither can tell."""
-    if have_receipt:
-        return driver.transition(
-            record, S.APPLIED, "receipt", error=None, receipt=receipt, asked=False,
-            decision=None, result=_message(record, receipt), data={"source": "human"})
-    found = _lookup(policy, record.key)
-    if found.error is None and found.value is not None:
-        return driver.transition(
-            record, S.APPLIED, "receipt", error=None, receipt=found.value, asked=False,
-            decision=None, result=_message(record, found.value), data={"source": "lookup"})
-    if found.error is None:
-        note = f"a lookup found no effect for key {record.key}: nothing was applied, nothing to undo"
-        to = S.FAILED if record.status is S.IN_FLIGHT else S.SKIPPED
-        return driver.transition(record, to, "resolved", error=None, asked=False, decision=None,
-                                 result=_message(record, f"Not applied: {note}", "error"),
-                                 data={"reason": note})
-    if record.status is S.IN_FLIGHT:
-        return driver.transition(record, S.UNKNOWN, "unknown",
-                                 error="the thread was cancelled while the call was in flight")
-    return record
-
-
-def _message(record: EffectRecord, content: Any, status: str = "success") -> ToolMessage:
-    """The answer a resumed step replays for `record`'s call."""
-    if not isinstance(content, str | list):
-        content = json.dumps(content, ensure_ascii=False, default=str)
-    return ToolMessage(content=content, name=record.tool, tool_call_id=record.tool_call_id,
-                       status=status)
-
-
 # -- one effect ------------------------------------------------------------------------
 
 
 def compensate(
     graph: Any, saver: Any, thread_id: str, call: str, *, receipt: Any = None,
     reviewer: str | None = None, owner: str | None = None, ttl: float = 30.0,
-    effects: Mapping[str, Effect] | None = None, **kwargs: Any,
+    effects: Mapping[str, Effect] | None = None,
 ) -> EffectRecord:
     """Carry out a reviewer's `{"type": "compensate"}` on one effect of `thread_id`.
 
@@ -292,8 +106,6 @@ def compensate(
             never sent, or already settled otherwise); nothing was changed.
         LeaseHeld: a worker holds the thread; try again once it has stopped.
     """
-    if kwargs:
-        raise TypeError(f"compensate() got unexpected arguments {sorted(kwargs)}")
     saver = _saver_of(saver)
     thread_id = str(thread_id)
     have_receipt = receipt is not None
@@ -305,7 +117,7 @@ def compensate(
     if thread_id in saver.cancelled_threads():
         who = CANCEL_PREFIX + who  # settling what a cancel left to a human
     with saver.lease(thread_id, who, ttl) as lease:
-        driver = _Driver(saver, lease)
+        driver = Driver(saver, lease)
         record = _find(saver, thread_id, call)  # as it stands under the lease
         _check_compensable(record, policy, thread_id, have_receipt)
         decision = {"type": "compensate", **({"reviewer": reviewer} if reviewer else {}),
@@ -320,7 +132,7 @@ def compensate(
             return driver.settle_failed(record, policy.compensation, decision, receipt,
                                         have_receipt=have_receipt)
         if record.status in (S.IN_FLIGHT, S.UNKNOWN):
-            record = _settle_open(driver, record, policy, receipt, have_receipt=have_receipt)
+            record = settle_open(driver, record, policy, receipt, have_receipt=have_receipt)
         if record.status is S.APPLIED:
             record = driver.compensate(record, policy.compensation, {"decision": decision})
         return record
@@ -421,10 +233,10 @@ def cancel(
             lease = stack.enter_context(saver.lease(thread_id, CANCEL_PREFIX + owner, ttl))
         except LeaseHeld as held:
             return CancelReport(thread_id, "held_elsewhere", held_by=held.holder)
-        return _cancel_under(_Driver(saver, lease), thread_id, policies, compensate)
+        return _cancel_under(Driver(saver, lease), thread_id, policies, compensate)
 
 
-def _cancel_under(driver: _Driver, thread_id: str, policies: Mapping[str, Effect],
+def _cancel_under(driver: Driver, thread_id: str, policies: Mapping[str, Effect],
                   compensate: bool) -> CancelReport:
     saver = driver.saver
     withdrawn: list[EffectRecord] = []
@@ -435,9 +247,9 @@ def _cancel_under(driver: _Driver, thread_id: str, policies: Mapping[str, Effect
             note = "the thread was cancelled before the call was approved; nothing was sent"
             withdrawn.append(driver.transition(
                 record, S.REJECTED, "cancelled", asked=False, decision=None,
-                result=_message(record, f"Cancelled: {note}", "error"), data={"reason": note}))
+                result=answer_message(record, f"Cancelled: {note}", "error"), data={"reason": note}))
         elif record.status in (S.IN_FLIGHT, S.UNKNOWN):
-            settled = _settle_open(driver, record, policy)
+            settled = settle_open(driver, record, policy)
             if settled.status in (S.FAILED, S.SKIPPED):
                 withdrawn.append(settled)
     records = {r.key: r for r in saver.effects(thread_id) if not is_compensation(r)}
