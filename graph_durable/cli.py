@@ -17,9 +17,11 @@
 `postgres` extra). When `LANGGRAPH_AES_KEY` is set, checkpoints and ledger are opened
 with LangGraph's `EncryptedSerializer` under that key; without it, read commands show
 encrypted ledger values as `<encrypted>`, and commands that need the checkpoints say
-the key is missing. Every command prints a table, or JSON with `--json`. `--graph
-module:attribute` names a compiled graph, a `StateGraph` builder (compiled here on
-`--db`), or a callable that takes the saver and returns a compiled graph.
+the key is missing. Every command prints a table, JSON with `--json` (values nested as
+they are, times in ISO 8601) or one JSON object a line with `--jsonl`; `--version` prints
+the version. `--graph module:attribute` names a compiled graph, a `StateGraph` builder
+(compiled here on `--db`), or a callable that takes the saver and returns a compiled
+graph.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import os
 import sqlite3
 import sys
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
@@ -138,22 +141,49 @@ def _decisions(text: str) -> dict[str, dict[str, Any]]:
     return decisions
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("graph-durable")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        return "unknown"
+
+
 def _known_thread(saver: Any, thread_id: str | None) -> None:
     if thread_id is not None and thread_id not in saver.thread_ids():
         raise _Refused(f"thread {thread_id!r} has no checkpoint in this database; "
                        "`graph-durable status --db ...` lists the threads", code=1)
 
 
-def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
+def _iso(at: float | None) -> str | None:
+    """A Unix time as ISO 8601 in UTC."""
+    return None if at is None else datetime.fromtimestamp(at, tz=timezone.utc).isoformat()
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str, ensure_ascii=False)
+    return str(value)
+
+
+def _print(rows: list[dict[str, Any]], as_json: bool, as_jsonl: bool = False) -> None:
+    """Rows as a table, as one JSON array (`--json`: values nested as they are, times
+    in ISO 8601), or as one JSON object a line (`--jsonl`)."""
+    if as_jsonl:
+        for row in rows:
+            print(json.dumps(row, default=str, ensure_ascii=False))
+        return
     if as_json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(json.dumps(rows, indent=2, default=str, ensure_ascii=False))
         return
     if not rows:
         print("(nothing)")
         return
     columns = list(rows[0])
-    cells = [[str(row.get(c, "")) if row.get(c) is not None else "" for c in columns]
-             for row in rows]
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
     widths = [min(max(len(c), *(len(r[i]) for r in cells)), 60)
               for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
@@ -178,16 +208,16 @@ def _cmd_effects(args: argparse.Namespace) -> list[dict[str, Any]]:
     records = saver.effects(args.thread, args.status)
     return [{"thread": r.thread_id, "tool_call_id": r.tool_call_id, "tool": r.tool,
              "status": r.status.value, "attempts": r.attempts, "key": r.key,
-             "receipt": json.dumps(r.receipt, default=str) if r.receipt is not None else None,
-             "error": r.error} for r in records]
+             "receipt": r.receipt, "error": r.error, "updated_at": _iso(r.updated_at)}
+            for r in records]
 
 
 def _cmd_events(args: argparse.Namespace) -> list[dict[str, Any]]:
     saver = _saver(args.db, read_only=True)
     _known_thread(saver, args.thread)
-    return [{"seq": e.seq, "thread": e.thread_id, "key": e.key, "kind": e.kind,
-             "data": json.dumps(e.data, default=str), "owner": e.owner,
-             "token": e.fencing_token} for e in saver.events(args.thread)]
+    return [{"seq": e.seq, "at": _iso(e.at), "thread": e.thread_id, "key": e.key,
+             "kind": e.kind, "data": e.data, "owner": e.owner, "token": e.fencing_token}
+            for e in saver.events(args.thread)]
 
 
 def _cmd_pending(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -195,7 +225,7 @@ def _cmd_pending(args: argparse.Namespace) -> list[dict[str, Any]]:
     _known_thread(saver, args.thread)
     pending = review(_graph(args.graph, saver), {"configurable": {"thread_id": args.thread}})
     return [{"tool_call_id": i.tool_call_id, "kind": i.kind, "tool": i.tool,
-             "args": json.dumps(i.args), "attempts": i.attempts, "error": i.error,
+             "args": i.args, "attempts": i.attempts, "error": i.error,
              "description": i.description, "allowed": ",".join(i.allowed_decisions)}
             for i in pending.pending]
 
@@ -261,6 +291,8 @@ def _cmd_audit(args: argparse.Namespace) -> Any:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graph-durable", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version",
+                        version=f"graph-durable {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help_text: str, *, graph: bool = False, thread: str = "optional"
@@ -268,7 +300,10 @@ def _parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--db", required=True,
                          help="SQLite file of the durable saver, or a postgresql:// URL")
-        sub.add_argument("--json", action="store_true", help="print JSON")
+        output = sub.add_mutually_exclusive_group()
+        output.add_argument("--json", action="store_true",
+                            help="print JSON (nested values, ISO 8601 times)")
+        output.add_argument("--jsonl", action="store_true", help="print one JSON object a line")
         if thread != "none":
             sub.add_argument("--thread", required=thread == "required")
         if graph:
@@ -320,9 +355,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows = _COMMANDS[args.command](args)
         if args.command == "audit":
-            print(json.dumps(rows.to_dict(), indent=2) if args.json else rows.summary())
+            if args.json or args.jsonl:
+                print(json.dumps(rows.to_dict(), indent=None if args.jsonl else 2))
+            else:
+                print(rows.summary())
             return 0
-        _print(rows, args.json)
+        _print(rows, args.json, args.jsonl)
     except (GraphDurableError, _Refused) as exc:
         print(f"graph-durable: {exc}", file=sys.stderr)
         return getattr(exc, "code", 2)

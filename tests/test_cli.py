@@ -70,7 +70,8 @@ def test_cli_lists_recovers_and_decides(tmp_path: Path) -> None:
     assert decided.returncode == 0, decided.stderr
     assert "done" in decided.stdout
     events = json.loads(cli("events", "--db", db, "--thread", "t", "--json").stdout)
-    assert any(e["kind"] == "decision" and '"ana"' in e["data"] for e in events)
+    assert any(e["kind"] == "decision" and '"ana"' in json.dumps(e["data"]) for e in events)
+    assert all(e["at"].endswith("+00:00") for e in events)  # ISO 8601 times
     assert FakeProvider(str(tmp_path / "mail.sqlite"), "blind").count() == 1
 
 
@@ -211,17 +212,17 @@ def test_an_encrypted_database_is_read_with_the_key_and_never_shown_as_garbage(
     sealed = cli("effects", "--db", db, "--json", env={"LANGGRAPH_AES_KEY": ""})
     assert sealed.returncode == 0, sealed.stderr
     [row] = json.loads(sealed.stdout)
-    assert row["status"] == "applied" and row["receipt"] == '"<encrypted>"'
+    assert row["status"] == "applied" and row["receipt"] == "<encrypted>"
     events = cli("events", "--db", db, "--json")
     assert events.returncode == 0 and "secret-item" not in events.stdout
     # Entries that only name statuses stay readable; the rest is sealed.
     for event in json.loads(events.stdout):
-        data = json.loads(event["data"])
+        data = event["data"]
         assert data == "<encrypted>" or set(data) <= {"status", "tool", "tool_call_id",
                                                       "source", "attempt"}
 
     opened = cli("effects", "--db", db, "--json", env={"LANGGRAPH_AES_KEY": key})
-    assert "secret-item" in json.loads(opened.stdout)[0]["receipt"]
+    assert "secret-item" in json.dumps(json.loads(opened.stdout)[0]["receipt"])
 
     for env in ({}, {"LANGGRAPH_AES_KEY": "w" * 32}):
         status = cli("status", "--db", db, env={"LANGGRAPH_AES_KEY": "", **env})
@@ -232,3 +233,15 @@ def test_an_encrypted_database_is_read_with_the_key_and_never_shown_as_garbage(
     assert json.loads(cli("status", "--db", db, "--json",
                           env={"LANGGRAPH_AES_KEY": key}).stdout)[0]["status"] == "done"
     assert _bytes_of(tmp_path) == before
+
+
+def test_json_is_nested_jsonl_is_a_line_each_and_version_prints(tmp_path: Path) -> None:
+    _, db, _ = _crashed_after_mail(tmp_path, [[["mail", "2"]]], {"mail": "blind"})
+    effects = json.loads(cli("effects", "--db", db, "--json").stdout)
+    assert effects and all(isinstance(row["updated_at"], str) for row in effects)
+    lines = cli("events", "--db", db, "--jsonl").stdout.splitlines()
+    assert lines and all(isinstance(json.loads(line)["data"], dict) for line in lines)
+    both = cli("events", "--db", db, "--json", "--jsonl")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+    version = cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("graph-durable ")
