@@ -195,6 +195,28 @@ def test_an_edit_in_the_source_of_a_copy_that_sent_the_call_sends_nothing(tmp_pa
     assert provider.count() == 1
 
 
+@pytest.mark.parametrize("answer", [{"type": "reject", "message": "no"},
+                                    {"type": "respond", "message": "done by hand"}])
+def test_a_rejection_in_the_source_of_a_copy_that_sent_the_call_says_what_happened(
+        tmp_path, answer) -> None:
+    """Seed 100060 (`copy_both`): the copy approved and sent the call; rejecting it in
+    the source recorded `rejected` (not sent) while the provider had applied it. The
+    rejection comes too late: the source records the family's receipt, and the model
+    sees the effect, not a "Rejected" that is no longer true."""
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    saver.copy_thread("t", "fork")
+    fork = {"configurable": {"thread_id": "fork"}}
+    graph.invoke(Command(resume={"type": "approve"}), fork, durability="sync")
+    result = graph.invoke(Command(resume=answer), CONFIG, durability="sync")
+    assert result["messages"][2].content == "charged effect-1"
+    assert provider.count() == 1
+    [record] = saver.effects("t")
+    assert record.status is EffectStatus.APPLIED
+    kinds = [(e.kind, e.data.get("source")) for e in saver.events("t", record.key)]
+    assert ("decision", None) in kinds and kinds[-1] == ("receipt", "family")
+
+
 def test_a_question_asked_anew_by_a_run_that_died_is_not_the_saved_one(tmp_path) -> None:
     """Seed 30204: an approved call became `unknown` in a run killed before it raised its
     interrupt; the saved approval question was taken for the new one (`needs_human`),

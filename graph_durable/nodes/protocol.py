@@ -427,12 +427,15 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
                                        receipt=found.value, result=message, decision=None,
                                        data={**data, "source": "lookup"}))
             return message
-    if kind in ("approve", "edit", "retry"):
+    if kind in ("approve", "edit", "retry", "reject", "respond"):
         sent = yield Read("sent_in_family", (record.key, ctx.thread_id))
         # An approval or an edit assumes nothing was sent; a copy (or the source) of this
         # thread that sent the call makes that false, so the call is not sent again, in
-        # any form. A retry answers the very doubt a sibling's open attempt raises; only
-        # a sibling's receipt still stands against it.
+        # any form. A rejection (or an answer in place of the tool) comes too late then:
+        # the effect exists, so the ledger and the model get what became of it, not a
+        # "not sent" that is no longer true (the decision stays in the journal). A retry
+        # answers the very doubt a sibling's open attempt raises; only a sibling's
+        # receipt still stands against it.
         if sent is not None and (kind != "retry" or sent.status in SENT_STATUSES):
             return (yield from _adopt_family_send(ctx, record, sent, data))
     if kind in ("approve", "retry"):
