@@ -1,9 +1,9 @@
 """Leases on PostgreSQL are decided by the server's clock, not the workers'.
 
 Two real worker processes share one thread; each has its wall clock (`time.time`) faked
-60 s fast or 60 s slow before anything is imported. The holder keeps its lease for a few
-seconds (renewing it), checks it and makes a fenced write; meanwhile the other tries again
-and again to take the thread. On the workers' own clocks, a slow holder's lease would look
+60 s fast or 60 s slow before anything is imported. The holder keeps its lease (renewing
+it) while the other tries again and again, for 3 s, to take the thread; then the holder
+checks its lease and makes a fenced write. On the workers' own clocks, a slow holder's lease would look
 expired to a fast worker at once (two owners), and a fast holder would judge its own live
 lease expired (a lost lease). On the server's clock neither happens.
 """
@@ -34,13 +34,14 @@ saver = DurablePostgresSaver(psycopg.connect(conninfo, autocommit=True, prepare_
                                              row_factory=dict_row))
 report = {"role": role}
 if role == "hold":
+    import select
     with saver.lease("t", "holder", ttl=2.0) as lease:
         print(json.dumps({"held": True}), flush=True)
         checks = []
+        # Hold (renewing) until the test says the other worker is done, at most `seconds`.
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not select.select([sys.stdin], [], [], 0.2)[0]:
             checks.append(lease.is_valid())
-            time.sleep(0.2)
         try:
             lease.check()
             saver.claim(IntentWrite(key="gd-k", thread_id="t", checkpoint_ns="",
@@ -52,6 +53,7 @@ if role == "hold":
         report["valid_throughout"] = all(checks)
 else:
     taken = 0
+    print(json.dumps({"ready": True}), flush=True)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -68,8 +70,8 @@ print(json.dumps(report), flush=True)
 
 def worker(conninfo: str, offset: float, role: str, seconds: float) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", WORKER, str(offset), conninfo, role,
-                             str(seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.parametrize("holder_offset", [-60.0, 60.0], ids=["slow holder", "fast holder"])
@@ -79,11 +81,12 @@ def test_workers_with_skewed_clocks_never_share_a_thread_nor_lose_a_live_lease(
 
     with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
         saver.setup()
-    holder = worker(postgres_conninfo, holder_offset, "hold", 4.0)
+    holder = worker(postgres_conninfo, holder_offset, "hold", 60.0)
     assert json.loads(holder.stdout.readline()) == {"held": True}, holder.stderr.read()
     grabber = worker(postgres_conninfo, -holder_offset, "grab", 3.0)
+    # The grabber tries for 3 s once it is up; the holder holds until it is done.
     grabbed = json.loads(grabber.communicate(timeout=60)[0].splitlines()[-1])
-    held = json.loads(holder.communicate(timeout=60)[0].splitlines()[-1])
+    held = json.loads(holder.communicate("done\n", timeout=60)[0].splitlines()[-1])
     assert grabbed["taken"] == 0, "two workers held the thread at once"
     assert held["valid_throughout"] and held["write"] == "ok", held
     # Once the holder is done, the other worker takes the thread at once.
