@@ -3,9 +3,11 @@
 Two real worker processes share one thread; each has its wall clock (`time.time`) faked
 60 s fast or 60 s slow before anything is imported. The holder keeps its lease (renewing
 it) while the other tries again and again, for 3 s, to take the thread; then the holder
-checks its lease and makes a fenced write. On the workers' own clocks, a slow holder's lease would look
-expired to a fast worker at once (two owners), and a fast holder would judge its own live
-lease expired (a lost lease). On the server's clock neither happens.
+checks its lease and makes a fenced write. On the workers' own clocks,
+a slow holder's lease looks expired to a fast worker at once: two owners (the slow-holder
+case fails on the previous release). With expiry on the server's clock, a fast holder must
+judge its own lease by the deadline the server granted, not by its wall clock, or it would
+think its live lease lost (the fast-holder case).
 """
 
 from __future__ import annotations
