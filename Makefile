@@ -9,7 +9,7 @@ FLOOR_STAMP := $(FLOOR_VENV)/.installed
 FLOOR_TESTS := tests/nodes tests/test_review_subgraphs.py tests/test_explorer_regressions.py \
 	tests/test_crash_forks.py tests/test_exports.py tests/test_versions.py
 
-.PHONY: demo test bench soak clean
+.PHONY: demo test test-sweeps bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,11 +26,17 @@ $(FLOOR_STAMP): pyproject.toml requirements/floor.txt
 demo: $(STAMP)
 	$(PY) -m graph_durable.demo
 
-# Every test on the newest releases, then the guard's own tests on the oldest supported.
+# Every test on the newest releases (but the long sweeps), then the guard's own tests on
+# the oldest supported releases.
 test: $(STAMP) $(FLOOR_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m "not sweep"
 	GRAPH_DURABLE_EXPECT_FLOOR=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		$(FLOOR_TESTS)
+
+# The long sweeps (marker `sweep`): races and many-worker recoveries bound by wall-clock
+# waits. CI runs them after make test.
+test-sweeps: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m sweep
 
 # Benchmark-only packages (dbos, matplotlib, psutil); if they cannot be installed, the
 # benchmarks that need them are skipped with a message.

@@ -27,7 +27,7 @@ import pytest
 from graph_durable.testing import FaultPlan, InjectedCrash, arm, disarm
 
 pytest.importorskip("psycopg")
-pytestmark = pytest.mark.crash
+pytestmark = [pytest.mark.crash, pytest.mark.sweep]
 
 THREADS = 200
 WORKERS = 4
