@@ -33,8 +33,8 @@ test: $(STAMP) $(FLOOR_STAMP)
 	GRAPH_DURABLE_EXPECT_FLOOR=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		$(FLOOR_TESTS)
 
-# The long sweeps (marker `sweep`): races and many-worker recoveries bound by wall-clock
-# waits. CI runs them after make test.
+# The long sweeps (marker `sweep`): the explorer's 300 episodes, races and many-worker
+# recoveries. CI runs them after make test.
 test-sweeps: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m sweep
 

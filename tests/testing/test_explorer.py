@@ -126,6 +126,7 @@ def test_the_command_line_replays_a_seed_and_an_episode(tmp_path: Path) -> None:
     assert "DUPLICATE" in failing.stdout
 
 
+@pytest.mark.sweep
 def test_stable_paths_keep_every_invariant(tmp_path: Path) -> None:
     report = explore(EXPLORER_EPISODES, EXPLORER_SEED, workers=2, directory=str(tmp_path))
     print(report.render())
