@@ -114,7 +114,7 @@ def compensate(
     policy = _policy(policies, record.tool)
     _check_compensable(record, policy, thread_id, have_receipt)
     who = owner or f"compensate:{reviewer or 'reviewer'}"
-    if thread_id in saver.cancelled_threads():
+    if saver.cancelled_by(thread_id) is not None:
         who = CANCEL_PREFIX + who  # settling what a cancel left to a human
     with saver.lease(thread_id, who, ttl) as lease:
         driver = Driver(saver, lease)

@@ -12,7 +12,6 @@ sweep the same database at once and each thread is resumed by exactly one of the
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -72,10 +71,10 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
         raise GraphDurableError(f"Thread {thread_id!r} has no checkpoint in this database.",
                                 thread_id=thread_id)
     nxt = _next_nodes(latest.checkpoint["channel_values"])
-    canceller = saver.cancelled_threads().get(thread_id)
-    if canceller is not None:
-        return _cancelled_status(saver, thread_id, canceller, nxt)
     lease = saver.live_leases().get(thread_id)
+    canceller = saver.cancelled_by(thread_id)
+    if canceller is not None:
+        return _cancelled_status(saver, thread_id, canceller, nxt, live=lease is not None)
     if lease is not None and lease[0] != ignore_owner:
         return ThreadStatus(thread_id, "running",
                             f"{lease[0]!r} holds a live lease for {lease[2] - saver.clock():.1f} s",
@@ -113,12 +112,12 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
     return ThreadStatus(thread_id, "done", "ran to its end")
 
 
-def _cancelled_status(saver: Any, thread_id: str, canceller: str, nxt: tuple[str, ...]
-                      ) -> ThreadStatus:
+def _cancelled_status(saver: Any, thread_id: str, canceller: str, nxt: tuple[str, ...],
+                      *, live: bool) -> ThreadStatus:
     """A thread `cancel()` stopped: whether its cancel finished, and what a human owes."""
     records = saver.effects(thread_id)
     open_ = tuple(r.tool_call_id for r in records if r.status in _OPEN_AFTER_CANCEL)
-    if saver.live_leases().get(thread_id) is not None:
+    if live:
         why = f"being cancelled by {canceller!r}"
     elif open_:
         why = (f"cancelled by {canceller!r}; a human must settle tool calls {list(open_)} "

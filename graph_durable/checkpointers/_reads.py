@@ -14,7 +14,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
-from graph_durable.leases import CANCEL_PREFIX
+from graph_durable.leases import cancelled_by
 from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus, IntentWrite, Keying
 
 __all__ = ["SyncLedgerReads"]
@@ -52,10 +52,11 @@ class SyncLedgerReads:
         rows = self._query(_sql.SELECT_LIVE_LEASES, (time.time(),))
         return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
 
-    def cancelled_threads(self) -> dict[str, str]:
-        """`{thread_id: owner that cancelled it}` of every thread `cancel()` stopped."""
-        rows = self._query(_sql.SELECT_CANCELLED, _sql.cancelled_params())
-        return {thread_id: owner[len(CANCEL_PREFIX):] for thread_id, owner in rows}
+    def cancelled_by(self, thread_id: str) -> str | None:
+        """Who `cancel()` stopped the thread for (its lease row keeps the canceller as
+        owner), or `None`: one read of the thread's lease row."""
+        rows = self._query(_sql.SELECT_LEASE, (str(thread_id),))
+        return cancelled_by(rows[0][0]) if rows else None
 
     def task_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
         """The run log of an audited thread, in order: `(seq, run_id, checkpoint_ns,

@@ -163,11 +163,6 @@ SELECT_TASK_RUNS = (
     "SELECT seq, run_id, checkpoint_ns, node, kind, at FROM task_runs WHERE thread_id = ? "
     "ORDER BY seq"
 )
-# Threads cancel() stopped: their lease row keeps the canceller as owner (see
-# `graph_durable.leases.CANCEL_PREFIX`).
-SELECT_CANCELLED = (
-    "SELECT thread_id, owner FROM thread_leases WHERE substr(owner, 1, ?) = ?"
-)
 SELECT_LIVE_LEASES = "SELECT thread_id, owner, token, expires_at FROM thread_leases WHERE expires_at > ?"
 SELECT_FLOW_VERSION = "SELECT flow_version FROM thread_flow_versions WHERE thread_id = ?"
 INSERT_FLOW_VERSION = (
@@ -413,10 +408,3 @@ def transition_event(
         (record.key, record.thread_id, kind,
          codec.dump_event({"status": record.status.value, **data}), now, *actor),
     )
-
-
-def cancelled_params() -> tuple[int, str]:
-    """Parameters of `SELECT_CANCELLED`."""
-    from graph_durable.leases import CANCEL_PREFIX
-
-    return len(CANCEL_PREFIX), CANCEL_PREFIX

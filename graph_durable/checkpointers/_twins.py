@@ -141,9 +141,9 @@ class AsyncFromSync:
         """Async `task_runs`."""
         return self.task_runs(thread_id)  # type: ignore[attr-defined,no-any-return]
 
-    async def acancelled_threads(self) -> dict[str, str]:
-        """Async `cancelled_threads`."""
-        return self.cancelled_threads()  # type: ignore[attr-defined,no-any-return]
+    async def acancelled_by(self, thread_id: str) -> str | None:
+        """Async `cancelled_by`."""
+        return self.cancelled_by(thread_id)  # type: ignore[attr-defined,no-any-return]
 
     async def aapply(
         self, write: LedgerWrite, config: RunnableConfig | None = None

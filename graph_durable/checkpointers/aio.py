@@ -27,7 +27,7 @@ from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE, statements
 from graph_durable.errors import IllegalTransition
-from graph_durable.leases import CANCEL_PREFIX, Lease, register, unregister
+from graph_durable.leases import Lease, cancelled_by, register, unregister
 from graph_durable.ledger import (
     EffectEvent,
     EffectRecord,
@@ -401,10 +401,10 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         rows = await self._fetchall(_sql.SELECT_LIVE_LEASES, (time.time(),))
         return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
 
-    async def acancelled_threads(self) -> dict[str, str]:
-        """`{thread_id: owner that cancelled it}` of every thread `cancel()` stopped."""
-        rows = await self._fetchall(_sql.SELECT_CANCELLED, _sql.cancelled_params())
-        return {thread_id: owner[len(CANCEL_PREFIX):] for thread_id, owner in rows}
+    async def acancelled_by(self, thread_id: str) -> str | None:
+        """Who `cancel()` stopped the thread for, or `None` (see `DurableSqliteSaver`)."""
+        rows = await self._fetchall(_sql.SELECT_LEASE, (str(thread_id),))
+        return cancelled_by(rows[0][0]) if rows else None
 
     async def arecord_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str,
                                node: str, kind: str) -> None:
@@ -447,9 +447,9 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         """Sync `alive_leases`."""
         return self._sync(self.alive_leases())
 
-    def cancelled_threads(self) -> dict[str, str]:
-        """Sync `acancelled_threads`."""
-        return self._sync(self.acancelled_threads())
+    def cancelled_by(self, thread_id: str) -> str | None:
+        """Sync `acancelled_by`."""
+        return self._sync(self.acancelled_by(thread_id))
 
     def thread_ids(self) -> list[str]:
         """Sync `athread_ids`."""
