@@ -23,7 +23,7 @@ compiled graph does not expose).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,7 +36,7 @@ from graph_durable.ledger import EffectRecord, EffectStatus
 from graph_durable.nodes.compensation import is_compensation
 from graph_durable.policy import Effect
 
-__all__ = ["CancelReport", "cancel", "compensate", "policies_of"]
+__all__ = ["CancelReport", "cancel", "compensate", "policies_of", "tools_of"]
 
 S = EffectStatus
 
@@ -44,8 +44,8 @@ S = EffectStatus
 # -- where the policies are ----------------------------------------------------------------
 
 
-def policies_of(graph: Any) -> dict[str, Effect]:
-    """`{tool: Effect}` of every `EffectGuardNode` in `graph` and its subgraphs."""
+def _guards(graph: Any) -> Iterator[Any]:
+    """Every `EffectGuardNode` of `graph` and of its subgraphs."""
     from graph_durable.nodes.node import EffectGuardNode
 
     graphs = [graph]
@@ -53,15 +53,30 @@ def policies_of(graph: Any) -> dict[str, Effect]:
         graphs += [sub for _, sub in graph.get_subgraphs(recurse=True)]
     except Exception:  # a graph without subgraph support: its own nodes only
         pass
-    policies: dict[str, Effect] = {}
     for one in graphs:
         for node in getattr(one, "nodes", {}).values():
             bound = getattr(node, "bound", node)
             if isinstance(bound, EffectGuardNode):
-                guard = bound.guard
-                for name in bound.tools_by_name:
-                    policies.setdefault(name, guard.policy_for(name))
+                yield bound
+
+
+def policies_of(graph: Any) -> dict[str, Effect]:
+    """`{tool: Effect}` of every `EffectGuardNode` in `graph` and its subgraphs."""
+    policies: dict[str, Effect] = {}
+    for node in _guards(graph):
+        for name in node.tools_by_name:
+            policies.setdefault(name, node.guard.policy_for(name))
     return policies
+
+
+def tools_of(graph: Any) -> dict[str, Any]:
+    """`{name: tool}` of every tool an `EffectGuardNode` of `graph` (or of its
+    subgraphs) guards: the argument schemas an edit is checked against."""
+    tools: dict[str, Any] = {}
+    for node in _guards(graph):
+        for name, tool in node.tools_by_name.items():
+            tools.setdefault(name, tool)
+    return tools
 
 
 def _policy(policies: Mapping[str, Effect], tool: str) -> Effect:

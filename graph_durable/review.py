@@ -114,6 +114,11 @@ class Review:
             )
         return item
 
+    def _tools(self) -> dict[str, Any]:
+        from graph_durable.compensation import tools_of
+
+        return tools_of(self.graph)
+
     def _decided_before(self, tool_call_id: str) -> str:
         """`: it was decided at <when> by <whom> (<type>)`, when the ledger says so (a
         double click, a second reviewer, an answer to an earlier question)."""
@@ -135,9 +140,11 @@ class Review:
         item = self._item(tool_call_id, decision["type"], interrupt_id)
         if reviewer is not None:
             decision["reviewer"] = reviewer
-        # Checked here too, before any run: a refused answer then never reaches the
-        # graph (where LangGraph would record the refusal as the step's error).
-        check_decision(decision, _as_record(item, self.thread_id), self.thread_id)
+        # Checked here too, before any run, an edit's args against the tool's schema: a
+        # refused answer then never reaches the graph (where LangGraph would record the
+        # refusal as the step's error).
+        check_decision(decision, _as_record(item, self.thread_id), self.thread_id,
+                       self._tools().get(item.tool))
         self.decisions[(item.interrupt_id, item.key)] = decision
         return self
 
