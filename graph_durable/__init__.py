@@ -16,6 +16,9 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+__version__ = "0.1.0"
+"""This release (also the distribution's version: pyproject reads it from here)."""
+
 __all__ = [
     "AsyncDurableSqliteSaver",
     "CancelReport",
@@ -30,6 +33,7 @@ __all__ = [
     "EffectStatus",
     "FlowVersionMismatch",
     "GraphDurableError",
+    "InboxItem",
     "InvalidDecision",
     "LeaseHeld",
     "LeaseLost",
@@ -45,6 +49,8 @@ __all__ = [
     "compensate",
     "current_effect",
     "flow_version_of",
+    "inbox",
+    "record_decisions",
     "recover",
     "redact_keys",
     "review",
@@ -71,6 +77,9 @@ _HOMES = {
     "areview": "graph_durable.review",
     "current_effect": "graph_durable.nodes.context",
     "flow_version_of": "graph_durable.flow",
+    "InboxItem": "graph_durable.inbox",
+    "inbox": "graph_durable.inbox",
+    "record_decisions": "graph_durable.inbox",
     "recover": "graph_durable.recovery",
     "review": "graph_durable.review",
     "redact_keys": "graph_durable.secrets",

@@ -63,6 +63,11 @@ class SyncLedgerReads:
         node, kind, at)`, `kind` being `node` or `model` (see `graph_durable.audit`)."""
         return [tuple(row) for row in self._query(_sql.SELECT_TASK_RUNS, (str(thread_id),))]  # type: ignore[misc]
 
+    def flow_versions(self) -> dict[str, str]:
+        """`{thread_id: flow_version}` of every thread pinned to a flow version."""
+        return {thread_id: version for thread_id, version
+                in self._query(_sql.SELECT_FLOW_VERSIONS)}
+
     def thread_ids(self) -> list[str]:
         """Every thread with a checkpoint, sorted."""
         return [row[0] for row in self._query(_sql.SELECT_THREAD_IDS)]

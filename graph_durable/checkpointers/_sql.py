@@ -165,6 +165,7 @@ SELECT_TASK_RUNS = (
 )
 SELECT_LIVE_LEASES = "SELECT thread_id, owner, token, expires_at FROM thread_leases WHERE expires_at > ?"
 SELECT_FLOW_VERSION = "SELECT flow_version FROM thread_flow_versions WHERE thread_id = ?"
+SELECT_FLOW_VERSIONS = "SELECT thread_id, flow_version FROM thread_flow_versions"
 INSERT_FLOW_VERSION = (
     "INSERT INTO thread_flow_versions (thread_id, flow_version, pinned_at) VALUES (?, ?, ?)"
 )

@@ -1,0 +1,233 @@
+"""The inbox: every decision waiting for a human, across a database, read without a graph.
+
+    for item in inbox(saver):                      # every thread, oldest question first
+        print(item.thread_id, item.tool_call_id, item.kind, item.description)
+    record_decisions(saver, "t1", {"call_1": {"type": "approve"}}, reviewer="ana")
+    # the next resume of t1 (recover(), or any invoke) carries the decision out
+
+`review(graph, config)` answers one thread from a process that has its graph. An
+operator's shell or an inbox page often has only the database: `inbox(saver)` reads the
+pending questions from the checkpoints and the ledger alone, and `record_decisions`
+journals answers the way the guard itself journals them, under the thread's lease, so
+the next run of the thread acts on them exactly as if they had come with the resume
+command. Decisions are validated first, against the interrupt's own `response_schema`
+(an edit's args against the tool's argument schema), and nothing is written if one of
+them does not fit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from graph_durable._langgraph import ERROR, INTERRUPT, RESUME
+from graph_durable.errors import InvalidDecision
+from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite, WriteBatch
+from graph_durable.nodes.decisions import check_decision
+
+__all__ = ["InboxItem", "inbox", "record_decisions"]
+
+_KINDS = {"tool_approval": "approval", "effect_approval": "approval", "effect_unknown": "unknown"}
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    """One tool call a human must decide on, as the database holds it."""
+
+    thread_id: str
+    tool_call_id: str
+    kind: str
+    """`approval` (not sent yet) or `unknown` (may or may not have happened)."""
+    tool: str
+    args: dict[str, Any]
+    key: str
+    """Idempotency key of the effect."""
+    status: str
+    """Ledger status: `awaiting_approval` or `unknown`."""
+    attempts: int
+    """How many times the tool was called for this key."""
+    error: str | None
+    description: str | None
+    allowed_decisions: tuple[str, ...]
+    interrupt_id: str
+    created_at: float
+    """Unix time of the intent."""
+    asked_at: float
+    """Unix time the question was (last) asked."""
+    response_schema: dict[str, Any] | None = None
+    """JSON schema of the answers the interrupt accepts, when the graph published one."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The item as JSON-ready values (times stay Unix seconds)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def _interrupts(saver: Any, thread_id: str) -> list[Any]:
+    """The interrupts the thread's latest root checkpoint holds and no task answered."""
+    latest = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+    if latest is None:
+        return []
+    finished = {w[0] for w in latest.pending_writes if w[1] not in (INTERRUPT, RESUME, ERROR)}
+    found = []
+    for task_id, channel, value in latest.pending_writes:
+        if channel != INTERRUPT or task_id in finished:
+            continue
+        found.extend(value if isinstance(value, list | tuple) else [value])
+    return found
+
+
+def inbox(saver: Any, thread_id: str | None = None) -> list[InboxItem]:
+    """Every question a pending interrupt asks a human, oldest first.
+
+    Args:
+        saver: A durable saver (read-only ones too: `DurableSqliteSaver.open_read_only`).
+        thread_id: Only this thread's questions.
+
+    Reads the checkpoints and the ledger only: no graph is needed. A cancelled thread
+    asks nothing any more, and a question whose decision is already journaled is not
+    listed.
+    """
+    threads = [str(thread_id)] if thread_id is not None else saver.thread_ids()
+    items: list[InboxItem] = []
+    for thread in threads:
+        if saver.cancelled_by(thread) is not None:
+            continue
+        for interrupt in _interrupts(saver, thread):
+            value = getattr(interrupt, "value", None)
+            if not isinstance(value, dict) or value.get("type") not in _KINDS:
+                continue
+            kind = _KINDS[value["type"]]
+            record = saver.effect(value.get("key", ""), thread)
+            if record is None or not record.asked or _kind_of(record) != kind:
+                continue  # answered, or asked anew by a run that has not saved its question
+            asked = [e.at for e in saver.events(thread, record.key) if e.kind == "asked"]
+            schema = getattr(interrupt, "response_schema", None)
+            items.append(InboxItem(
+                thread_id=thread, tool_call_id=record.tool_call_id, kind=kind,
+                tool=record.tool, args=record.args, key=record.key,
+                status=record.status.value, attempts=record.attempts, error=record.error,
+                description=value.get("description"),
+                allowed_decisions=tuple(value.get("allowed_decisions") or ()),
+                interrupt_id=getattr(interrupt, "id", ""), created_at=record.created_at,
+                asked_at=asked[-1] if asked else record.updated_at,
+                response_schema=schema if isinstance(schema, dict) else None,
+            ))
+    return sorted(items, key=lambda item: (item.asked_at, item.thread_id, item.tool_call_id))
+
+
+def _kind_of(record: EffectRecord) -> str:
+    return "approval" if record.status is EffectStatus.AWAITING_APPROVAL else "unknown"
+
+
+def _match(items: list[InboxItem], name: str, thread_id: str) -> InboxItem:
+    found = [i for i in items if name in (i.tool_call_id, i.interrupt_id, i.key)]
+    if len(found) == 1:
+        return found[0]
+    pending = sorted(i.tool_call_id for i in items)
+    if not found:
+        raise InvalidDecision(
+            f"Tool call {name!r} is not waiting for a decision in thread {thread_id!r}; "
+            f"pending: {pending or 'nothing'}. Nothing was recorded.",
+            thread_id=thread_id, tool_call_id=name)
+    raise InvalidDecision(
+        f"{name!r} names {len(found)} pending calls in thread {thread_id!r} (subgraphs may "
+        "reuse a tool_call_id): name it by interrupt id or key. Nothing was recorded.",
+        thread_id=thread_id, tool_call_id=name)
+
+
+def _check_schema(decision: dict[str, Any], item: InboxItem) -> None:
+    """The decision against the interrupt's published `response_schema` (JSON Schema)."""
+    if item.response_schema is None:
+        return
+    import jsonschema
+
+    errors = sorted(jsonschema.Draft202012Validator(item.response_schema).iter_errors(decision),
+                    key=lambda e: list(e.absolute_path))
+    if errors:
+        best = jsonschema.exceptions.best_match(errors)
+        where = ".".join(str(p) for p in best.absolute_path) or "decision"
+        raise InvalidDecision(
+            f"The decision for tool call {item.tool_call_id!r} ({item.tool}) in thread "
+            f"{item.thread_id!r} does not match the interrupt's response_schema ({where}: "
+            f"{best.message}). Nothing was recorded.",
+            thread_id=item.thread_id, tool_call_id=item.tool_call_id)
+
+
+def record_decisions(
+    saver: Any,
+    thread_id: str,
+    decisions: Mapping[str, Mapping[str, Any]],
+    *,
+    reviewer: str | None = None,
+    owner: str | None = None,
+    graph: Any = None,
+    ttl: float = 30.0,
+) -> list[EffectRecord]:
+    """Journal decisions for a thread's pending questions, without running its graph.
+
+    Args:
+        saver: The durable saver of the thread (a writable one).
+        thread_id: The thread.
+        decisions: `{tool_call_id | interrupt_id | key: decision}`, decisions in
+            LangChain's HumanInTheLoopMiddleware shapes (`{"type": "approve"}`, ...).
+        reviewer: Who decided; journaled with each decision.
+        owner: Lease owner the writes are made under (default `decide:<reviewer>`).
+        graph: The graph, if at hand: its policies' `redact` apply to what is stored,
+            and edits are checked against its tools' schemas.
+        ttl: Lease time to live, seconds.
+
+    Returns:
+        The records, now with their decisions journaled and no longer asked. The next
+        resume of the thread (`recover()`, or `graph.invoke(None, config)`) acts on them;
+        once every question is answered, `thread_status` reports the thread `orphaned`
+        so that `recover()` picks it up.
+
+    Raises:
+        InvalidDecision: a name matches no pending call, or a decision does not fit its
+            interrupt. Nothing is recorded.
+        LeaseHeld: a worker holds the thread now; decide again once it paused.
+    """
+    thread_id = str(thread_id)
+    if not decisions:
+        raise InvalidDecision(f"No decision given for thread {thread_id!r}.", thread_id=thread_id)
+    items = inbox(saver, thread_id)
+    policies: dict[str, Any] = {}
+    tools: dict[str, Any] = {}
+    if graph is not None:
+        from graph_durable.compensation import policies_of, tools_of
+
+        policies, tools = policies_of(graph), tools_of(graph)
+    chosen: dict[str, tuple[InboxItem, dict[str, Any]]] = {}
+    for name, decision in decisions.items():
+        item = _match(items, str(name), thread_id)
+        if item.key in chosen:
+            raise InvalidDecision(f"Two decisions name tool call {item.tool_call_id!r} in "
+                                  f"thread {thread_id!r}. Nothing was recorded.",
+                                  thread_id=thread_id, tool_call_id=item.tool_call_id)
+        record = saver.effect(item.key, thread_id)
+        checked = check_decision(dict(decision), record, thread_id, tools.get(item.tool))
+        if reviewer is not None and "reviewer" not in checked:
+            checked["reviewer"] = reviewer
+        _check_schema(checked, item)
+        chosen[item.key] = (item, checked)
+    with saver.lease(thread_id, owner or f"decide:{reviewer or 'operator'}", ttl,
+                     wait=False) as lease:
+        now = time.time()
+        writes = []
+        for key, (item, decision) in chosen.items():
+            record = saver.effect(key, thread_id)
+            if record is None or not record.asked:
+                raise InvalidDecision(
+                    f"Tool call {item.tool_call_id!r} in thread {thread_id!r} was answered "
+                    "meanwhile. Nothing was recorded.", thread_id=thread_id,
+                    tool_call_id=item.tool_call_id)
+            policy = policies.get(item.tool)
+            writes.append(TransitionWrite(
+                thread_id=thread_id, key=key, to=record.status, kind="decision",
+                decision={**decision, "decided_at": now}, asked=False,
+                data={"decision": decision},
+                redact=None if policy is None else policy.redact))
+        return saver.apply(WriteBatch(thread_id, tuple(writes)), lease.config)
+
