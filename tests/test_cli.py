@@ -1,4 +1,6 @@
-"""The graph-durable command: status, effects, events, pending, decide, recover."""
+"""The graph-durable command, run as a real subprocess (and in-process for its tables):
+reading never writes, every bad input is one line and a non-zero exit, and answering a
+call resumes the thread or only journals the decision."""
 
 from __future__ import annotations
 
@@ -60,8 +62,7 @@ def test_cli_lists_recovers_and_decides(tmp_path: Path) -> None:
     assert swept.returncode == 0, swept.stderr
     assert json.loads(swept.stdout) == [{"thread": "t", "outcome": "resumed",
                                          "status": "needs_human", "error": None}]
-    pending = json.loads(cli("pending", "--db", db, "--graph", "tests.test_cli:cli_graph",
-                             "--thread", "t", "--json", env=env).stdout)
+    pending = json.loads(cli("pending", "--db", db, "--thread", "t", "--json", env=env).stdout)
     assert [(p["tool_call_id"], p["kind"]) for p in pending] == [("call_1_0", "unknown")]
 
     decided = cli("decide", "--db", db, "--graph", "tests.test_cli:cli_graph", "--thread",
@@ -108,9 +109,28 @@ def test_bad_inputs_get_one_line_a_nonzero_exit_and_change_nothing(tmp_path: Pat
         (["effects", "--db", db, "--status", "bogus"], 2, "not a status"),
         (["effects", "--db", db, "--thread", "nope"], 1, "'nope' has no checkpoint"),
         (["events", "--db", db, "--thread", "nope"], 1, "'nope' has no checkpoint"),
-        (["pending", "--db", db, "--graph", graph, "--thread", "nope"], 1, "has no checkpoint"),
-        (["pending", "--db", db, "--graph", "no_such_module:graph", "--thread", "t"], 2,
-         "could not be loaded"),
+        (["pending", "--db", db, "--thread", "nope"], 1, "has no checkpoint"),
+        (["show", "nope", "--db", db], 1, "has no checkpoint"),
+        (["resolve", "t", "call_0_0", "--retry", "--db", db, "--graph", "no_such_module:graph"],
+         2, "could not be loaded"),
+        (["threads", "--db", db, "--status", "bogus"], 2, "not a status"),
+        (["threads", "--db", db, "--since", "last tuesday"], 2, "neither a duration"),
+        (["effects", "--db", db, "--bogus"], 2, "No such option"),
+        (["show", "--db", db], 2, "Missing"),
+        (["resolve", "t", "call_0_0", "--db", db, "--no-resume"], 2, "exactly one of"),
+        (["resolve", "t", "call_0_0", "--retry", "--skip", "--db", db, "--no-resume"], 2,
+         "exactly one of"),
+        (["resolve", "t", "call_0_0", "--applied", "--db", db, "--no-resume"], 2,
+         "needs --receipt"),
+        (["resolve", "t", "call_0_0", "--applied", "--receipt", "{oops", "--db", db,
+          "--no-resume"], 2, "not JSON"),
+        (["resolve", "t", "call_0_0", "--retry", "--db", db], 2, "needs --graph"),
+        (["approve", "t", "call_0_0", "--db", db, "--no-resume"], 2, "allows"),
+        (["resolve", "t", "no_such_call", "--retry", "--db", db, "--no-resume"], 2,
+         "not waiting for a decision"),
+        (["edit", "t", "call_0_0", "--args", "[1]", "--db", db, "--no-resume"], 2,
+         "JSON object"),
+        (["recover", "--db", db, "--owner", "ops"], 2, "--graph module:attribute is needed"),
         (["decide", "--db", db, "--graph", graph, "--thread", "t", "--decisions", "not json"],
          2, "not JSON"),
         (["decide", "--db", db, "--graph", graph, "--thread", "t", "--decisions",
@@ -122,6 +142,7 @@ def test_bad_inputs_get_one_line_a_nonzero_exit_and_change_nothing(tmp_path: Pat
         (["decide", "--db", db, "--graph", graph, "--thread", "t", "--decisions",
           '{"call_0_0": {"type": "edit", "edited_action": {"args": {}}}}'], 2, "accepts"),
         (["status", "--db", "postgresql://nobody@127.0.0.1:1/none"], 2, "cannot reach"),
+        (["status", "--db", "postgresql://ops:hunter2@127.0.0.1:1/none"], 2, "cannot reach"),
     ]
     before = _bytes_of(tmp_path)
     for args, code, says in bad:
@@ -131,6 +152,7 @@ def test_bad_inputs_get_one_line_a_nonzero_exit_and_change_nothing(tmp_path: Pat
         assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, (
             args, result.stderr)
         assert _bytes_of(tmp_path) == before, " ".join(args[-2:])  # nothing created or written
+        assert "hunter2" not in result.stderr + result.stdout
     assert not (tmp_path / "agnet.db").exists()
 
 
@@ -138,13 +160,11 @@ def test_read_commands_leave_the_database_byte_for_byte_unchanged(tmp_path: Path
     db, env = _waiting_thread(tmp_path)
     before = _bytes_of(tmp_path)
     for args in (["status", "--db", db], ["effects", "--db", db, "--thread", "t"],
-                 ["events", "--db", db, "--json"],
-                 ["pending", "--db", db, "--graph", "tests.test_cli:cli_graph", "--thread",
-                  "t"]):
+                 ["events", "--db", db, "--json"], ["threads", "--db", db], ["show", "t", "--db", db],
+                 ["pending", "--db", db], ["audit", "t", "--db", db]):
         result = cli(*args, env=env)
         assert result.returncode == 0, (args, result.stderr)
-    pending = cli("pending", "--db", db, "--graph", "tests.test_cli:cli_graph", "--thread",
-                  "t", "--json", env=env)
+    pending = cli("pending", "--db", db, "--thread", "t", "--json", env=env)
     assert [p["tool_call_id"] for p in json.loads(pending.stdout)] == ["call_0_0"]
     assert _bytes_of(tmp_path) == before
 
