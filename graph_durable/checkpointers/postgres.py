@@ -35,7 +35,13 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     SerializerProtocol,
 )
-from langgraph.checkpoint.postgres import PostgresSaver, _internal
+
+from graph_durable._extras import require
+
+require("postgres", "DurablePostgresSaver", "psycopg", "psycopg_pool",
+        "langgraph.checkpoint.postgres")
+
+from langgraph.checkpoint.postgres import PostgresSaver, _internal  # noqa: E402
 from psycopg import Connection, Cursor, IsolationLevel, OperationalError
 from psycopg_pool import ConnectionPool
 from psycopg.rows import dict_row, tuple_row

@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from langchain.agents.middleware import AgentMiddleware
+from graph_durable._extras import require
+
+require("agents", "EffectGuardMiddleware (LangChain's create_agent)", "langchain.agents.middleware")
+
+from langchain.agents.middleware import AgentMiddleware  # noqa: E402
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from graph_durable.nodes.guard import GuardCore, _config_of, raise_interrupts
