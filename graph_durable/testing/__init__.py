@@ -12,6 +12,7 @@ from graph_durable.testing.crash import (
     default_resolver,
 )
 from graph_durable.testing.faults import FaultPlan, InjectedCrash, arm, disarm, fault_point
+from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "FakeProvider",
     "FaultPlan",
     "InjectedCrash",
+    "ScriptedChatModel",
     "arm",
     "crash_matrix",
     "default_resolver",
