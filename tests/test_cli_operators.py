@@ -105,7 +105,7 @@ def test_the_inbox_lists_every_waiting_call_across_threads_without_a_graph(tmp_p
     assert kinds[:2] == ["intent", "asked"] and "unknown" in kinds
     assert all(e["at"].endswith("+00:00") for e in shown["events"])
     table = cli("show", "mail-1", "--db", db)
-    assert "needs_human" in table.stdout and "resolve --applied" in table.stdout
+    assert "needs_human" in table.stdout and "graph-durable resolve mail-1 call_1_0" in table.stdout
     assert _bytes_of(tmp_path) == before
 
 

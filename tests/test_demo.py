@@ -3,8 +3,10 @@ effect happened exactly once (run as a real subprocess, as `make demo` does)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +55,24 @@ def test_demo_kills_resumes_and_counts_each_effect_once(tmp_path: Path) -> None:
     assert lines_matching(r"ticket provider closed 1 ticket\(s\); emails sent: 1", out)
     assert lines_matching(r"nodes run again: tools \(\w+\); model calls: 2, repeated: 0", out)
     assert lines_matching(r"compensated: create_ticket\(call_ticket\)", out)
+    # A second thread waits for a person, its blind email sent once; stock LangGraph
+    # opened the ticket twice.
+    assert lines_matching(r"resumed: the email's outcome is unknown; the mail API holds 1 "
+                          r"email\(s\) for it, and nothing was re-sent", out)
+    assert lines_matching(r"killed after the ticket, resumed: the ticket provider holds 2 "
+                          r"tickets .*", out)
+    # The commands it prints work as printed: the resolve finishes the waiting thread.
+    [resolve] = [line.strip() for line in out.splitlines() if "graph-durable resolve" in line]
+    words = shlex.split(resolve)
+    env = dict(os.environ)
+    while "=" in words[0]:
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    assert words[0] == "graph-durable"
+    resolved = subprocess.run([sys.executable, "-m", "graph_durable.cli", *words[1:], "--json"],
+                              capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert resolved.returncode == 0, resolved.stderr
+    assert json.loads(resolved.stdout)[0]["status"] == "done"
     assert out.rstrip().splitlines()[-1] == (
         "OK: killed mid-effect, resumed, and every effect happened exactly once."
     )

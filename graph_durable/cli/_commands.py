@@ -301,8 +301,9 @@ def show(thread: ThreadArg, db: Db = "", as_json: Json = False, as_jsonl: Jsonl 
     ])
     for item in waiting:
         emit_object({}, fmt, [f"waiting: {item.tool_call_id} {item.tool} ({item.kind}): "
-                              f"{item.description or ''} -> decide with "
-                              f"{_verbs(item.kind)}"])
+                              f"{item.description or ''}",
+                              f"  answer: graph-durable {_verbs(item.kind)} {thread} "
+                              f"{item.tool_call_id} ..."])
     for row in timeline:
         row["details"] = _details(row["data"])
     emit(timeline, fmt, _EVENT_COLUMNS, title="timeline", empty="(no effects journaled)")
@@ -310,8 +311,7 @@ def show(thread: ThreadArg, db: Db = "", as_json: Json = False, as_jsonl: Jsonl 
 
 
 def _verbs(kind: str) -> str:
-    return ("approve | edit | reject | respond" if kind == "approval"
-            else "resolve --applied --receipt JSON | --retry | --skip")
+    return ("approve|edit|reject|respond" if kind == "approval" else "resolve")
 
 
 @app.command()

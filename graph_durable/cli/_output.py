@@ -2,7 +2,7 @@
 
 A table fits the terminal: long values wrap or end in an ellipsis, statuses are
 coloured. Piped into another program it is plain: no colour, no box, one row a line
-(values whole, unless `COLUMNS` sets a width). JSON keeps values nested as they are and
+(values whole). JSON keeps values nested as they are and
 writes times in ISO 8601 (UTC).
 """
 
@@ -64,7 +64,7 @@ def console(*, stderr: bool = False) -> Console:
     """A console on stdout (or stderr): coloured on a terminal, plain when piped."""
     stream = sys.stderr if stderr else sys.stdout
     tty = stream.isatty()
-    width = None if tty else int(os.environ.get("COLUMNS") or 10_000)
+    width = None if tty else 100_000  # piped: whole values, one row a line
     return Console(file=stream, width=width, no_color=not tty or "NO_COLOR" in os.environ,
                    highlight=False, soft_wrap=not tty, emoji=False, markup=False)
 
@@ -117,10 +117,14 @@ def emit(rows: list[dict[str, Any]], fmt: Format, columns: list[Column], *,
     for column in columns:
         wraps = column.kind == "text"  # sentences wrap; JSON and ids end in an ellipsis
         flexible = column.kind in ("text", "json")
-        table.add_column(column.header or column.field,
-                         max_width=(column.max_width or (36 if flexible else None)) if tty
-                         else None,
-                         min_width=19 if column.kind == "time" else 12 if flexible else None,
+        if not tty:
+            width = {"max_width": None, "min_width": None}
+        elif flexible:
+            width = {"max_width": column.max_width or 36, "min_width": 12}
+        else:  # ids, statuses, times and numbers keep their width; sentences give way
+            width = {"max_width": column.max_width,
+                     "min_width": min(_longest(column, rows), column.max_width or 24)}
+        table.add_column(column.header or column.field, **width,
                          no_wrap=not wraps or not tty,
                          overflow="fold" if wraps and tty else "ellipsis",
                          justify="right" if column.kind == "number" else "left")
@@ -131,14 +135,18 @@ def emit(rows: list[dict[str, Any]], fmt: Format, columns: list[Column], *,
     out.print(table)
 
 
+def _longest(column: Column, rows: list[dict[str, Any]]) -> int:
+    return max([len(column.header or column.field)]
+               + [len(_text(row.get(column.field), column).plain) for row in rows])
+
+
 def _fit(columns: list[Column], rows: list[dict[str, Any]], width: int) -> list[Column]:
     """The columns a terminal of `width` shows whole: optional ones go, right first."""
     def need(column: Column) -> int:
-        longest = max([len(column.header or column.field)]
-                      + [len(_text(row.get(column.field), column).plain) for row in rows])
+        longest = _longest(column, rows)
         flexible = column.kind in ("text", "json")
         cap = column.max_width or (36 if flexible else None)
-        floor = 19 if column.kind == "time" else 12 if flexible else 0
+        floor = 12 if flexible else 0
         return max(floor, min(longest, cap) if cap else longest) + 2
 
     kept = list(columns)

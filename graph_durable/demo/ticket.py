@@ -28,7 +28,7 @@ from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import ProviderMode
 
-__all__ = ["TicketAgent", "build_ticket_agent", "policy_for", "SCRIPT"]
+__all__ = ["SCRIPT", "TicketAgent", "build_ticket_agent", "graph", "policy_for"]
 
 SCRIPT = [
     AIMessage(
@@ -83,6 +83,21 @@ def build_ticket_agent(
     With `postgres` (a libpq connection string), checkpoints and ledger live in that
     PostgreSQL database instead (`DurablePostgresSaver`), and `db_path` is unused.
     """
+    return _build(_saver(db_path, postgres), provider_dir, ticket_mode, email_mode)
+
+
+def graph(saver: Any) -> Any:
+    """The demo's graph on `saver`, for `graph-durable --graph graph_durable.demo.ticket:graph`.
+
+    Its providers are those of `make demo`, under `$GRAPH_DURABLE_DEMO_DIR/providers`
+    (`demo-run/providers` by default).
+    """
+    folder = os.environ.get("GRAPH_DURABLE_DEMO_DIR", "demo-run")
+    return _build(saver, os.path.join(folder, "providers"), "lookup", "blind").graph
+
+
+def _build(saver: Any, provider_dir: str, ticket_mode: ProviderMode,
+           email_mode: ProviderMode) -> TicketAgent:
     os.makedirs(provider_dir, exist_ok=True)
     tickets = FakeProvider(os.path.join(provider_dir, "tickets.sqlite"), ticket_mode,
                            name="ticket")
@@ -111,7 +126,6 @@ def build_ticket_agent(
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
-    saver = _saver(db_path, postgres)
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
     builder.add_node("tools", EffectGuardNode(
