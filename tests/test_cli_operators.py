@@ -80,7 +80,7 @@ def test_the_inbox_lists_every_waiting_call_across_threads_without_a_graph(tmp_p
     before = _bytes_of(tmp_path)
 
     inbox = ok(cli("pending", "--db", db, "--json"))
-    assert [(i["thread_id"], i["tool_call_id"], i["kind"], i["tool"]) for i in inbox] == [
+    assert [(i["thread"], i["tool_call_id"], i["kind"], i["tool"]) for i in inbox] == [
         ("pay-1", "call_0_0", "approval", "pay"), ("mail-1", "call_1_0", "unknown", "mail")]
     approval, unknown = inbox
     assert approval["description"] and approval["key"].startswith("gd-")
@@ -118,7 +118,7 @@ def test_approve_with_no_resume_journals_and_recover_sends_it_once(tmp_path: Pat
                       "--reviewer", "ana", "--json"))
     assert answered[0]["resumed"] is False and answered[0]["status"] == "orphaned"
     assert pay.count() == count, "--no-resume sends nothing"
-    assert [i["thread_id"] for i in ok(cli("pending", "--db", db, "--json"))] == ["mail-1"]
+    assert [i["thread"] for i in ok(cli("pending", "--db", db, "--json"))] == ["mail-1"]
     again = cli("approve", "pay-1", "call_0_0", "--db", db, "--no-resume")
     assert again.returncode == 2 and "not waiting for a decision" in again.stderr
 

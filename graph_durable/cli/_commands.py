@@ -174,11 +174,11 @@ def pending(db: Db = "", thread: Thread = None, as_json: Json = False,
     known_thread(saver, thread)
     rows = []
     for item in inbox(saver, thread):
-        row = item.to_dict()
-        row.pop("response_schema")
+        row = {"thread": item.thread_id, **item.to_dict()}
+        del row["thread_id"], row["response_schema"]
         row["asked_at"], row["created_at"] = at(item.asked_at), at(item.created_at)
         rows.append(row)
-    emit(rows, fmt, [Column("thread_id", "thread", kind="id", max_width=28),
+    emit(rows, fmt, [Column("thread", kind="id", max_width=28),
                      Column("tool_call_id", "call", kind="id", max_width=20),
                      Column("kind", kind="status"), Column("tool", kind="id"),
                      Column("description"), Column("args", kind="json", max_width=40, optional=True),
@@ -363,7 +363,7 @@ def _answer(db: str, graph_spec: str | None, thread: str, call: str, decision: d
     emit([{"thread": thread, "tool_call_id": call, "decision": decision["type"],
            "resumed": not no_resume, "status": state.status, "reason": state.reason}], fmt,
          [Column("thread", kind="id"), Column("tool_call_id", "call", kind="id"),
-          Column("decision", kind="status"), Column("resumed"),
+          Column("decision", kind="status"), Column("resumed", kind="status"),
           Column("status", kind="status"), Column("reason")])
     return 1 if state.status == "failed" else 0
 
