@@ -91,11 +91,12 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
                             "worker stopped before acting on them: resume it (recover)", nxt)
     asked = [r for r in saver.effects(thread_id) if r.asked] if interrupts else []
     unknown = tuple(r.tool_call_id for r in asked if r.status is EffectStatus.UNKNOWN)
+    approvals = tuple(r.tool_call_id for r in asked if r.status is not EffectStatus.UNKNOWN)
     if unknown:
+        also = f"; waiting for approval of {list(approvals)}" if approvals else ""
         return ThreadStatus(thread_id, "needs_human",
                             f"outcome unknown for tool calls {list(unknown)}: decide applied, "
-                            "retry or skip", nxt, unknown)
-    approvals = tuple(r.tool_call_id for r in asked)
+                            f"retry or skip{also}", nxt, unknown + approvals)
     if interrupts:
         return ThreadStatus(thread_id, "waiting",
                             f"waiting for approval of {list(approvals)}" if approvals

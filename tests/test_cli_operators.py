@@ -221,3 +221,24 @@ def _strip_ansi(text: str) -> str:
     import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def test_the_status_names_the_unknown_call_and_the_pending_approval(tmp_path: Path) -> None:
+    agent = build_effects_agent(str(tmp_path / "agent.sqlite"), str(tmp_path),
+                                turns=[[["pay", "1"], ["mail", "2"]]],
+                                modes={"pay": "dedupe", "mail": "blind"}, approvals=["pay"])
+    config = {"configurable": {"thread_id": "t"}}
+    arm(FaultPlan("after_effect", tool="mail", action="raise"))
+    try:
+        agent.graph.invoke(agent.inputs, config, durability="sync")
+    except InjectedCrash:
+        pass
+    finally:
+        disarm()
+    agent.graph.invoke(None, config, durability="sync")
+    from graph_durable import thread_status
+
+    status = thread_status(agent.saver, "t")
+    assert status.status == "needs_human"
+    assert "call_0_1" in status.reason and "approval of ['call_0_0']" in status.reason
+    assert set(status.pending) == {"call_0_0", "call_0_1"}
