@@ -18,10 +18,10 @@ from typing import Any
 __all__ = ["TONES", "args_diff", "badge", "esc", "iso", "json_text", "table", "tone_of"]
 
 TONES = {
-    "good": "rgba(46, 160, 67, 0.20)",
-    "warn": "rgba(210, 153, 34, 0.24)",
-    "bad": "rgba(248, 81, 73, 0.26)",
-    "quiet": "rgba(128, 128, 128, 0.16)",
+    "good": "rgba(46,160,67,.2)",
+    "warn": "rgba(210,153,34,.24)",
+    "bad": "rgba(248,81,73,.26)",
+    "quiet": "rgba(128,128,128,.16)",
 }
 """Translucent backgrounds by meaning: done, waits for someone, went wrong, neutral."""
 
@@ -33,8 +33,8 @@ _TONE_OF = {
     "rejected": "quiet", "skipped": "quiet", "cancelled": "quiet", "orphaned": "warn",
 }
 
-_BORDER = "1px solid rgba(128, 128, 128, 0.35)"
-_CELL = f"border: {_BORDER}; padding: 2px 6px; text-align: left; vertical-align: top"
+_BORDER = "1px solid rgba(128,128,128,.35)"
+_CELL = f"border: {_BORDER}; padding: 1px 6px; text-align: left"
 
 
 def esc(value: Any) -> str:

@@ -101,7 +101,9 @@ class ThreadView:
             self.header.value = (f"<h4 style=\"margin: 8px 0 2px\">Thread "
                                  f"<code>{esc(thread_id)}</code> {badge(status.status)}</h4>"
                                  f"<small>{esc(status.reason)}</small>")
-            self.calls, self.cards.children = {}, ()
+            # The cards stay, read-only: what was decided, and the thread done.
+            for call in self.calls.values():
+                call.close()
             self.resume_button.disabled = True
         messages = result.get("messages") if isinstance(result, dict) else None
         last = messages[-1].content if messages else ""
@@ -139,7 +141,7 @@ class CallView:
         if "applied" in allowed:
             parts.append(self.receipt)
         parts += [w.HBox(list(self.buttons.values())), self.status]
-        self.box = w.VBox(parts, layout=w.Layout(border="1px solid rgba(128, 128, 128, 0.35)",
+        self.box = w.VBox(parts, layout=w.Layout(border="1px solid rgba(128,128,128,.35)",
                                                  padding="4px", margin="4px 0"))
 
     def _field(self, name: str, schema: dict[str, Any], value: Any) -> Any:
@@ -179,6 +181,12 @@ class CallView:
             else:
                 args[name] = field_.value
         return args
+
+    def close(self) -> None:
+        """Disable every control: the thread no longer asks about this call."""
+        for control in (*self.buttons.values(), *self.fields.values(), self.message,
+                        self.receipt):
+            control.disabled = True
 
     def decide(self, kind: str, _button: Any = None) -> None:
         """Take the decision `kind` through the thread's `Review`."""

@@ -231,6 +231,10 @@ class Audit:
         lines.append(f"sent more than once: {', '.join(twice) or 'none'}")
         return "\n".join(lines)
 
+    def __repr__(self) -> str:
+        return (f"<Audit of thread {self.thread_id!r}: {len(self.runs)} run(s), "
+                f"{len(self.sent_more_than_once)} effect(s) sent more than once>")
+
     def _repr_html_(self) -> str:
         columns = ("sent", "asked", "replayed", "reconciled", "resent", "decided",
                    "compensated")

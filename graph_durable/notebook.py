@@ -191,7 +191,7 @@ class InboxThread:
         rows = "".join(f'<tr><th style="text-align: left; padding-right: 8px">{name}</th>'
                        f"<td>{value}</td></tr>" for name, value in facts)
         args = table(("argument", "value"), [(n, json_text(v)) for n, v in item.args.items()])
-        return (f'<div style="border: 1px solid rgba(128, 128, 128, 0.35); border-radius: '
+        return (f'<div style="border: 1px solid rgba(128,128,128,.35); border-radius: '
                 f'4px; padding: 6px 8px; margin: 4px 0">'
                 f"<b>{esc(item.tool)}</b> <code>{esc(item.tool_call_id)}</code>"
                 f"<table>{rows}</table>{args}"

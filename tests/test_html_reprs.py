@@ -51,7 +51,10 @@ def test_review_escapes_values_and_shows_decisions(paused: Any) -> None:
     assert_safe(html)
     assert "approve by &lt;script&gt;" in html and "2 decided" in html
     r.resume()
-    assert_safe(paused.saver.audit(SCRIPT)._repr_html_())
+    audit = paused.saver.audit(SCRIPT)
+    assert_safe(audit._repr_html_())
+    assert repr(audit) == (f"<Audit of thread {SCRIPT!r}: 1 run(s), "  # not audited: one
+                           "0 effect(s) sent more than once>")
     assert_safe(effect_table(paused.saver, SCRIPT)._repr_html_())
     assert_safe(timeline(paused.saver, SCRIPT)._repr_html_())
 
@@ -85,6 +88,7 @@ def test_crash_report_escapes_and_colours_duplicates() -> None:
     assert grid.counts == {
         f"after_effect({SCRIPT})": {"ok": 0, "duplicate": 1, "mismatch": 0, "error": 0},
         "before_put_writes": {"ok": 2, "duplicate": 0, "mismatch": 0, "error": 0}}
-    red = re.findall(r'background: rgba\(248, 81, 73, [0-9.]+\)">([^<]*)<', grid._repr_html_())
+    red = re.findall(r'background: rgba\(248,81,73,[0-9.]+\)">([^<]*)<', grid._repr_html_())
     assert red == ["1"], "the duplicate, and only it, is red"
-    assert "before_put_writes" in str(grid)
+    assert "before_put_writes" in str(grid) and repr(grid) == str(grid)
+    assert repr(report) == f"<CrashReport {report.summary()}>"

@@ -140,6 +140,7 @@ def test_a_crashed_thread_is_decided_from_the_widget(tmp_path: Path) -> None:
     decisions = [e.data["decision"] for e in agent.saver.events("inv") if e.kind == "decision"]
     assert sorted((d["type"], d["reviewer"]) for d in decisions) == [
         ("applied", "ana"), ("approve", "ana")]
+    assert all(button.disabled for button in pay.buttons.values()), "its cards are closed"
     assert not box.threads and not box.refresh().threads
 
 

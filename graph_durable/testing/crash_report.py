@@ -258,6 +258,9 @@ class CrashReport:
 
     __str__ = render
 
+    def __repr__(self) -> str:
+        return f"<CrashReport {self.summary()}>"
+
     def grid(self) -> OutcomeGrid:
         """How many crash schedules ended in each verdict, per fault point (a colour grid
         in notebooks)."""
@@ -297,6 +300,8 @@ class OutcomeGrid:
         lines += [f"{point:<{width}}  " + "  ".join(f"{n[v]:>9}" for v in VERDICTS)
                   for point, n in self.counts.items()]
         return "\n".join(lines)
+
+    __repr__ = __str__
 
     def _repr_html_(self) -> str:
         rows = [(point, *((n[v], tone_of(v) if n[v] else None) for v in VERDICTS))
