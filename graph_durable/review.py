@@ -322,6 +322,7 @@ def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
         record = saver.effect(value["key"], thread_id) if saver is not None else None
         if answered(record, _KINDS[value["type"]]):
             continue  # decided before a crash: resuming carries the decision out
+        schema = getattr(interrupt, "response_schema", None)  # a dict once surfaced
         items.append(PendingItem(
             kind=_KINDS[value["type"]],
             tool_call_id=value["tool_call_id"],
@@ -334,8 +335,7 @@ def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
             allowed_decisions=tuple(value.get("allowed_decisions")
                                     or _DEFAULT_ALLOWED[_KINDS[value["type"]]]),
             interrupt_id=interrupt.id,
-            response_schema=(interrupt.response_schema
-                             if isinstance(interrupt.response_schema, dict) else None),
+            response_schema=schema if isinstance(schema, dict) else None,
         ))
     return items
 
