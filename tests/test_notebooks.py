@@ -38,6 +38,10 @@ PROBE = "import json, sys; print(json.dumps({'executable': sys.executable, 'pref
 MACHINE_PATH = re.compile(r"(/tmp/|/var/folders/|/private/|/work/|/home/|/Users/|/root/|"
                           r"[A-Za-z]:\\\\Users)")
 """Folders of the machine that ran a notebook; a committed file must name none."""
+SHOWS = {"01_quickstart.ipynb": "text/html",
+         "02_review_inbox.ipynb": "application/vnd.jupyter.widget-view+json",
+         "03_fault_injection.ipynb": "image/png"}
+"""What each notebook must show besides text: tables, the inbox widget, the plot."""
 
 
 def write_kernelspec(root: Path) -> Path:
@@ -87,6 +91,12 @@ def code_cells(nb: nbformat.NotebookNode) -> list[Any]:
     return [cell for cell in nb.cells if cell.cell_type == "code"]
 
 
+def shown(cells: list[Any]) -> set[str]:
+    """Mime types of the cells' rich outputs."""
+    return {mime for cell in cells for o in outputs(cell)
+            if o.output_type in ("display_data", "execute_result") for mime in o.data}
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_is_committed_with_its_outputs(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
@@ -101,6 +111,7 @@ def test_notebook_is_committed_with_its_outputs(path: Path) -> None:
     errors = [(i, o.get("ename")) for i, cell in enumerate(cells) for o in outputs(cell)
               if o.output_type == "error" or o.get("name") == "stderr"]
     assert not errors, f"{path.name}: committed with errors or stderr output: {errors}"
+    assert SHOWS.get(path.name, "text/html") in shown(cells)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -133,6 +144,7 @@ def test_notebook_runs(path: Path, kernel_dir: Path, monkeypatch: pytest.MonkeyP
     html = [o.data["text/html"] for cell in cells for o in outputs(cell)
             if o.output_type in ("display_data", "execute_result") and "text/html" in o.data]
     assert any("<table" in h for h in html), "no table in the HTML outputs"
+    assert SHOWS.get(path.name, "text/html") in shown(cells)
     nb.cells = cells
     found = machine_paths(nbformat.writes(nb))
     assert not found, f"{path.name} shows folders of this machine: {found}"
