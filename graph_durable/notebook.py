@@ -22,7 +22,6 @@ nbviewer), the inbox shows as static HTML: the same cards, without controls.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +31,7 @@ from graph_durable.recovery import ThreadStatus, thread_status
 from graph_durable.review import PendingItem, Review, describe_decision, review
 
 __all__ = ["EXTRA", "EffectTable", "Inbox", "InboxThread", "Timeline", "args_schema",
-           "effect_table", "inbox", "timeline"]
+           "diff_html", "effect_table", "inbox", "require_ipywidgets", "timeline"]
 
 EXTRA = "pip install 'graph-durable[notebooks]'"
 """How to install what the widget needs."""
@@ -41,7 +40,7 @@ WAITING = ("needs_human", "waiting")
 """Thread statuses the inbox lists: a person is asked something."""
 
 
-def ipywidgets() -> Any:
+def require_ipywidgets() -> Any:
     """The `ipywidgets` module, or an ImportError that says how to install it."""
     try:
         import ipywidgets as widgets
@@ -213,8 +212,9 @@ def diff_html(before: dict[str, Any], after: dict[str, Any]) -> str:
                   for name, old, new in changes])
 
 
-GraphSource = Any | Callable[[str], Any]
-"""A compiled graph, or `factory(thread_id) -> graph` when threads run different graphs."""
+GraphSource = Any
+"""A compiled graph, or `factory(thread_id) -> graph` (a `Callable[[str], Any]`) when
+threads run different graphs."""
 
 
 class Inbox:
@@ -277,7 +277,7 @@ class Inbox:
         if self._view is None:
             from graph_durable._inbox_widget import InboxView
 
-            self._view = InboxView(self, ipywidgets())
+            self._view = InboxView(self, require_ipywidgets())
         return self._view.root
 
     def thread(self, thread_id: str) -> Any:
