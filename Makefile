@@ -9,7 +9,7 @@ FLOOR_STAMP := $(FLOOR_VENV)/.installed
 FLOOR_TESTS := tests/nodes tests/test_review_subgraphs.py tests/test_explorer_regressions.py \
 	tests/test_crash_forks.py tests/test_exports.py tests/test_versions.py
 
-.PHONY: demo test test-sweeps bench soak clean
+.PHONY: demo test test-sweeps notebooks bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: $(STAMP) $(FLOOR_STAMP)
 # recoveries. CI runs them after make test.
 test-sweeps: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m sweep
+
+# Run every notebook in a real kernel and store it with its outputs (they are committed
+# with them; make test checks each one still runs).
+notebooks: $(STAMP)
+	$(PY) -m tests.test_notebooks
 
 # Benchmark-only packages (dbos, matplotlib, psutil); if they cannot be installed, the
 # benchmarks that need them are skipped with a message.

@@ -20,7 +20,6 @@ count of re-run nodes or model calls).
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -29,6 +28,7 @@ from uuid import UUID
 
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 
+from graph_durable._display import badge, esc, table
 from graph_durable.ledger import EffectRecord
 
 __all__ = ["AsyncRunLog", "Audit", "RunAudit", "RunLog", "audit_of", "audited", "logs_runs",
@@ -231,21 +231,24 @@ class Audit:
         lines.append(f"sent more than once: {', '.join(twice) or 'none'}")
         return "\n".join(lines)
 
+    def __repr__(self) -> str:
+        return (f"<Audit of thread {self.thread_id!r}: {len(self.runs)} run(s), "
+                f"{len(self.sent_more_than_once)} effect(s) sent more than once>")
+
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{'first run' if n == 0 else f'resume {n}'}</td>"
-            f"<td>{html.escape(', '.join(r.nodes_rerun) or '-')}</td>"
-            f"<td>{'' if r.model_calls_repeated is None else r.model_calls_repeated}</td>"
-            + "".join(f"<td>{html.escape(', '.join(getattr(r, name)) or '-')}</td>"
-                      for name in ("sent", "asked", "replayed", "reconciled", "resent",
-                                   "decided", "compensated"))
-            + "</tr>" for n, r in enumerate(self.runs))
-        head = "".join(f"<th>{h}</th>" for h in (
-            "run", "nodes run again", "model calls repeated", "sent", "asked", "replayed",
-            "reconciled", "re-sent", "decided", "compensated"))
-        twice = html.escape(self.summary().splitlines()[-1])
-        return (f"<b>Audit of thread {html.escape(self.thread_id)}</b><table><tr>{head}</tr>"
-                f"{rows}</table><p>{twice}</p>")
+        columns = ("sent", "asked", "replayed", "reconciled", "resent", "decided",
+                   "compensated")
+        rows = [
+            ("first run" if n == 0 else f"resume {n}", ", ".join(r.nodes_rerun) or "-",
+             "" if r.model_calls_repeated is None else
+             (r.model_calls_repeated, "bad" if r.model_calls_repeated else None),
+             *(", ".join(getattr(r, name)) or "-" for name in columns))
+            for n, r in enumerate(self.runs)]
+        header = ("run", "nodes run again", "model calls repeated", "sent", "asked",
+                  "replayed", "reconciled", "re-sent", "decided", "compensated")
+        twice = self.summary().splitlines()[-1]
+        return (f"<b>Audit of thread {esc(self.thread_id)}</b>" + table(header, rows)
+                + f"<p>{badge(twice, 'warn' if self.sent_more_than_once else 'good')}</p>")
 
 
 def _iso(at: float | None) -> str | None:

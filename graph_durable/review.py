@@ -22,19 +22,19 @@ name the question with `interrupt_id=` as well.
 
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph.types import Command
 
+from graph_durable._display import args_diff, badge, esc, json_text, table
 from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import EffectRecord, EffectStatus, answered
 from graph_durable.nodes.decisions import check_decision, decided_note
 
-__all__ = ["PendingItem", "Review", "areview", "review"]
+__all__ = ["PendingItem", "Review", "areview", "describe_decision", "review"]
 
 _KINDS = {"tool_approval": "approval", "effect_approval": "approval", "effect_unknown": "unknown"}
 """Interrupt types the guard raises; `effect_approval` is the shape of earlier releases,
@@ -67,6 +67,9 @@ class PendingItem:
     """Decision types this item accepts."""
     interrupt_id: str
     """Id of the LangGraph interrupt that asks about it."""
+    response_schema: dict[str, Any] | None = None
+    """JSON schema of the answers the interrupt accepts (an edit's args follow the tool's
+    argument schema); `None` for interrupts of earlier releases."""
 
 
 @dataclass
@@ -268,27 +271,53 @@ class Review:
         """Async `resume`."""
         return await self.graph.ainvoke(self._resume_value(), self.config, durability="sync")
 
+    def decision_for(self, item: PendingItem) -> dict[str, Any] | None:
+        """The decision taken so far for `item`, if any."""
+        return self.decisions.get((item.interrupt_id, item.key))
+
+    def __repr__(self) -> str:
+        shown = [f"{i.tool_call_id} {i.kind} {i.tool}" for i in self.pending[:4]]
+        if len(self.pending) > 4:
+            shown.append(f"... {len(self.pending) - 4} more")
+        return (f"Review(thread={self.thread_id!r}, pending=[{', '.join(shown)}], "
+                f"decided={len(self.decisions)})")
+
     def _repr_html_(self) -> str:
+        thread = f"Thread <code>{esc(self.thread_id)}</code>"
         if not self.pending:
-            return f"<p>Thread <code>{html.escape(self.thread_id)}</code>: nothing pending.</p>"
+            return f"<p>{thread}: nothing pending.</p>"
         # A tool_call_id pending twice (in two subgraphs) is told apart by its interrupt.
         repeated = len({i.tool_call_id for i in self.pending}) < len(self.pending)
         header = ("kind", "tool_call_id", "tool", "args", "attempts", "error", "allowed",
                   "decision") + (("interrupt_id",) if repeated else ())
         rows = []
         for item in self.pending:
-            decision = self.decisions.get((item.interrupt_id, item.tool_call_id))
-            cells = (item.kind, item.tool_call_id, item.tool,
-                     json.dumps(item.args, ensure_ascii=False, default=str), item.attempts,
-                     item.error or "", ", ".join(item.allowed_decisions),
-                     json.dumps(decision, default=str) if decision else "",
-                     ) + ((item.interrupt_id,) if repeated else ())
-            rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
-                        + "</tr>")
-        head = "".join(f"<th>{h}</th>" for h in header)
-        return (f"<p>Thread <code>{html.escape(self.thread_id)}</code>: "
-                f"{len(self.pending)} pending</p><table><thead><tr>{head}</tr></thead>"
-                f"<tbody>{''.join(rows)}</tbody></table>")
+            decision = self.decision_for(item)
+            rows.append((
+                (item.kind, "warn" if item.kind == "approval" else "bad"), item.tool_call_id,
+                item.tool, json_text(item.args), item.attempts, item.error or "",
+                ", ".join(item.allowed_decisions),
+                (describe_decision(item, decision), "good") if decision else "",
+            ) + ((item.interrupt_id,) if repeated else ()))
+        decided = f", {badge(f'{len(self.decisions)} decided', 'good')}" if self.decisions else ""
+        return (f"<p>{thread}: {len(self.pending)} pending{decided}</p>"
+                + table(header, rows))
+
+
+def describe_decision(item: PendingItem, decision: dict[str, Any]) -> str:
+    """A decision in words: its type, reviewer, message or receipt, an edit's changes."""
+    words = [decision["type"]]
+    if decision.get("reviewer"):
+        words.append(f"by {decision['reviewer']}")
+    if decision["type"] == "edit":
+        changes = args_diff(item.args, decision["edited_action"]["args"])
+        words.append("; ".join(f"{name}: {json_text(old)} -> {json_text(new)}"
+                               for name, old, new in changes) or "(no change)")
+    elif decision.get("message"):
+        words.append(repr(decision["message"]))
+    elif "receipt" in decision:
+        words.append(f"receipt {json_text(decision['receipt'])}")
+    return " ".join(words)
 
 
 def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
@@ -300,6 +329,7 @@ def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
         record = saver.effect(value["key"], thread_id) if saver is not None else None
         if answered(record, _KINDS[value["type"]]):
             continue  # decided before a crash: resuming carries the decision out
+        schema = getattr(interrupt, "response_schema", None)  # a dict once surfaced
         items.append(PendingItem(
             kind=_KINDS[value["type"]],
             tool_call_id=value["tool_call_id"],
@@ -312,6 +342,7 @@ def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
             allowed_decisions=tuple(value.get("allowed_decisions")
                                     or _DEFAULT_ALLOWED[_KINDS[value["type"]]]),
             interrupt_id=interrupt.id,
+            response_schema=schema if isinstance(schema, dict) else None,
         ))
     return items
 

@@ -71,7 +71,7 @@ def test_the_audit_shows_compensations_and_the_cli_prints_it(crashed_twice: Path
     assert len(report.compensated) == 2
     audit = agent.saver.audit(SAGA_THREAD)
     assert audit.runs[-1].compensated == ["open_ticket(call_ticket)", "charge(call_charge)"]
-    assert "<table>" in audit._repr_html_()
+    assert "<table" in audit._repr_html_()
     db = str(crashed_twice / "agent.sqlite")
     assert main(["audit", "--db", db, "--thread", SAGA_THREAD]) == 0
     out = capsys.readouterr().out

@@ -10,6 +10,7 @@ PRODUCTION = [
     "graph_durable.checkpointers.sqlite",
     "graph_durable.checkpointers.aio",
     "graph_durable.review",
+    "graph_durable.notebook",
     "graph_durable.recovery",
     "graph_durable.cli",
 ]

@@ -4,13 +4,21 @@ The kernel is this interpreter (`sys.executable`), started from a kernelspec wri
 temporary folder, so a `python3` kernelspec elsewhere on the machine (user or system) cannot
 substitute another Python. A cell prepended to each notebook reports the kernel's
 interpreter and the test checks it. The notebooks assert what they show, so an error in any
-cell fails the test; the test also checks that the review table was rendered as HTML.
+cell fails the test; the test also checks that tables were rendered as HTML.
+
+Notebooks are committed with their outputs, so a reader sees them without running
+anything: every code cell of a committed notebook has run, in order, without an error, and
+nothing in the file names a folder of the machine that ran it. `make notebooks` (this
+module run as a script) executes them the same way and writes the outputs back.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +35,31 @@ NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 KERNEL_NAME = "graph-durable-test-venv"
 CELL_TIMEOUT = 120  # seconds per cell
 PROBE = "import json, sys; print(json.dumps({'executable': sys.executable, 'prefix': sys.prefix}))"
+MACHINE_PATH = re.compile(r"(/tmp/|/var/folders/|/private/|/work/|/home/|/Users/|/root/|"
+                          r"[A-Za-z]:\\\\Users)")
+"""Folders of the machine that ran a notebook; a committed file must name none."""
+SHOWS = {"01_quickstart.ipynb": "text/html",
+         "02_review_inbox.ipynb": "application/vnd.jupyter.widget-view+json",
+         "03_fault_injection.ipynb": "image/png"}
+"""What each notebook must show besides text: tables, the inbox widget, the plot."""
 
 
-@pytest.fixture(scope="module")
-def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A kernelspec folder whose only kernel runs this interpreter."""
-    root = tmp_path_factory.mktemp("kernels")
+def write_kernelspec(root: Path) -> Path:
+    """A kernelspec folder under `root` whose only kernel runs this interpreter."""
     spec = root / KERNEL_NAME
-    spec.mkdir()
+    spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": f"Python ({sys.prefix})",
         "language": "python",
     }))
     return root
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kernelspec folder whose only kernel runs this interpreter."""
+    return write_kernelspec(tmp_path_factory.mktemp("kernels"))
 
 
 def execute(path: Path, kernel_dir: Path) -> nbformat.NotebookNode:
@@ -63,13 +82,42 @@ def test_notebooks_exist() -> None:
     assert NOTEBOOKS, f"no notebooks in {NOTEBOOKS_DIR}"
 
 
+def machine_paths(text: str) -> list[str]:
+    """Lines of `text` that name a folder of the machine."""
+    return [line.strip()[:160] for line in text.splitlines() if MACHINE_PATH.search(line)]
+
+
+def code_cells(nb: nbformat.NotebookNode) -> list[Any]:
+    return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+def shown(cells: list[Any]) -> set[str]:
+    """Mime types of the cells' rich outputs."""
+    return {mime for cell in cells for o in outputs(cell)
+            if o.output_type in ("display_data", "execute_result") for mime in o.data}
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_is_committed_without_outputs(path: Path) -> None:
+def test_notebook_is_committed_with_its_outputs(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    dirty = [i for i, cell in enumerate(nb.cells)
-             if outputs(cell) or cell.get("execution_count") is not None]
-    assert not dirty, f"{path.name}: clear the outputs of cells {dirty} before committing"
+    cells = code_cells(nb)
+    counts = [cell.get("execution_count") for cell in cells]
+    assert counts == list(range(1, len(cells) + 1)), (
+        f"{path.name}: run every cell once, top to bottom, in one kernel (make notebooks); "
+        f"execution counts are {counts}")
+    empty = [i for i, cell in enumerate(cells) if not outputs(cell)]
+    assert not empty, f"{path.name}: code cells {empty} have no output to show a reader"
+    errors = [(i, o.get("ename")) for i, cell in enumerate(cells) for o in outputs(cell)
+              if o.output_type == "error" or o.get("name") == "stderr"]
+    assert not errors, f"{path.name}: committed with errors or stderr output: {errors}"
+    assert SHOWS.get(path.name, "text/html") in shown(cells)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_committed_notebook_names_no_machine_path(path: Path) -> None:
+    found = machine_paths(path.read_text(encoding="utf-8"))
+    assert not found, f"{path.name} names folders of the machine that ran it: {found}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -95,4 +143,33 @@ def test_notebook_runs(path: Path, kernel_dir: Path, monkeypatch: pytest.MonkeyP
 
     html = [o.data["text/html"] for cell in cells for o in outputs(cell)
             if o.output_type in ("display_data", "execute_result") and "text/html" in o.data]
-    assert any("<table" in h for h in html), "no review table in the HTML outputs"
+    assert any("<table" in h for h in html), "no table in the HTML outputs"
+    assert SHOWS.get(path.name, "text/html") in shown(cells)
+    nb.cells = cells
+    found = machine_paths(nbformat.writes(nb))
+    assert not found, f"{path.name} shows folders of this machine: {found}"
+
+
+def write_outputs(paths: list[Path]) -> None:
+    """Execute each notebook as the test does and store it with its outputs."""
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        os.environ.update(IPYTHONDIR=str(root / "ipython"),
+                          JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_PLATFORM_DIRS="1")
+        kernels = write_kernelspec(root / "kernels")
+        for path in paths:
+            metadata = nbformat.read(path, as_version=4).metadata
+            nb = execute(path, kernels)
+            nb.cells = nb.cells[1:]  # the probe
+            for n, cell in enumerate(code_cells(nb), 1):
+                cell.execution_count = n
+                for output in outputs(cell):
+                    if "execution_count" in output:
+                        output.execution_count = n
+            nb.metadata = {**nb.metadata, "kernelspec": metadata.get("kernelspec", {})}
+            nbformat.write(nb, path)
+            print(f"{path.name}: {len(code_cells(nb))} code cells run, outputs written")
+
+
+if __name__ == "__main__":
+    write_outputs([Path(arg) for arg in sys.argv[1:]] or NOTEBOOKS)

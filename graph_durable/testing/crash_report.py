@@ -10,7 +10,6 @@ terminal table (`str(report)`) or an HTML one (`_repr_html_`, for notebooks).
 from __future__ import annotations
 
 import difflib
-import html
 import json
 import re
 import sys
@@ -18,10 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from graph_durable._display import esc, table, tone_of
 from graph_durable.testing.faults import FaultPlan
 
-__all__ = ["CrashPoint", "CrashReport", "CrashRow", "Progress", "Reference", "Snapshot",
-           "compare", "normalize"]
+__all__ = ["VERDICTS", "CrashPoint", "CrashReport", "CrashRow", "OutcomeGrid", "Progress",
+           "Reference", "Snapshot", "compare", "normalize"]
 
 _KEY = re.compile(r"gd-[0-9a-f]{8,}")
 
@@ -113,6 +113,12 @@ class CrashRow:
     def pauses(self) -> list[str]:
         """Types of the interrupts answered (`tool_approval`, `effect_unknown`), in order."""
         return [q.get("type", "?") if isinstance(q, dict) else "?" for q in self.questions]
+
+    @property
+    def verdict(self) -> str:
+        """`duplicate` if an effect was applied more often than without a crash, else the
+        outcome (`ok`, `mismatch`, `error`)."""
+        return "duplicate" if self.duplicates else self.outcome
 
     @property
     def label(self) -> str:
@@ -252,15 +258,56 @@ class CrashReport:
 
     __str__ = render
 
+    def __repr__(self) -> str:
+        return f"<CrashReport {self.summary()}>"
+
+    def grid(self) -> OutcomeGrid:
+        """How many crash schedules ended in each verdict, per fault point (a colour grid
+        in notebooks)."""
+        counts: dict[str, dict[str, int]] = {}
+        for row in self.rows:
+            first = row.schedule[0] if row.schedule else None
+            where = (f"{first.point}({first.tool})" if first and first.tool
+                     else first.point if first else "(no crash)")
+            verdicts = counts.setdefault(where, dict.fromkeys(VERDICTS, 0))
+            verdicts[row.verdict] += 1
+        return OutcomeGrid(self.scenario, counts)
+
     def _repr_html_(self) -> str:
-        esc = html.escape
-        head = "".join(f"<th>{esc(h)}</th>" for h in self._HEADER)
-        body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>"
-                       for cells in self._cells())
+        rows = [tuple((c, tone_of(row.verdict)) if n == 2 else c for n, c in enumerate(cells))
+                for row, cells in zip(self.rows, self._cells())]
         diffs = "".join(f"<pre>{esc(row.label)}: {esc(row.outcome)}\n{esc(row.diff)}</pre>"
                         for row in self.rows if row.outcome != "ok")
-        return (f"<p>{esc(self.summary())}</p><table><thead><tr>{head}</tr></thead>"
-                f"<tbody>{body}</tbody></table>{diffs}")
+        return (f"<p>{esc(self.summary())}</p>" + self.grid()._repr_html_()
+                + table(self._HEADER, rows) + diffs)
+
+
+VERDICTS = ("ok", "duplicate", "mismatch", "error")
+"""What a crash schedule can end in (`CrashRow.verdict`), best first."""
+
+
+@dataclass(frozen=True)
+class OutcomeGrid:
+    """Crash schedules per fault point (the first crash of each) and verdict."""
+
+    scenario: str
+    counts: dict[str, dict[str, int]]
+    """`{fault point: {verdict: schedules}}`, points in the order the run reached them."""
+
+    def __str__(self) -> str:
+        width = max((len(p) for p in self.counts), default=5)
+        lines = [f"{'fault point':<{width}}  " + "  ".join(f"{v:>9}" for v in VERDICTS)]
+        lines += [f"{point:<{width}}  " + "  ".join(f"{n[v]:>9}" for v in VERDICTS)
+                  for point, n in self.counts.items()]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        rows = [(point, *((n[v], tone_of(v) if n[v] else None) for v in VERDICTS))
+                for point, n in self.counts.items()]
+        return table(("fault point", *VERDICTS), rows,
+                     caption=f"crash schedules of {self.scenario} by first fault point")
 
 
 class Progress:

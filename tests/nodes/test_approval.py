@@ -290,7 +290,7 @@ def test_review_html_escapes_values(saver, provider) -> None:
     start(graph)
     page = review(graph, CONFIG)._repr_html_()
     assert "<script>" not in page and "&lt;script&gt;" in page
-    assert "<table>" in page and "c0" in page
+    assert "<table" in page and "c0" in page
 
 
 def _as_earlier_release(saver: DurableSqliteSaver) -> str:

@@ -120,4 +120,5 @@ def test_html_escapes_every_value() -> None:
     page = report()._repr_html_()
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "&lt;factory&gt;" in page and "&lt;b&gt;" in page
-    assert page.count("<tr>") == 3 and "<pre>" in page
+    # The colour grid (a header and a row per fault point), then the rows' table.
+    assert page.count("<tr>") == 1 + len(report().grid().counts) + 3 and "<pre>" in page

@@ -1,0 +1,321 @@
+"""Notebook views: the review inbox, the ledger's effects and its journal as a timeline.
+
+    from graph_durable.notebook import effect_table, inbox, timeline
+
+    box = inbox(graph, saver, reviewer="ana")   # every thread waiting for a person
+    box                                         # a widget: approve, edit, reject, ... resume
+    effect_table(saver, "t1")                   # the ledger of a thread
+    timeline(saver, "t1")                       # its journal, event by event
+
+The inbox lists the threads of the whole database that wait for a human (`thread_status`
+`needs_human` or `waiting`), each with its pending calls as cards: description, key,
+attempts, times, arguments, and one control per decision the call allows. Every control
+calls the thread's `Review` (`approve`, `edit`, `reject`, `respond`, `mark_applied`,
+`retry`, `skip`), and the thread's Resume button calls `Review.resume()`: the widget
+decides exactly as code would. The edit form is drawn from the interrupt's
+`response_schema` (the tool's own argument schema), and a card shows what an edit changed.
+
+The widget needs ipywidgets (`pip install 'graph-durable[notebooks]'`), imported only
+when a widget is drawn. Without it, or in a viewer that cannot run widgets (GitHub,
+nbviewer), the inbox shows as static HTML: the same cards, without controls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph_durable._display import args_diff, badge, esc, iso, json_text, table, tone_of
+from graph_durable.ledger import EffectEvent, EffectRecord
+from graph_durable.recovery import ThreadStatus, thread_status
+from graph_durable.review import PendingItem, Review, describe_decision, review
+
+__all__ = ["EXTRA", "EffectTable", "Inbox", "InboxThread", "Timeline", "args_schema",
+           "diff_html", "effect_table", "inbox", "require_ipywidgets", "timeline"]
+
+EXTRA = "pip install 'graph-durable[notebooks]'"
+"""How to install what the widget needs."""
+
+WAITING = ("needs_human", "waiting")
+"""Thread statuses the inbox lists: a person is asked something."""
+
+
+def require_ipywidgets() -> Any:
+    """The `ipywidgets` module, or an ImportError that says how to install it."""
+    try:
+        import ipywidgets as widgets
+    except ImportError as exc:
+        raise ImportError(f"The review inbox widget needs ipywidgets: {EXTRA}") from exc
+    return widgets
+
+
+# -- the ledger, as tables ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EffectTable:
+    """Effects of the ledger, one row each (an HTML table in notebooks)."""
+
+    records: list[EffectRecord]
+
+    def __repr__(self) -> str:
+        return "\n".join(f"{r.thread_id} {r.tool_call_id} {r.tool} {r.status.value} "
+                         f"attempts={r.attempts}" for r in self.records) or "(no effects)"
+
+    def _repr_html_(self) -> str:
+        rows = [(r.thread_id, r.tool_call_id, r.tool, (r.status.value, tone_of(r.status)),
+                 r.attempts, json_text(r.args),
+                 "" if r.receipt is None else json_text(r.receipt), r.error or "",
+                 r.key[:15] + "…", iso(r.updated_at)) for r in self.records]
+        return table(("thread", "tool_call_id", "tool", "status", "attempts", "args",
+                      "receipt", "error", "key", "updated"), rows,
+                     caption=f"{len(rows)} effect(s)")
+
+
+def effect_table(saver: Any, thread_id: str | None = None, status: Any = None
+                 ) -> EffectTable:
+    """The ledger's effects (of one thread, of one status), oldest first."""
+    return EffectTable(saver.effects(thread_id, status))
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A thread's journal, event by event (an HTML table in notebooks)."""
+
+    thread_id: str
+    events: list[EffectEvent]
+    calls: dict[str, str]
+    """`tool(tool_call_id)` by effect key."""
+
+    def _rows(self) -> list[tuple[str, str, str, str, str]]:
+        start = self.events[0].at if self.events else 0.0
+        return [(f"+{e.at - start:.3f} s", e.kind, self.calls.get(e.key, e.key),
+                 _event_details(e), e.owner or "") for e in self.events]
+
+    def __repr__(self) -> str:
+        return "\n".join([f"journal of thread {self.thread_id!r}: {len(self.events)} events",
+                          *("  ".join(row).rstrip() for row in self._rows())])
+
+    def _repr_html_(self) -> str:
+        rows = [(at, (kind, _EVENT_TONES.get(kind)), call, details, owner)
+                for at, kind, call, details, owner in self._rows()]
+        return table(("at", "event", "call", "details", "owner"), rows,
+                     caption=f"journal of thread {self.thread_id}: {len(rows)} events")
+
+
+_EVENT_TONES = {"receipt": "good", "compensated": "good", "asked": "warn",
+                "decision": "warn", "unknown": "bad", "failure": "bad",
+                "compensation_failed": "bad"}
+
+
+def _event_details(event: EffectEvent) -> str:
+    data = dict(event.data)
+    decision = data.pop("decision", None)
+    parts = [f"{name}={json_text(value) if not isinstance(value, str) else value}"
+             for name, value in data.items() if name in ("status", "source", "reason", "error")]
+    if isinstance(decision, dict):
+        parts.insert(0, f"{decision.get('type')}"
+                        + (f" by {decision['reviewer']}" if decision.get("reviewer") else ""))
+    elif decision is not None:
+        parts.insert(0, str(decision))
+    return ", ".join(parts)
+
+
+def timeline(saver: Any, thread_id: str) -> Timeline:
+    """The journal of `thread_id`: every intent, attempt, receipt, question and decision."""
+    calls = {r.key: f"{r.tool}({r.tool_call_id})" for r in saver.effects(thread_id)}
+    return Timeline(str(thread_id), saver.events(thread_id), calls)
+
+
+# -- the inbox ---------------------------------------------------------------------------
+
+
+def args_schema(item: PendingItem) -> dict[str, dict[str, Any]]:
+    """The JSON schema of each argument an edit of `item` may set, by name: from the
+    interrupt's `response_schema` (the tool's argument schema), or guessed from the
+    call's own arguments when the interrupt has none (earlier releases)."""
+    schema = item.response_schema or {}
+    defs = schema.get("$defs", {})
+
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in node:
+            node = defs.get(node["$ref"].rpartition("/")[2], {})
+        return node
+
+    for branch in schema.get("oneOf", schema.get("anyOf", [])):
+        branch = resolve(branch)
+        if branch.get("properties", {}).get("type", {}).get("const") != "edit":
+            continue
+        action = resolve(branch["properties"]["edited_action"])
+        args = resolve(action.get("properties", {}).get("args", {}))
+        if args.get("properties"):
+            return {name: resolve(prop) for name, prop in args["properties"].items()}
+    guessed = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    return {name: {"type": guessed.get(type(value), "object")}
+            for name, value in item.args.items()}
+
+
+@dataclass
+class InboxThread:
+    """One thread waiting for a person: where it stands, and its `Review`."""
+
+    status: ThreadStatus
+    review: Review
+    records: dict[str, EffectRecord] = field(default_factory=dict)
+    """The ledger's record of each pending call, by key (times, attempts, errors)."""
+
+    @property
+    def thread_id(self) -> str:
+        """The thread."""
+        return self.status.thread_id
+
+    def card_html(self, item: PendingItem) -> str:
+        """A pending call as a card: what it is, where it stands, what was decided."""
+        record = self.records.get(item.key)
+        tone = "warn" if item.kind == "approval" else "bad"
+        facts = [("kind", badge(item.kind, tone)),
+                 ("description", esc(item.description or "-")),
+                 ("key", f"<code>{esc(item.key)}</code>"),
+                 ("attempts", esc(item.attempts)),
+                 ("intent at", esc(iso(record.created_at if record else None))),
+                 ("last change", esc(iso(record.updated_at if record else None)))]
+        if item.error:
+            facts.append(("error", esc(item.error)))
+        decision = self.review.decision_for(item)
+        if decision is not None:
+            facts.append(("decision", badge(describe_decision(item, decision), "good")))
+            if decision["type"] == "edit":
+                facts.append(("changed", diff_html(item.args,
+                                                   decision["edited_action"]["args"])))
+        rows = "".join(f'<tr><th style="text-align: left; padding-right: 8px">{name}</th>'
+                       f"<td>{value}</td></tr>" for name, value in facts)
+        args = table(("argument", "value"), [(n, json_text(v)) for n, v in item.args.items()])
+        return (f'<div style="border: 1px solid rgba(128,128,128,.35); border-radius: '
+                f'4px; padding: 6px 8px; margin: 4px 0">'
+                f"<b>{esc(item.tool)}</b> <code>{esc(item.tool_call_id)}</code>"
+                f"<table>{rows}</table>{args}"
+                f"<small>allowed: {esc(', '.join(item.allowed_decisions))}</small></div>")
+
+    def header_html(self) -> str:
+        """The thread's name, status and reason."""
+        return (f"<h4 style=\"margin: 8px 0 2px\">Thread <code>{esc(self.thread_id)}</code> "
+                f"{badge(self.status.status)}</h4><small>{esc(self.status.reason)}</small>")
+
+
+def diff_html(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """What an edit changed, argument by argument (old struck through, new beside it)."""
+    changes = args_diff(before, after)
+    if not changes:
+        return "<i>no change</i>"
+    return table(("argument", "asked", "edited"),
+                 [(name, (json_text(old), "bad"), (json_text(new), "good"))
+                  for name, old, new in changes])
+
+
+GraphSource = Any
+"""A compiled graph, or `factory(thread_id) -> graph` (a `Callable[[str], Any]`) when
+threads run different graphs."""
+
+
+class Inbox:
+    """Every thread of a database that waits for a person, as a widget or static HTML.
+
+    Args:
+        graph_or_factory: The compiled graph the threads run (with the durable saver),
+            or `factory(thread_id) -> graph`.
+        saver: The durable saver whose threads are listed.
+        reviewer: Name recorded with every decision the widget takes.
+    """
+
+    def __init__(self, graph_or_factory: GraphSource, saver: Any,
+                 reviewer: str | None = None) -> None:
+        self._source = graph_or_factory
+        self.saver = saver
+        self.reviewer = reviewer
+        self.threads: dict[str, InboxThread] = {}
+        self._view: Any = None
+        self.refresh()
+
+    def graph_for(self, thread_id: str) -> Any:
+        """The graph that runs `thread_id`."""
+        if hasattr(self._source, "get_state"):
+            return self._source
+        return self._source(thread_id)
+
+    def load(self, thread_id: str) -> InboxThread | None:
+        """The thread as it stands now, or `None` when it waits for no one."""
+        status = thread_status(self.saver, thread_id)
+        if status.status not in WAITING:
+            return None
+        config = {"configurable": {"thread_id": thread_id}}
+        r = review(self.graph_for(thread_id), config)
+        if not r.pending:
+            return None
+        records = {i.key: rec for i in r.pending
+                   if (rec := self.saver.effect(i.key, thread_id)) is not None}
+        return InboxThread(status, r, records)
+
+    def refresh(self) -> Inbox:
+        """Read the database again: which threads wait, and for what."""
+        self.threads = {}
+        for thread_id in self.saver.thread_ids():
+            loaded = self.load(thread_id)
+            if loaded is not None:
+                self.threads[thread_id] = loaded
+        if self._view is not None:
+            self._view.redraw()
+        return self
+
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets view (built on first use).
+
+        Raises:
+            ImportError: ipywidgets is not installed (`pip install
+                'graph-durable[notebooks]'`).
+        """
+        if self._view is None:
+            from graph_durable._inbox_widget import InboxView
+
+            self._view = InboxView(self, require_ipywidgets())
+        return self._view.root
+
+    def thread(self, thread_id: str) -> Any:
+        """The widget view of one thread (`resume_button`, `result`, `calls`)."""
+        self.widget  # noqa: B018  (builds the view)
+        return self._view.threads[thread_id]
+
+    def call(self, thread_id: str, tool_call_id: str) -> Any:
+        """The widget card of one pending call (`buttons`, `fields`, `message`,
+        `receipt`, `status`)."""
+        return self.thread(thread_id).calls[tool_call_id]
+
+    def __repr__(self) -> str:
+        waiting = ", ".join(f"{t.thread_id}: {len(t.review.pending)}"
+                            for t in self.threads.values())
+        return f"Inbox({len(self.threads)} thread(s) waiting{': ' if waiting else ''}{waiting})"
+
+    def _repr_html_(self) -> str:
+        if not self.threads:
+            return "<p>Inbox: no thread waits for a person.</p>"
+        parts = [f"<p>Inbox: {len(self.threads)} thread(s) wait for a person.</p>"]
+        for thread in self.threads.values():
+            parts.append(thread.header_html())
+            parts.extend(thread.card_html(item) for item in thread.review.pending)
+        return "".join(parts)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        # The widget where a frontend runs widgets; the static cards beside it for
+        # viewers that cannot (and for anyone without ipywidgets).
+        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        try:
+            view = self.widget._repr_mimebundle_(include=include, exclude=exclude) or {}
+        except ImportError:
+            return bundle
+        view.pop("text/plain", None)
+        return {**bundle, **view}
+
+
+def inbox(graph_or_factory: GraphSource, saver: Any, *, reviewer: str | None = None) -> Inbox:
+    """The threads of `saver`'s database that wait for a person (see `Inbox`)."""
+    return Inbox(graph_or_factory, saver, reviewer)
