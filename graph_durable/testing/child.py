@@ -221,26 +221,30 @@ def _report(summary: dict[str, Any], hold: bool) -> None:
 
 def _run_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> dict[str, Any]:
     from graph_durable.audit import logs_runs, run_log
+    from graph_durable.checkpointers._base import durable_saver
     from graph_durable.errors import LeaseHeld, LeaseLost
     from graph_durable.recovery import recover
     from graph_durable.review import review
 
     scenario = factory(**spec["kwargs"])
+    # The saver is the scenario's, or the one its graph was compiled with (a scenario
+    # needs only `graph` and `inputs`).
+    saver = getattr(scenario, "saver", None) or durable_saver(scenario.graph.checkpointer)
     # Log node runs and model calls, so an audit (and crash_matrix) can count what a
     # crash made run again.
-    if not logs_runs(scenario.graph):
-        config = {**config, "callbacks": [run_log(scenario.saver)]}
+    if saver is not None and not logs_runs(scenario.graph):
+        config = {**config, "callbacks": [run_log(saver)]}
     if spec["start_at"]:
         time.sleep(max(0.0, spec["start_at"] - time.time()))
     if spec["action"] == "recover":
-        outcomes = recover(scenario.graph, scenario.saver, spec["owner"], ttl=spec["ttl"])
+        outcomes = recover(scenario.graph, saver, spec["owner"], ttl=spec["ttl"])
         return {"recovered": [o.__dict__ for o in outcomes]}
     extra: dict[str, Any] = {}
     pending = review(scenario.graph, config) if spec["action"] == "review" else None
     graph_input = _graph_input(spec, scenario, pending)
     try:
         if spec["owner"]:
-            with scenario.saver.lease(spec["thread_id"], spec["owner"], spec["ttl"]) as lease:
+            with saver.lease(spec["thread_id"], spec["owner"], spec["ttl"]) as lease:
                 scenario.graph.invoke(
                     graph_input, {**lease.config, **({"callbacks": config["callbacks"]}
                                                      if "callbacks" in config else {})},
