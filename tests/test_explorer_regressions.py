@@ -412,3 +412,28 @@ def test_a_refused_answer_then_a_worker_killed_after_the_step_wrote_is_orphaned(
     [outcome] = recover(graph, saver, owner="sweeper")
     assert outcome.outcome == "resumed" and outcome.status == "done"
     assert graph.get_state(CONFIG).next == ()
+
+
+def test_a_call_answered_in_place_in_a_copy_is_asked_anew_in_its_source(tmp_path) -> None:
+    """Seeds 100695 and 100995 (`copy_both`): the copy answered the call in place of the
+    tool (nothing sent); its source then asked anew, was approved and sent it. That is the
+    design (a call rejected or answered in one thread of a family is asked anew in the
+    others), sent once; the explorer's check had read the copy's answer as "never send"."""
+    from graph_durable.testing.explorer import explore
+
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    saver.copy_thread("t", "fork")
+    fork = {"configurable": {"thread_id": "fork"}}
+    graph.invoke(Command(resume={"type": "respond", "message": "done by hand"}), fork,
+                 durability="sync")
+    assert provider.count() == 0 and saver.effects("fork")[0].status is EffectStatus.REJECTED
+    assert [i.tool_call_id for i in review(graph, CONFIG).pending], "asked anew in the source"
+    graph.invoke(Command(resume={"type": "approve"}), CONFIG, durability="sync")
+    assert provider.count() == 1
+    assert saver.effects("t")[0].status is EffectStatus.APPLIED
+
+    for seed in (100695, 100995):
+        report = explore(1, seed, workers=1, directory=str(tmp_path / f"seed-{seed}"),
+                         shrink_failures=False)
+        assert report.ok, report.render()

@@ -90,8 +90,8 @@ def _final_messages(saver: DurableSqliteSaver, thread_id: str) -> list[Any]:
 
 
 def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[str, Any]],
-                    by_key: dict[str, list[dict[str, Any]]], records: dict[str, Any]
-                    ) -> list[str]:
+                    by_key: dict[str, list[dict[str, Any]]], records: dict[str, Any],
+                    family: dict[str, dict[str, Any]] | None = None) -> list[str]:
     problems = []
     for position, message in enumerate(messages):
         calls = getattr(message, "tool_calls", None) or []
@@ -115,10 +115,16 @@ def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[s
             if answer.status == "error":
                 continue
             if answer.content == RESPONDED:
-                # A person answered in place of the tool: nothing may have been sent.
+                # A person answered in place of the tool: nothing may have been sent from
+                # this thread. A copy (or the thread it was copied from) shares the key and
+                # asks anew about a call answered this way here; its own approval may send
+                # it, once (DUPLICATE counts the provider's side).
                 mine = [r for r in records.values() if r.tool_call_id == call["id"]
                         and r.args == call["args"] and r.status == "rejected"]
-                sent = [k for r in mine for k in [r.key] if by_key.get(k)]
+                sent_by_kin = {key for other, held in (family or {}).items()
+                               if other != thread_id
+                               for key, r in held.items() if r.status is S.APPLIED}
+                sent = [k for r in mine for k in [r.key] if by_key.get(k) and k not in sent_by_kin]
                 if not mine or sent:
                     problems.append(f"EXACTLY-ONCE {what} answered by a person, but the "
                                     f"ledger holds {[r.status for r in mine]} and the "
@@ -220,5 +226,5 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
         problems += _check_ledger(records_by_thread, by_key, settled)
         for thread_id in finished:
             problems += _check_finished(thread_id, _final_messages(saver, thread_id), tools,
-                                        by_key, records_by_thread[thread_id])
+                                        by_key, records_by_thread[thread_id], records_by_thread)
     return problems
