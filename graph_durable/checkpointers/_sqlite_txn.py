@@ -5,9 +5,10 @@
 connection it is, so that a whole transaction (fence, flow pin, deferred receipts, the
 write itself, commit) is one round trip to that thread instead of one per statement.
 
-Group commit: ledger writes queued while a transaction is under way are committed
-together by the next one (`_commit_queue`), each still answered only once the
-transaction holding it has committed.
+Group commit: ledger writes and checkpoint writes queued while a transaction is under
+way are committed together by the next one (`_commit_queue`), each still answered only
+once the transaction holding it has committed: parallel tool calls of one step, and
+agents of many threads on one saver, share fsyncs.
 """
 
 from __future__ import annotations
@@ -33,15 +34,27 @@ from graph_durable.ledger import (
     WriteBatch,
 )
 
-__all__ = ["QueuedWrite", "SqliteTransactions"]
+__all__ = ["CheckpointWrite", "QueuedWrite", "SqliteTransactions"]
+
+
+class CheckpointWrite:
+    """A checkpoint (or a task's pending writes) to store: `body(cursor)` runs its
+    statements in the transaction, after the thread's fence and flow pin."""
+
+    __slots__ = ("thread_id", "body")
+
+    def __init__(self, thread_id: str, body: Callable[[sqlite3.Cursor], Any]) -> None:
+        self.thread_id = thread_id
+        self.body = body
 
 
 class QueuedWrite:
-    """A ledger write waiting for the group commit that will hold it."""
+    """A ledger or checkpoint write waiting for the group commit that will hold it."""
 
     __slots__ = ("write", "config", "result", "error", "done")
 
-    def __init__(self, write: LedgerWrite, config: RunnableConfig | None) -> None:
+    def __init__(self, write: LedgerWrite | CheckpointWrite,
+                 config: RunnableConfig | None) -> None:
         self.write = write
         self.config = config
         self.result: list[EffectRecord] = []
@@ -49,8 +62,16 @@ class QueuedWrite:
         self.done = False
 
 
-def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any]) -> BaseException | None:
-    """Run `action` in a savepoint; undo only its own writes and return its error."""
+def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any], alone: bool = False
+                  ) -> BaseException | None:
+    """Run `action` in a savepoint; undo only its own writes and return its error.
+
+    `alone`: the transaction holds nothing else, so an error rolls all of it back and is
+    raised (the savepoint's two statements are saved).
+    """
+    if alone:
+        action()
+        return None
     cur.execute("SAVEPOINT ledger_write")
     error: BaseException | None = None
     try:
@@ -207,8 +228,8 @@ class SqliteTransactions:
 
     # -- group commit --------------------------------------------------------------------
 
-    def _enqueue(self, writes: Sequence[LedgerWrite], config: RunnableConfig | None
-                 ) -> list[QueuedWrite]:
+    def _enqueue(self, writes: Sequence[LedgerWrite | CheckpointWrite],
+                 config: RunnableConfig | None) -> list[QueuedWrite]:
         """Queue writes for the next group commit; their items, to wait on."""
         items = [QueuedWrite(write, config) for write in writes]
         with self._queue_lock:
@@ -228,6 +249,7 @@ class SqliteTransactions:
             return
         cur = conn.cursor()
         checked: dict[tuple[str, int | None], BaseException | None] = {}
+        alone = len(batch) == 1
         try:
             cur.execute("BEGIN IMMEDIATE")
             for item in batch:
@@ -236,16 +258,20 @@ class SqliteTransactions:
                 fenced = (write.thread_id, actor[1])
                 if fenced not in checked:
                     checked[fenced] = _in_savepoint(
-                        cur, lambda: self._check_write_txn(cur, write.thread_id, config))
+                        cur, lambda: self._check_write_txn(cur, write.thread_id, config),
+                        alone)
                 if checked[fenced] is not None:
                     item.error = checked[fenced]
+                elif isinstance(write, CheckpointWrite):
+                    item.error = _in_savepoint(cur, lambda: write.body(cur), alone)
                 elif isinstance(write, IntentWrite):
                     try:
                         item.result = [self._apply_one_txn(cur, write, actor)]
                     except IntentExists as exists:
                         item.error = exists
                 else:
-                    item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor))
+                    item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor),
+                                               alone)
             conn.commit()
             self._deferred_committed()  # type: ignore[attr-defined]
         except BaseException as exc:

@@ -32,7 +32,11 @@ from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._aiosqlite import on_connection_thread
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE, statements
-from graph_durable.checkpointers._sqlite_txn import QueuedWrite, SqliteTransactions
+from graph_durable.checkpointers._sqlite_txn import (
+    CheckpointWrite,
+    QueuedWrite,
+    SqliteTransactions,
+)
 from graph_durable.leases import Lease, cancelled_by, register, unregister
 from graph_durable.ledger import (
     EffectEvent,
@@ -203,8 +207,8 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncSqlite
         """Save a checkpoint, fenced and flow-pinned in the same transaction."""
         fault_point("before_put")
         statement, stored = self._checkpoint_statement(config, checkpoint, metadata)
-        await self._write(lambda cur: cur.execute(*statement),
-                          str(config["configurable"]["thread_id"]), config)
+        await self._store(str(config["configurable"]["thread_id"]), config,
+                          lambda cur: cur.execute(*statement))
         self._remember_stored(stored)
         fault_point("after_put")
         return stored
@@ -225,7 +229,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncSqlite
             for statement in self._late_resume(config, writes, task_id):
                 cur.execute(*statement)
 
-        await self._write(body, str(config["configurable"]["thread_id"]), config)
+        await self._store(str(config["configurable"]["thread_id"]), config, body)
         fault_point("after_put_writes")
 
     async def adelete_thread(self, thread_id: str) -> None:
@@ -476,8 +480,15 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncSqlite
         """
         return self._claimed(await self._commit_with_group(intents, config))
 
+    async def _store(self, thread_id: str, config: RunnableConfig,
+                     body: Callable[[sqlite3.Cursor], Any]) -> None:
+        """Commit a checkpoint write (`body`), fenced, with the group."""
+        [item] = await self._commit_with_group([CheckpointWrite(thread_id, body)], config)
+        if item.error is not None:
+            raise item.error
+
     async def _commit_with_group(
-        self, writes: Sequence[LedgerWrite], config: RunnableConfig | None
+        self, writes: Sequence[LedgerWrite | CheckpointWrite], config: RunnableConfig | None
     ) -> list[QueuedWrite]:
         """Queue `writes` and wait for the transaction that commits them: this caller's,
         or one already waiting for the lock, which takes every queued write along."""

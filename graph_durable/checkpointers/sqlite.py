@@ -19,7 +19,7 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import Any
 
@@ -43,7 +43,11 @@ from graph_durable.checkpointers._schema import (
     check_readable,
     statements,
 )
-from graph_durable.checkpointers._sqlite_txn import QueuedWrite, SqliteTransactions
+from graph_durable.checkpointers._sqlite_txn import (
+    CheckpointWrite,
+    QueuedWrite,
+    SqliteTransactions,
+)
 from graph_durable.checkpointers._twins import AsyncFromSync
 from graph_durable.errors import GraphDurableError
 from graph_durable.leases import Lease
@@ -199,11 +203,12 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Save a checkpoint, fenced and flow-pinned in the same transaction."""
+        """Save a checkpoint, fenced and flow-pinned in the same transaction (shared with
+        the writes of other threads that arrive meanwhile: group commit)."""
         fault_point("before_put")
         statement, stored = self._checkpoint_statement(config, checkpoint, metadata)
-        with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
-            cur.execute(*statement)
+        self._store(str(config["configurable"]["thread_id"]), config,
+                    lambda cur: cur.execute(*statement))
         self._remember_stored(stored)
         fault_point("after_put")
         return stored
@@ -218,10 +223,13 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
         """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
         fault_point("before_put_writes")
         sql, rows = self._writes_statement(config, writes, task_id, task_path)
-        with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
+
+        def body(cur: sqlite3.Cursor) -> None:
             cur.executemany(sql, rows)
             for statement in self._late_resume(config, writes, task_id):
                 cur.execute(*statement)
+
+        self._store(str(config["configurable"]["thread_id"]), config, body)
         fault_point("after_put_writes")
 
     def delete_thread(self, thread_id: str) -> None:
@@ -325,8 +333,15 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
         """
         return self._claimed(self._commit_with_group(intents, config))
 
+    def _store(self, thread_id: str, config: RunnableConfig,
+               body: Callable[[sqlite3.Cursor], Any]) -> None:
+        """Commit a checkpoint write (`body`), fenced, with the group."""
+        [item] = self._commit_with_group([CheckpointWrite(thread_id, body)], config)
+        if item.error is not None:
+            raise item.error
+
     def _commit_with_group(
-        self, writes: Sequence[LedgerWrite], config: RunnableConfig | None
+        self, writes: Sequence[LedgerWrite | CheckpointWrite], config: RunnableConfig | None
     ) -> list[QueuedWrite]:
         items = self._enqueue(writes, config)
         with self.lock:
