@@ -18,6 +18,7 @@ MODULES: tuple[str, ...] = (
     "turn_overhead",
     "turn_overhead_postgres",
     "postgres_workers",
+    "sqlite_workers",
     "dbos_step",
     "recovery",
     "ledger_scale",

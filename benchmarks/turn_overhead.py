@@ -7,7 +7,11 @@ A turn is model -> tools -> model on a fresh thread, run with `durability="sync"
            the tool declared `Effect(idempotent=True)` and reading `current_effect().key`
 
 The `encrypted` rows give both savers LangGraph's `EncryptedSerializer` (AES), which
-also seals everything the ledger keeps about a call.
+also seals everything the ledger keeps about a call. The `async` rows run the same turn
+with `ainvoke`, an async model node and an async tool, on LangGraph's `AsyncSqliteSaver`
+(stock) and `graph_durable.AsyncDurableSqliteSaver` (guarded), both on aiosqlite; they
+also count the round trips each turn makes through aiosqlite's worker thread (every
+statement, fetch, commit and cursor is one), printed under the table.
 
 Both use file-backed SQLite databases in a temporary directory, the same
 `ScriptedChatModel` script (one AIMessage with 1 or 5 tool calls, then a final answer)
@@ -21,6 +25,7 @@ Run: `python -m benchmarks turn_overhead` (or `python -m benchmarks.turn_overhea
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import sqlite3
@@ -33,11 +38,18 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from benchmarks._runner import Comparison, measure_interleaved, median_ms, report
-from graph_durable import DurableSqliteSaver, Effect, EffectGuardNode, current_effect
+from graph_durable import (
+    AsyncDurableSqliteSaver,
+    DurableSqliteSaver,
+    Effect,
+    EffectGuardNode,
+    current_effect,
+)
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.testing.models import ScriptedChatModel
 
@@ -47,17 +59,21 @@ __all__ = [
     "TURNS",
     "WARMUP",
     "Agent",
+    "AsyncAgent",
+    "build_async_guarded",
+    "build_async_stock",
     "build_guarded",
     "build_stock",
     "compare",
     "main",
+    "measure_async_scenario",
     "measure_scenario",
 ]
 
 TOOL_NAME = "record_note"
 
-SCENARIOS: dict[int, float] = {1: 1.15, 5: 1.25}
-"""Tool calls per turn -> target ratio guarded/stock."""
+SCENARIOS: dict[int, float] = {1: 1.10, 5: 1.15}
+"""Tool calls per turn -> target ratio guarded/stock (sync, async and encrypted alike)."""
 
 REPETITIONS = 7
 """Timed repetitions per scenario; the median repetition is reported."""
@@ -106,14 +122,33 @@ def _guarded_tool() -> BaseTool:
     return record_note
 
 
-def _stock_node() -> ToolNode:
+def _async_stock_tool() -> BaseTool:
+    @tool(TOOL_NAME)
+    async def record_note(note: str) -> str:
+        """Record a note (a trivial external write)."""
+        return _provider_write(note, None)
+
+    return record_note
+
+
+def _async_guarded_tool() -> BaseTool:
+    @tool(TOOL_NAME)
+    async def record_note(note: str) -> str:
+        """Record a note (a trivial external write, keyed for the provider to dedupe)."""
+        return _provider_write(note, current_effect().key)
+
+    return record_note
+
+
+def _stock_node(asynchronous: bool = False) -> ToolNode:
     """LangGraph's `ToolNode` with the stock tool."""
-    return ToolNode([_stock_tool()])
+    return ToolNode([_async_stock_tool() if asynchronous else _stock_tool()])
 
 
-def _guarded_node() -> EffectGuardNode:
+def _guarded_node(asynchronous: bool = False) -> EffectGuardNode:
     """graph_durable's `EffectGuardNode` with the guarded tool, declared idempotent."""
-    return EffectGuardNode([_guarded_tool()], effects={TOOL_NAME: Effect(idempotent=True)})
+    return EffectGuardNode([_async_guarded_tool() if asynchronous else _guarded_tool()],
+                           effects={TOOL_NAME: Effect(idempotent=True)})
 
 
 def _tool_calls(n_calls: int) -> str:
@@ -141,33 +176,96 @@ class Agent:
     last_thread_id: str | None = None
     _threads: itertools.count[int] = field(default_factory=itertools.count)
 
+    def _next_config(self) -> dict[str, Any]:
+        self.last_thread_id = f"{self.name}-{next(self._threads)}"
+        return {"configurable": {"thread_id": self.last_thread_id}}
+
     def turn(self) -> dict[str, Any]:
         """Run one turn (model -> tools -> model) on a fresh thread_id."""
-        self.last_thread_id = f"{self.name}-{next(self._threads)}"
-        config = {"configurable": {"thread_id": self.last_thread_id}}
-        return self.graph.invoke(self.inputs, config, durability="sync")
+        return self.graph.invoke(self.inputs, self._next_config(), durability="sync")
+
+    def applied(self) -> int:
+        """How many effects the last turn's thread holds as applied (a durable saver)."""
+        assert isinstance(self.saver, DurableSaverMixin)
+        return len(self.saver.effects(self.last_thread_id, status="applied"))
 
     def close(self) -> None:
         """Close the database connection."""
         self.conn.close()
 
 
-def _compile(
-    name: str, tools_node: ToolNode, saver: BaseCheckpointSaver, conn: _Connection,
-    n_calls: int,
-) -> Agent:
+class _CountingQueue:
+    """Stands in for an aiosqlite connection's request queue and counts its requests:
+    each is one round trip to the connection's worker thread and back."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+        self.count = 0
+
+    def put_nowait(self, item: Any) -> None:
+        self.count += 1
+        self.queue.put_nowait(item)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queue, name)
+
+
+@dataclass
+class AsyncAgent(Agent):
+    """An `Agent` run with `ainvoke` on `loop` (an aiosqlite connection and saver)."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+    round_trips: _CountingQueue | None = None
+
+    def turn(self) -> dict[str, Any]:
+        """Run one turn (model -> tools -> model) on a fresh thread_id, with `ainvoke`."""
+        assert self.loop is not None
+        return self.loop.run_until_complete(
+            self.graph.ainvoke(self.inputs, self._next_config(), durability="sync"))
+
+    def round_trips_per_turn(self, turns: int = 20) -> float:
+        """Mean aiosqlite round trips of one turn, over `turns` turns."""
+        assert self.round_trips is not None
+        before = self.round_trips.count
+        for _ in range(turns):
+            self.turn()
+        return (self.round_trips.count - before) / turns
+
+    def applied(self) -> int:
+        assert self.loop is not None and isinstance(self.saver, AsyncDurableSqliteSaver)
+        return len(self.loop.run_until_complete(
+            self.saver.aeffects(self.last_thread_id, status="applied")))
+
+    def close(self) -> None:
+        assert self.loop is not None
+        self.loop.run_until_complete(self.conn.close())  # type: ignore[func-returns-value]
+
+
+def _builder(tools_node: ToolNode, n_calls: int, *, asynchronous: bool = False
+             ) -> StateGraph:
     model = ScriptedChatModel(script=_script(n_calls))
 
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
+    async def aagent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
     builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
+    builder.add_node("agent", aagent if asynchronous else agent)
     builder.add_node("tools", tools_node)
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
-    return Agent(name=name, graph=builder.compile(checkpointer=saver), conn=conn, saver=saver)
+    return builder
+
+
+def _compile(
+    name: str, tools_node: ToolNode, saver: BaseCheckpointSaver, conn: _Connection,
+    n_calls: int,
+) -> Agent:
+    graph = _builder(tools_node, n_calls).compile(checkpointer=saver)
+    return Agent(name=name, graph=graph, conn=conn, saver=saver)
 
 
 def _encrypted() -> Any:
@@ -192,6 +290,36 @@ def build_guarded(db_path: str, n_calls: int, serde: Any = None) -> Agent:
     return _compile("guarded", _guarded_node(), saver, conn, n_calls)
 
 
+def _build_async(name: str, db_path: str, n_calls: int, loop: asyncio.AbstractEventLoop,
+                 saver_type: type[AsyncSqliteSaver]) -> AsyncAgent:
+    import aiosqlite
+
+    async def open_saver() -> tuple[Any, AsyncSqliteSaver]:
+        conn = await aiosqlite.connect(db_path)
+        saver = saver_type(conn)
+        await saver.setup()
+        return conn, saver
+
+    conn, saver = loop.run_until_complete(open_saver())
+    counter = conn._tx = _CountingQueue(conn._tx)
+    node = _guarded_node(True) if name == "guarded" else _stock_node(True)
+    graph = _builder(node, n_calls, asynchronous=True).compile(checkpointer=saver)
+    return AsyncAgent(name=name, graph=graph, conn=conn, saver=saver, loop=loop,
+                      round_trips=counter)
+
+
+def build_async_stock(db_path: str, n_calls: int, loop: asyncio.AbstractEventLoop
+                      ) -> AsyncAgent:
+    """LangGraph's `ToolNode` with LangGraph's `AsyncSqliteSaver` on `db_path`, on `loop`."""
+    return _build_async("stock", db_path, n_calls, loop, AsyncSqliteSaver)
+
+
+def build_async_guarded(db_path: str, n_calls: int, loop: asyncio.AbstractEventLoop
+                        ) -> AsyncAgent:
+    """graph_durable's `EffectGuardNode` with `AsyncDurableSqliteSaver` on `db_path`."""
+    return _build_async("guarded", db_path, n_calls, loop, AsyncDurableSqliteSaver)
+
+
 def _check(agent: Agent, n_calls: int) -> None:
     """Fail loudly if a turn does not do what the benchmark claims to measure."""
     messages = agent.turn()["messages"]
@@ -202,9 +330,9 @@ def _check(agent: Agent, n_calls: int) -> None:
     if not (isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls):
         raise RuntimeError(f"{agent.name}: the turn did not end with the final answer")
     if isinstance(agent.saver, DurableSaverMixin):
-        applied = agent.saver.effects(agent.last_thread_id, status="applied")
-        if len(applied) != n_calls:
-            raise RuntimeError(f"guarded: expected {n_calls} applied effects, got {applied!r}")
+        applied = agent.applied()
+        if applied != n_calls:
+            raise RuntimeError(f"guarded: expected {n_calls} applied effects, got {applied}")
 
 
 def compare(
@@ -218,11 +346,16 @@ def compare(
     turns: int = TURNS,
     warmup: int = WARMUP,
     progress: Callable[[str], None] | None = print,
+    note: str = "",
 ) -> Comparison:
     """Check both agents, time their turns interleaved, then close them."""
     try:
         _check(stock, n_calls)
         _check(guarded, n_calls)
+        if isinstance(stock, AsyncAgent) and isinstance(guarded, AsyncAgent):
+            note = (f"aiosqlite round trips per turn: stock "
+                    f"{stock.round_trips_per_turn():.1f}, guarded "
+                    f"{guarded.round_trips_per_turn():.1f}")
         samples = measure_interleaved(
             {"stock": stock.turn, "guarded": guarded.turn},
             repetitions=repetitions, turns=turns, warmup=warmup, progress=progress,
@@ -239,6 +372,7 @@ def compare(
         target=target,
         stock_samples_ms=stock_ms,
         guarded_samples_ms=guarded_ms,
+        note=note,
     )
 
 
@@ -265,6 +399,32 @@ def measure_scenario(
                    progress=progress)
 
 
+def measure_async_scenario(
+    workdir: str,
+    n_calls: int,
+    *,
+    target: float | None,
+    repetitions: int = REPETITIONS,
+    turns: int = TURNS,
+    warmup: int = WARMUP,
+    progress: Callable[[str], None] | None = print,
+) -> Comparison:
+    """Time stock and guarded `ainvoke` turns with `n_calls` tool calls each, interleaved,
+    both on one event loop."""
+    loop = asyncio.new_event_loop()
+    try:
+        stock = build_async_stock(os.path.join(workdir, f"stock-{n_calls}-async.sqlite"),
+                                  n_calls, loop)
+        guarded = build_async_guarded(
+            os.path.join(workdir, f"guarded-{n_calls}-async.sqlite"), n_calls, loop)
+        return compare(stock, guarded, n_calls,
+                       scenario=f"turn, {_tool_calls(n_calls)}, async", target=target,
+                       repetitions=repetitions, turns=turns, warmup=warmup,
+                       progress=progress)
+    finally:
+        loop.close()
+
+
 def _announce(n_calls: int) -> None:
     """Say what is about to be timed for `n_calls` tool calls per turn."""
     print(f"{n_calls} tool call(s) per turn: {WARMUP} warm-up turns, then "
@@ -279,6 +439,9 @@ def main() -> list[Comparison]:
         for n_calls, target in SCENARIOS.items():
             _announce(n_calls)
             comparisons.append(measure_scenario(workdir, n_calls, target=target))
+        for n_calls, target in SCENARIOS.items():
+            _announce(n_calls)
+            comparisons.append(measure_async_scenario(workdir, n_calls, target=target))
         try:
             import Crypto  # noqa: F401  (pycryptodome, for LangGraph's AES serializer)
         except ImportError:
@@ -288,8 +451,9 @@ def main() -> list[Comparison]:
                 _announce(n_calls)
                 comparisons.append(measure_scenario(workdir, n_calls, target=target,
                                                     encrypted=True))
-    report("turn overhead: guarded (EffectGuardNode + DurableSqliteSaver) vs stock "
-           "(ToolNode + SqliteSaver), durability='sync'", comparisons,
+    report("turn overhead: guarded (EffectGuardNode + DurableSqliteSaver, or "
+           "AsyncDurableSqliteSaver) vs stock (ToolNode + SqliteSaver, or AsyncSqliteSaver), "
+           "durability='sync'", comparisons,
            benchmark="turn_overhead")
     return comparisons
 

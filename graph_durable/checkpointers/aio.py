@@ -1,14 +1,19 @@
 """`AsyncDurableSqliteSaver`: the async twin of `DurableSqliteSaver` (aiosqlite).
 
-Same tables, same SQL (`_sql.py`), same retention rules; see `sqlite.py` for what
-`delete_thread`, `prune`, `delete_for_runs` and `copy_thread` do with the ledger.
+Same tables, same SQL (`_sql.py`), same transactions (`_sqlite_txn.py`), same retention
+rules; see `sqlite.py` for what `delete_thread`, `prune`, `delete_for_runs` and
+`copy_thread` do with the ledger. Each transaction and each ledger read runs whole on
+aiosqlite's worker thread, one round trip (`_aiosqlite.py`), and ledger writes arriving
+while one commits are committed together by the next (group commit), as on the sync
+saver.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
-from collections.abc import AsyncIterator, Collection, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -24,9 +29,14 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from graph_durable.checkpointers import _sql
-from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
+from graph_durable.checkpointers._aiosqlite import on_connection_thread
+from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE, statements
-from graph_durable.errors import IllegalTransition
+from graph_durable.checkpointers._sqlite_txn import (
+    CheckpointWrite,
+    QueuedWrite,
+    SqliteTransactions,
+)
 from graph_durable.leases import Lease, cancelled_by, register, unregister
 from graph_durable.ledger import (
     EffectEvent,
@@ -35,8 +45,6 @@ from graph_durable.ledger import (
     IntentWrite,
     Keying,
     LedgerWrite,
-    TransitionWrite,
-    WriteBatch,
 )
 from graph_durable.faults import fault_point
 
@@ -45,7 +53,7 @@ __all__ = ["AsyncDurableSqliteSaver"]
 T = TypeVar("T")
 
 
-class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
+class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncSqliteSaver):
     """An async LangGraph checkpointer on SQLite that also keeps the effect ledger.
 
     Args:
@@ -71,6 +79,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     ) -> None:
         super().__init__(conn, serde=serde)
         self._init_durable(flow_version, compatible_flow_versions, key_secret)
+        self._init_queue()
         self._migrated = False
 
     @classmethod
@@ -117,33 +126,26 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             await self.conn.commit()
             self._migrated = True
 
-    @asynccontextmanager
-    async def _txn(
-        self, thread_id: str | None = None, config: RunnableConfig | None = None
-    ) -> AsyncIterator[aiosqlite.Cursor]:
-        """One write transaction, taken with `BEGIN IMMEDIATE` so reads in it are current.
-
-        With `thread_id`, the write is fenced and flow-pinned first, in the same
-        transaction: a stale token or another flow version writes nothing.
-        """
+    async def _write(
+        self, body: Callable[[sqlite3.Cursor], T], thread_id: str | None = None,
+        config: RunnableConfig | None = None,
+    ) -> T:
+        """`body(cursor)` in one write transaction (see `_transaction`), run whole on the
+        connection's thread: one round trip. With `thread_id`, fenced and flow-pinned."""
         await self.setup()
-        async with self.lock, self.conn.cursor() as cur:
-            await cur.execute("BEGIN IMMEDIATE")
-            try:
-                if thread_id is not None:
-                    await self._check_write_txn(cur, thread_id, config)
-                yield cur
-            except BaseException:
-                await self.conn.rollback()
-                self._deferred_rolled_back()
-                raise
-            await self.conn.commit()
-            self._deferred_committed()
+        async with self.lock:
+            return await on_connection_thread(self.conn, self._write_now, body, thread_id,
+                                              config)
+
+    def _write_now(self, conn: sqlite3.Connection, body: Callable[[sqlite3.Cursor], T],
+                   thread_id: str | None, config: RunnableConfig | None) -> T:
+        with self._transaction(conn, thread_id, config) as cur:
+            return body(cur)
 
     async def _fetchall(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         await self.setup()
-        async with self.lock, self.conn.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+        async with self.lock:
+            return await on_connection_thread(self.conn, _fetchall_now, sql, params)
 
     def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
@@ -205,8 +207,8 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         """Save a checkpoint, fenced and flow-pinned in the same transaction."""
         fault_point("before_put")
         statement, stored = self._checkpoint_statement(config, checkpoint, metadata)
-        async with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
-            await cur.execute(*statement)
+        await self._store(str(config["configurable"]["thread_id"]), config,
+                          lambda cur: cur.execute(*statement))
         self._remember_stored(stored)
         fault_point("after_put")
         return stored
@@ -221,39 +223,31 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
         fault_point("before_put_writes")
         sql, rows = self._writes_statement(config, writes, task_id, task_path)
-        async with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
-            await cur.executemany(sql, rows)
+
+        def body(cur: sqlite3.Cursor) -> None:
+            cur.executemany(sql, rows)
             for statement in self._late_resume(config, writes, task_id):
-                await cur.execute(*statement)
+                cur.execute(*statement)
+
+        await self._store(str(config["configurable"]["thread_id"]), config, body)
         fault_point("after_put_writes")
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, writes, effects, events and flow pin."""
         self._forget_stored()
-        async with self._txn() as cur:
-            for statement in (*_sql.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
-                await cur.execute(statement, (str(thread_id),))
+        await self._write(lambda cur: self._delete_thread_txn(cur, str(thread_id)))
         self._flow_checked.discard(str(thread_id))
         self._forget_deferred(str(thread_id))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
         self._forget_stored()
-        async with self._txn() as cur:
-            for run_id in run_ids:
-                await cur.execute(_sql.SELECT_RUN_CHECKPOINTS, (str(run_id),))
-                for row in await cur.fetchall():
-                    await cur.execute(_sql.DELETE_CHECKPOINT, tuple(row))
-                    await cur.execute(_sql.DELETE_CHECKPOINT_WRITES, tuple(row))
+        await self._write(lambda cur: self._delete_for_runs_txn(cur, run_ids))
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy checkpoints, writes, effects and events of one thread to another."""
-        params = (str(target_thread_id), str(source_thread_id))
-        async with self._txn() as cur:
-            await self._flush_deferred(cur, str(source_thread_id))
-            for statement in (*_sql.COPY_THREAD_CHECKPOINTS, *_sql.COPY_THREAD_LEDGER):
-                await cur.execute(statement, params)
-            await cur.execute(_sql.UPSERT_ORIGIN, self._origin_params(*reversed(params)))
+        await self._write(lambda cur: self._copy_thread_txn(
+            cur, str(source_thread_id), str(target_thread_id)))
 
     async def aprune(
         self, thread_ids: Sequence[str], *, strategy: str = "keep_latest"
@@ -266,12 +260,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
             return
         if strategy != "keep_latest":
             raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'")
-        async with self._txn() as cur:
-            for thread_id in thread_ids:
-                await cur.execute(_sql.SELECT_PRUNABLE, (str(thread_id),))
-                for row in await cur.fetchall():
-                    await cur.execute(_sql.DELETE_CHECKPOINT, tuple(row))
-                    await cur.execute(_sql.DELETE_CHECKPOINT_WRITES, tuple(row))
+        await self._write(lambda cur: self._prune_txn(cur, thread_ids))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Sync `adelete_for_runs`."""
@@ -284,24 +273,6 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Sync `aprune`."""
         self._sync(self.aprune(thread_ids, strategy=strategy))
-
-    async def _check_write_txn(
-        self, cur: aiosqlite.Cursor, thread_id: str, config: RunnableConfig | None
-    ) -> None:
-        await cur.execute(_sql.SELECT_LEASE, (thread_id,))
-        self._check_fence(await cur.fetchone(), thread_id, config)
-        if self._needs_flow_check(thread_id):
-            await cur.execute(_sql.SELECT_FLOW_VERSION, (thread_id,))
-            for statement in self._flow_statements(await cur.fetchone(), thread_id):
-                await cur.execute(*statement)
-        await self._flush_deferred(cur, thread_id)
-
-    async def _flush_deferred(self, cur: aiosqlite.Cursor, thread_id: str) -> None:
-        for write, write_config in self._take_deferred(thread_id):
-            try:
-                await self._apply_one_txn(cur, write, actor_of(write_config))
-            except IllegalTransition as refused:
-                self._refused_deferred(write, refused)
 
     async def akey_thread(self, thread_id: str) -> str:
         """The thread whose id keys this thread's effects: itself, or for a copy, the
@@ -320,35 +291,6 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     def keying(self, thread_id: str) -> Keying:
         """Sync `akeying`, from a thread other than the saver's event loop."""
         return self._sync(self.akeying(thread_id))
-
-    async def _apply_one_txn(
-        self, cur: aiosqlite.Cursor, one: IntentWrite | TransitionWrite,
-        actor: tuple[str | None, int | None],
-    ) -> EffectRecord:
-        if isinstance(one, IntentWrite):
-            (inherit, inherited), (insert, *after), record = self._plan_intent(one, actor)
-            await cur.execute(*inherit)
-            if cur.rowcount == 1:
-                await cur.execute(*inherited)
-                await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-                raise IntentExists(self._record(await cur.fetchone()))
-            await cur.execute(*insert)
-            if cur.rowcount == 0:
-                await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-                raise IntentExists(self._record(await cur.fetchone()))
-            for statement in after:
-                await cur.execute(*statement)
-            return record
-        now = time.time()
-        await cur.execute(*self._plan_update(one, now))
-        rows = await cur.fetchall()
-        if not rows:
-            await cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key))
-            raise _sql.refusal(await cur.fetchone(), thread_id=one.thread_id, key=one.key,
-                               to=one.to)
-        record = self._record(rows[0])
-        await cur.execute(*self._transition_event(record, one, now, actor))
-        return record
 
     # -- leases --------------------------------------------------------------------------
 
@@ -373,28 +315,23 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
 
     async def aacquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
         """Take the thread with a new, higher fencing token (see `alease`)."""
-        async with self._txn() as cur:
-            await cur.execute(_sql.SELECT_LEASE, (str(thread_id),))
-            lease, statement = self._new_lease(await cur.fetchone(), str(thread_id), owner, ttl)
-            await cur.execute(*statement)
-        return lease
+        return await self._write(
+            lambda cur: self._acquire_lease_txn(cur, str(thread_id), owner, ttl))
 
     async def arenew_lease(self, lease: Lease) -> bool:
         """Extend a live lease by its ttl; `False` if it expired or was taken over."""
         started = time.monotonic()
         now = time.time()
         expires_at = now + lease.ttl
-        async with self._txn() as cur:
-            await cur.execute(_sql.RENEW_LEASE, (expires_at, lease.thread_id, lease.token, now))
-            renewed = cur.rowcount == 1
+        renewed = await self._write(
+            lambda cur: self._renew_lease_txn(cur, lease, expires_at, now))
         if renewed:
             lease.extended(expires_at, started)
         return renewed
 
     async def arelease_lease(self, lease: Lease) -> None:
         """End a lease now (a no-op if another owner has taken the thread since)."""
-        async with self._txn() as cur:
-            await cur.execute(_sql.RELEASE_LEASE, (lease.thread_id, lease.token))
+        await self._write(lambda cur: self._release_lease_txn(cur, lease))
 
     async def alive_leases(self) -> dict[str, tuple[str, int, float]]:
         """`{thread_id: (owner, token, expires_at)}` of every live lease."""
@@ -409,9 +346,8 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     async def arecord_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str,
                                node: str, kind: str) -> None:
         """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
-        async with self._txn() as cur:
-            await cur.execute(_sql.INSERT_TASK_RUN,
-                              (str(thread_id), run_id, checkpoint_ns, node, kind, time.time()))
+        await self._write(lambda cur: self._record_task_run_txn(
+            cur, str(thread_id), run_id, checkpoint_ns, node, kind))
 
     async def atask_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
         """The run log of an audited thread (see `DurableSqliteSaver.task_runs`)."""
@@ -523,14 +459,8 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
         """
         if self._defer(write, config):
             return []
-        try:
-            return await self._aapply_txn(write, config)
-        except IntentExists as exists:
-            raise IllegalTransition(
-                f"Effect {exists.record.key!r} of thread {write.thread_id!r} is already "
-                f"recorded ({exists.record.status.value}); aclaim() reports its state.",
-                thread_id=write.thread_id,
-            ) from None
+        [item] = await self._commit_with_group([write], config)
+        return self._applied(item, "aclaim")
 
     async def aclaim(
         self, intent: IntentWrite, config: RunnableConfig | None = None
@@ -542,19 +472,32 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     async def aclaim_many(
         self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
     ) -> list[tuple[EffectRecord, bool]]:
-        """`aclaim` several intents in one transaction (one fsync for all of them)."""
-        actor = actor_of(config)
-        claimed: list[tuple[EffectRecord, bool]] = []
-        async with self._txn(intents[0].thread_id if intents else None, config) as cur:
-            for intent in intents:
-                if intent.thread_id != intents[0].thread_id:
-                    raise ValueError("aclaim_many claims intents of one thread")
-                try:
-                    claimed.append((await self._apply_one_txn(cur, intent, actor), True))
-                except IntentExists as exists:
-                    # Nothing of this intent was written: its key was already known.
-                    claimed.append((exists.record, False))
-        return claimed
+        """`aclaim` several intents in one transaction (one fsync for all of them).
+
+        Each intent is claimed on its own: a known key reports its record, and a refused
+        intent (`LeaseLost`, `FlowVersionMismatch`) raises after the others were
+        committed.
+        """
+        return self._claimed(await self._commit_with_group(intents, config))
+
+    async def _store(self, thread_id: str, config: RunnableConfig,
+                     body: Callable[[sqlite3.Cursor], Any]) -> None:
+        """Commit a checkpoint write (`body`), fenced, with the group."""
+        [item] = await self._commit_with_group([CheckpointWrite(thread_id, body)], config)
+        if item.error is not None:
+            raise item.error
+
+    async def _commit_with_group(
+        self, writes: Sequence[LedgerWrite | CheckpointWrite], config: RunnableConfig | None
+    ) -> list[QueuedWrite]:
+        """Queue `writes` and wait for the transaction that commits them: this caller's,
+        or one already waiting for the lock, which takes every queued write along."""
+        items = self._enqueue(writes, config)
+        await self.setup()
+        async with self.lock:
+            if not all(item.done for item in items):
+                await on_connection_thread(self.conn, self._commit_queue)
+        return items
 
     def claim(
         self, intent: IntentWrite, config: RunnableConfig | None = None
@@ -567,18 +510,6 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     ) -> list[tuple[EffectRecord, bool]]:
         """Sync `aclaim_many`."""
         return self._sync(self.aclaim_many(intents, config))
-
-    async def _aapply_txn(
-        self, write: LedgerWrite, config: RunnableConfig | None
-    ) -> list[EffectRecord]:
-        actor = actor_of(config)
-        writes = write.writes if isinstance(write, WriteBatch) else (write,)
-        async with self._txn(write.thread_id, config) as cur:
-            changed = [await self._apply_one_txn(cur, one, actor) for one in writes]
-            if isinstance(write, WriteBatch) and write.resume_at is not None:
-                await cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
-                self._resume_consumed(write, cur.rowcount)
-            return changed
 
     def effect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
         """Sync `aeffect`, from a thread other than the saver's event loop."""
@@ -609,3 +540,11 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, AsyncSqliteSaver):
     def apply(self, write: LedgerWrite, config: RunnableConfig | None = None) -> list[EffectRecord]:
         """Sync `aapply`."""
         return self._sync(self.aapply(write, config))
+
+
+def _fetchall_now(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    cur = conn.execute(sql, params)
+    try:
+        return cur.fetchall()
+    finally:
+        cur.close()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -35,7 +34,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from graph_durable.checkpointers import _sql
-from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
+from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
@@ -44,48 +43,22 @@ from graph_durable.checkpointers._schema import (
     check_readable,
     statements,
 )
-from graph_durable.checkpointers._twins import AsyncFromSync
-from graph_durable.errors import GraphDurableError, IllegalTransition
-from graph_durable.leases import Lease
-from graph_durable.ledger import (
-    EffectRecord,
-    IntentWrite,
-    LedgerWrite,
-    TransitionWrite,
-    WriteBatch,
+from graph_durable.checkpointers._sqlite_txn import (
+    CheckpointWrite,
+    QueuedWrite,
+    SqliteTransactions,
 )
+from graph_durable.checkpointers._twins import AsyncFromSync
+from graph_durable.errors import GraphDurableError
+from graph_durable.leases import Lease
+from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite
 from graph_durable.faults import fault_point
 
 __all__ = ["DurableSqliteSaver"]
 
 
-class _QueuedWrite:
-    """A ledger write waiting for the group commit that will hold it."""
-
-    __slots__ = ("write", "config", "result", "error", "done")
-
-    def __init__(self, write: LedgerWrite, config: RunnableConfig | None) -> None:
-        self.write = write
-        self.config = config
-        self.result: list[EffectRecord] = []
-        self.error: BaseException | None = None
-        self.done = False
-
-
-def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any]) -> BaseException | None:
-    """Run `action` in a savepoint; undo only its own writes and return its error."""
-    cur.execute("SAVEPOINT ledger_write")
-    error: BaseException | None = None
-    try:
-        action()
-    except BaseException as exc:
-        cur.execute("ROLLBACK TO ledger_write")
-        error = exc
-    cur.execute("RELEASE ledger_write")
-    return error
-
-
-class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, SqliteSaver):
+class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads, AsyncFromSync,
+                         SqliteSaver):
     """A LangGraph checkpointer on SQLite that also keeps the effect ledger.
 
     Use it wherever a `SqliteSaver` goes; `EffectGuardNode` finds the ledger through it.
@@ -114,8 +87,7 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
     ) -> None:
         super().__init__(conn, serde=serde)
         self._init_durable(flow_version, compatible_flow_versions, key_secret)
-        self._queue: list[_QueuedWrite] = []
-        self._queue_lock = threading.Lock()
+        self._init_queue()
 
     @classmethod
     @contextmanager
@@ -199,28 +171,11 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
     def _txn(
         self, thread_id: str | None = None, config: RunnableConfig | None = None
     ) -> Iterator[sqlite3.Cursor]:
-        """One write transaction, taken with `BEGIN IMMEDIATE` so reads in it are current.
-
-        With `thread_id`, the write is fenced and flow-pinned first, in the same
-        transaction: a stale token or another flow version writes nothing.
-        """
+        """One write transaction under the saver's lock (see `_transaction`)."""
         with self.lock:
             self.setup()
-            cur = self.conn.cursor()
-            try:
-                cur.execute("BEGIN IMMEDIATE")
-                if thread_id is not None:
-                    self._check_write_txn(cur, thread_id, config)
+            with self._transaction(self.conn, thread_id, config) as cur:
                 yield cur
-            except BaseException:
-                self.conn.rollback()
-                self._deferred_rolled_back()
-                raise
-            else:
-                self.conn.commit()
-                self._deferred_committed()
-            finally:
-                cur.close()
 
     # -- checkpoints: LangGraph's behaviour, without its traps ---------------------------
 
@@ -248,11 +203,12 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Save a checkpoint, fenced and flow-pinned in the same transaction."""
+        """Save a checkpoint, fenced and flow-pinned in the same transaction (shared with
+        the writes of other threads that arrive meanwhile: group commit)."""
         fault_point("before_put")
         statement, stored = self._checkpoint_statement(config, checkpoint, metadata)
-        with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
-            cur.execute(*statement)
+        self._store(str(config["configurable"]["thread_id"]), config,
+                    lambda cur: cur.execute(*statement))
         self._remember_stored(stored)
         fault_point("after_put")
         return stored
@@ -267,18 +223,20 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
         fault_point("before_put_writes")
         sql, rows = self._writes_statement(config, writes, task_id, task_path)
-        with self._txn(str(config["configurable"]["thread_id"]), config) as cur:
+
+        def body(cur: sqlite3.Cursor) -> None:
             cur.executemany(sql, rows)
             for statement in self._late_resume(config, writes, task_id):
                 cur.execute(*statement)
+
+        self._store(str(config["configurable"]["thread_id"]), config, body)
         fault_point("after_put_writes")
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, writes, effects, events and flow pin."""
         self._forget_stored()
         with self._txn() as cur:
-            for statement in (*_sql.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
-                cur.execute(statement, (str(thread_id),))
+            self._delete_thread_txn(cur, str(thread_id))
         self._flow_checked.discard(str(thread_id))
         self._forget_deferred(str(thread_id))
 
@@ -286,20 +244,12 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
         self._forget_stored()
         with self._txn() as cur:
-            for run_id in run_ids:
-                rows = cur.execute(_sql.SELECT_RUN_CHECKPOINTS, (str(run_id),)).fetchall()
-                for row in rows:
-                    cur.execute(_sql.DELETE_CHECKPOINT, row)
-                    cur.execute(_sql.DELETE_CHECKPOINT_WRITES, row)
+            self._delete_for_runs_txn(cur, run_ids)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy checkpoints, writes, effects and events of one thread to another."""
-        params = (str(target_thread_id), str(source_thread_id))
         with self._txn() as cur:
-            self._flush_deferred(cur, str(source_thread_id))
-            for statement in (*_sql.COPY_THREAD_CHECKPOINTS, *_sql.COPY_THREAD_LEDGER):
-                cur.execute(statement, params)
-            cur.execute(_sql.UPSERT_ORIGIN, self._origin_params(*reversed(params)))
+            self._copy_thread_txn(cur, str(source_thread_id), str(target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace, `delete` all.
@@ -314,66 +264,14 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         if strategy != "keep_latest":
             raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'")
         with self._txn() as cur:
-            for thread_id in thread_ids:
-                rows = cur.execute(_sql.SELECT_PRUNABLE, (str(thread_id),)).fetchall()
-                for row in rows:
-                    cur.execute(_sql.DELETE_CHECKPOINT, row)
-                    cur.execute(_sql.DELETE_CHECKPOINT_WRITES, row)
-
-    def _check_write_txn(
-        self, cur: sqlite3.Cursor, thread_id: str, config: RunnableConfig | None
-    ) -> None:
-        """Fence, pin, and commit the thread's deferred receipts with this write."""
-        self._check_fence(cur.execute(_sql.SELECT_LEASE, (thread_id,)).fetchone(), thread_id,
-                          config)
-        if self._needs_flow_check(thread_id):
-            row = cur.execute(_sql.SELECT_FLOW_VERSION, (thread_id,)).fetchone()
-            for statement in self._flow_statements(row, thread_id):
-                cur.execute(*statement)
-        self._flush_deferred(cur, thread_id)
-
-    def _flush_deferred(self, cur: sqlite3.Cursor, thread_id: str) -> None:
-        for write, write_config in self._take_deferred(thread_id):
-            try:
-                self._apply_one_txn(cur, write, actor_of(write_config))
-            except IllegalTransition as refused:
-                self._refused_deferred(write, refused)
-
-    def _apply_one_txn(
-        self, cur: sqlite3.Cursor, one: IntentWrite | TransitionWrite,
-        actor: tuple[str | None, int | None],
-    ) -> EffectRecord:
-        if isinstance(one, IntentWrite):
-            (inherit, inherited), (insert, *after), record = self._plan_intent(one, actor)
-            if cur.execute(*inherit).rowcount == 1:
-                cur.execute(*inherited)
-                row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                raise IntentExists(self._record(row))
-            if cur.execute(*insert).rowcount == 0:
-                # The key is already known: the intent stands, report what is recorded.
-                row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                raise IntentExists(self._record(row))
-            for statement in after:
-                cur.execute(*statement)
-            return record
-        now = time.time()
-        rows = cur.execute(*self._plan_update(one, now)).fetchall()
-        if not rows:
-            row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-            raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
-        record = self._record(rows[0])
-        cur.execute(*self._transition_event(record, one, now, actor))
-        return record
+            self._prune_txn(cur, thread_ids)
 
     # -- leases --------------------------------------------------------------------------
 
     def acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
         """Take the thread with a new, higher fencing token (see `lease`)."""
         with self._txn() as cur:
-            row = cur.execute(_sql.SELECT_LEASE, (str(thread_id),)).fetchone()
-            lease, statement = self._new_lease(row, str(thread_id), owner, ttl)
-            cur.execute(*statement)
-        return lease
+            return self._acquire_lease_txn(cur, str(thread_id), owner, ttl)
 
     def renew_lease(self, lease: Lease) -> bool:
         """Extend a live lease by its ttl; `False` if it expired or was taken over."""
@@ -381,8 +279,7 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         now = time.time()
         expires_at = now + lease.ttl
         with self._txn() as cur:
-            cur.execute(_sql.RENEW_LEASE, (expires_at, lease.thread_id, lease.token, now))
-            renewed = cur.rowcount == 1
+            renewed = self._renew_lease_txn(cur, lease, expires_at, now)
         if renewed:
             lease.extended(expires_at, started)
         return renewed
@@ -390,14 +287,13 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
     def release_lease(self, lease: Lease) -> None:
         """End a lease now (a no-op if another owner has taken the thread since)."""
         with self._txn() as cur:
-            cur.execute(_sql.RELEASE_LEASE, (lease.thread_id, lease.token))
+            self._release_lease_txn(cur, lease)
 
     def record_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str, node: str,
                         kind: str) -> None:
         """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
         with self._txn() as cur:
-            cur.execute(_sql.INSERT_TASK_RUN,
-                        (str(thread_id), run_id, checkpoint_ns, node, kind, time.time()))
+            self._record_task_run_txn(cur, str(thread_id), run_id, checkpoint_ns, node, kind)
 
     # -- the ledger ----------------------------------------------------------------------
 
@@ -423,15 +319,7 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         if self._defer(write, config):
             return []
         [item] = self._commit_with_group([write], config)
-        if isinstance(item.error, IntentExists):
-            raise IllegalTransition(
-                f"Effect {item.error.record.key!r} of thread {write.thread_id!r} is already "
-                f"recorded ({item.error.record.status.value}); claim() reports its state.",
-                thread_id=write.thread_id,
-            )
-        if item.error is not None:
-            raise item.error
-        return item.result
+        return self._applied(item, "claim")
 
     def claim_many(
         self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
@@ -443,76 +331,21 @@ class DurableSqliteSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Sqli
         refused intent (`LeaseLost`, `FlowVersionMismatch`) raises after the others
         were committed.
         """
-        items = self._commit_with_group(intents, config)
-        claimed: list[tuple[EffectRecord, bool]] = []
-        for item in items:
-            if isinstance(item.error, IntentExists):
-                claimed.append((item.error.record, False))
-            elif item.error is not None:
-                raise item.error
-            else:
-                claimed.append((item.result[0], True))
-        return claimed
+        return self._claimed(self._commit_with_group(intents, config))
+
+    def _store(self, thread_id: str, config: RunnableConfig,
+               body: Callable[[sqlite3.Cursor], Any]) -> None:
+        """Commit a checkpoint write (`body`), fenced, with the group."""
+        [item] = self._commit_with_group([CheckpointWrite(thread_id, body)], config)
+        if item.error is not None:
+            raise item.error
 
     def _commit_with_group(
-        self, writes: Sequence[LedgerWrite], config: RunnableConfig | None
-    ) -> list[_QueuedWrite]:
-        items = [_QueuedWrite(write, config) for write in writes]
-        with self._queue_lock:
-            self._queue.extend(items)
+        self, writes: Sequence[LedgerWrite | CheckpointWrite], config: RunnableConfig | None
+    ) -> list[QueuedWrite]:
+        items = self._enqueue(writes, config)
         with self.lock:
             if not all(item.done for item in items):
-                self._commit_queue()
+                self.setup()
+                self._commit_queue(self.conn)
         return items
-
-    def _commit_queue(self) -> None:
-        """Commit every queued write in one transaction (the caller holds `self.lock`).
-
-        Each thread is fenced and pinned once per transaction, for every write made with
-        the same fencing token. A refused write must not undo its neighbours, so each
-        write runs in a savepoint, except an intent: it is inserted whole or not at all.
-        """
-        with self._queue_lock:
-            batch, self._queue = self._queue, []
-        self.setup()
-        cur = self.conn.cursor()
-        checked: dict[tuple[str, int | None], BaseException | None] = {}
-        try:
-            cur.execute("BEGIN IMMEDIATE")
-            for item in batch:
-                write, config = item.write, item.config
-                actor = actor_of(config)
-                fenced = (write.thread_id, actor[1])
-                if fenced not in checked:
-                    checked[fenced] = _in_savepoint(
-                        cur, lambda: self._check_write_txn(cur, write.thread_id, config))
-                if checked[fenced] is not None:
-                    item.error = checked[fenced]
-                elif isinstance(write, IntentWrite):
-                    try:
-                        item.result = [self._apply_one_txn(cur, write, actor)]
-                    except IntentExists as exists:
-                        item.error = exists
-                else:
-                    item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor))
-            self.conn.commit()
-            self._deferred_committed()
-        except BaseException as exc:
-            self.conn.rollback()
-            self._deferred_rolled_back()
-            for item in batch:
-                item.error = item.error or exc
-        finally:
-            cur.close()
-            for item in batch:
-                item.done = True
-
-    def _apply_txn(
-        self, cur: sqlite3.Cursor, item: _QueuedWrite, actor: tuple[str | None, int | None]
-    ) -> None:
-        write = item.write
-        writes = write.writes if isinstance(write, WriteBatch) else (write,)
-        item.result = [self._apply_one_txn(cur, one, actor) for one in writes]
-        if isinstance(write, WriteBatch) and write.resume_at is not None:
-            cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
-            self._resume_consumed(write, cur.rowcount)

@@ -209,16 +209,27 @@ def _fork_servers(scenario: str, count: int) -> Iterator[queue.Queue[ForkServer 
     or `None`s where forking is not possible (the scenario's import starts threads, or
     the platform cannot fork): those children start a new interpreter each."""
     servers: queue.Queue[ForkServer | None] = queue.Queue()
-    started: list[ForkServer] = []
     preload = ["graph_durable.testing.child", scenario.partition(":")[0]]
+
+    def start() -> ForkServer | None:
+        try:
+            return ForkServer(preload) if hasattr(os, "fork") else None
+        except RuntimeError:
+            return None
+
+    # Each server spends a second or so importing: start them side by side.
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        futures = [pool.submit(start) for _ in range(count)]
+    started = [server for future in futures if future.exception() is None
+               and (server := future.result()) is not None]
+    failed = next((future.exception() for future in futures if future.exception()), None)
+    if failed is not None:
+        for server in started:
+            server.close()
+        raise failed
+    made = [future.result() for future in futures]
     try:
-        for _ in range(count):
-            try:
-                server = ForkServer(preload) if hasattr(os, "fork") else None
-            except RuntimeError:
-                server = None
-            if server is not None:
-                started.append(server)
+        for server in made:
             servers.put(server)
         yield servers
     finally:

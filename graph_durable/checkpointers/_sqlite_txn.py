@@ -1,0 +1,337 @@
+"""One SQLite write transaction of a durable saver, on a `sqlite3` connection.
+
+`DurableSqliteSaver` runs these on its own connection under its lock;
+`AsyncDurableSqliteSaver` runs them on aiosqlite's worker thread, whose `sqlite3`
+connection it is, so that a whole transaction (fence, flow pin, deferred receipts, the
+write itself, commit) is one round trip to that thread instead of one per statement.
+
+Group commit: ledger writes and checkpoint writes queued while a transaction is under
+way are committed together by the next one (`_commit_queue`), each still answered only
+once the transaction holding it has committed: parallel tool calls of one step, and
+agents of many threads on one saver, share fsyncs.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+
+from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers._base import IntentExists, actor_of
+from graph_durable.errors import IllegalTransition
+from graph_durable.leases import Lease
+from graph_durable.ledger import (
+    EffectRecord,
+    EffectStatus,
+    IntentWrite,
+    LedgerWrite,
+    TransitionWrite,
+    WriteBatch,
+)
+
+__all__ = ["CheckpointWrite", "QueuedWrite", "SqliteTransactions"]
+
+
+class CheckpointWrite:
+    """A checkpoint (or a task's pending writes) to store: `body(cursor)` runs its
+    statements in the transaction, after the thread's fence and flow pin."""
+
+    __slots__ = ("thread_id", "body")
+
+    def __init__(self, thread_id: str, body: Callable[[sqlite3.Cursor], Any]) -> None:
+        self.thread_id = thread_id
+        self.body = body
+
+
+class QueuedWrite:
+    """A ledger or checkpoint write waiting for the group commit that will hold it."""
+
+    __slots__ = ("write", "config", "result", "error", "done")
+
+    def __init__(self, write: LedgerWrite | CheckpointWrite,
+                 config: RunnableConfig | None) -> None:
+        self.write = write
+        self.config = config
+        self.result: list[EffectRecord] = []
+        self.error: BaseException | None = None
+        self.done = False
+
+
+def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any], alone: bool = False
+                  ) -> BaseException | None:
+    """Run `action` in a savepoint; undo only its own writes and return its error.
+
+    `alone`: the transaction holds nothing else, so an error rolls all of it back and is
+    raised (the savepoint's two statements are saved).
+    """
+    if alone:
+        action()
+        return None
+    cur.execute("SAVEPOINT ledger_write")
+    error: BaseException | None = None
+    try:
+        action()
+    except BaseException as exc:
+        cur.execute("ROLLBACK TO ledger_write")
+        error = exc
+    cur.execute("RELEASE ledger_write")
+    return error
+
+
+def _journaled_part(row: Sequence[Any]) -> EffectRecord:
+    """The fields of an updated effect row (`_sql.EFFECT_COLUMNS`) that its journal entry
+    reads (`_sql.transition_event`): key, thread, status and attempts."""
+    return EffectRecord.model_construct(key=row[0], thread_id=row[1], checkpoint_ns=row[2],
+                                        tool_call_id=row[3], tool=row[4],
+                                        status=EffectStatus(row[6]), attempts=row[9])
+
+
+class SqliteTransactions:
+    """Mixin (after `DurableSaverMixin`): write transactions and the group-commit queue.
+
+    Every method here takes the `sqlite3` connection or cursor to use and does no
+    locking: the caller holds the saver's lock (and, for the async saver, runs on the
+    connection's worker thread).
+    """
+
+    def _init_queue(self) -> None:
+        self._queue: list[QueuedWrite] = []
+        self._queue_lock = threading.Lock()
+
+    # -- one transaction ---------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(
+        self, conn: sqlite3.Connection, thread_id: str | None = None,
+        config: RunnableConfig | None = None,
+    ) -> Iterator[sqlite3.Cursor]:
+        """One write transaction, taken with `BEGIN IMMEDIATE` so reads in it are current.
+
+        With `thread_id`, the write is fenced and flow-pinned first, in the same
+        transaction (a stale token or another flow version writes nothing), and the
+        thread's deferred receipts are committed with it.
+        """
+        cur = conn.cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            if thread_id is not None:
+                self._check_write_txn(cur, thread_id, config)
+            yield cur
+        except BaseException:
+            conn.rollback()
+            self._deferred_rolled_back()  # type: ignore[attr-defined]
+            raise
+        else:
+            conn.commit()
+            self._deferred_committed()  # type: ignore[attr-defined]
+        finally:
+            cur.close()
+
+    def _check_write_txn(
+        self, cur: sqlite3.Cursor, thread_id: str, config: RunnableConfig | None
+    ) -> None:
+        """Fence, pin, and commit the thread's deferred receipts with this write."""
+        self._check_fence(  # type: ignore[attr-defined]
+            cur.execute(_sql.SELECT_LEASE, (thread_id,)).fetchone(), thread_id, config)
+        if self._needs_flow_check(thread_id):  # type: ignore[attr-defined]
+            row = cur.execute(_sql.SELECT_FLOW_VERSION, (thread_id,)).fetchone()
+            for statement in self._flow_statements(row, thread_id):  # type: ignore[attr-defined]
+                cur.execute(*statement)
+        self._flush_deferred_txn(cur, thread_id)
+
+    def _flush_deferred_txn(self, cur: sqlite3.Cursor, thread_id: str) -> None:
+        for write, write_config in self._take_deferred(thread_id):  # type: ignore[attr-defined]
+            try:
+                self._apply_one_txn(cur, write, actor_of(write_config), decode=False)
+            except IllegalTransition as refused:
+                self._refused_deferred(write, refused)  # type: ignore[attr-defined]
+
+    def _apply_one_txn(
+        self, cur: sqlite3.Cursor, one: IntentWrite | TransitionWrite,
+        actor: tuple[str | None, int | None], *, decode: bool = True,
+    ) -> EffectRecord:
+        """Carry out one intent or transition; the record it leaves. `decode=False`: no
+        caller reads the record (a deferred receipt), so a transition's record holds only
+        what its journal entry needs, and args, receipt and decision are not decoded."""
+        if isinstance(one, IntentWrite):
+            (inherit, inherited), (insert, *after), record = self._plan_intent(  # type: ignore[attr-defined]
+                one, actor)
+            if cur.execute(*inherit).rowcount == 1:
+                cur.execute(*inherited)
+                row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+                raise IntentExists(self._record(row))  # type: ignore[attr-defined]
+            if cur.execute(*insert).rowcount == 0:
+                # The key is already known: the intent stands, report what is recorded.
+                row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+                raise IntentExists(self._record(row))  # type: ignore[attr-defined]
+            for statement in after:
+                cur.execute(*statement)
+            return record  # type: ignore[no-any-return]
+        now = time.time()
+        rows = cur.execute(*self._plan_update(one, now)).fetchall()  # type: ignore[attr-defined]
+        if not rows:
+            row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+            raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
+        record = self._record(rows[0]) if decode else _journaled_part(rows[0])  # type: ignore[attr-defined]
+        cur.execute(*self._transition_event(record, one, now, actor))  # type: ignore[attr-defined]
+        return record  # type: ignore[no-any-return]
+
+    # -- retention, leases and the run log: the bodies both savers run -------------------
+
+    @staticmethod
+    def _delete_thread_txn(cur: sqlite3.Cursor, thread_id: str) -> None:
+        for statement in (*_sql.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
+            cur.execute(statement, (thread_id,))
+
+    @staticmethod
+    def _delete_for_runs_txn(cur: sqlite3.Cursor, run_ids: Sequence[str]) -> None:
+        for run_id in run_ids:
+            rows = cur.execute(_sql.SELECT_RUN_CHECKPOINTS, (str(run_id),)).fetchall()
+            for row in rows:
+                cur.execute(_sql.DELETE_CHECKPOINT, row)
+                cur.execute(_sql.DELETE_CHECKPOINT_WRITES, row)
+
+    def _copy_thread_txn(self, cur: sqlite3.Cursor, source_thread_id: str,
+                         target_thread_id: str) -> None:
+        params = (target_thread_id, source_thread_id)
+        self._flush_deferred_txn(cur, source_thread_id)
+        for statement in (*_sql.COPY_THREAD_CHECKPOINTS, *_sql.COPY_THREAD_LEDGER):
+            cur.execute(statement, params)
+        cur.execute(_sql.UPSERT_ORIGIN, self._origin_params(  # type: ignore[attr-defined]
+            source_thread_id, target_thread_id))
+
+    @staticmethod
+    def _prune_txn(cur: sqlite3.Cursor, thread_ids: Sequence[str]) -> None:
+        """Delete all but the newest checkpoint of each namespace (and their writes)."""
+        for thread_id in thread_ids:
+            rows = cur.execute(_sql.SELECT_PRUNABLE, (str(thread_id),)).fetchall()
+            for row in rows:
+                cur.execute(_sql.DELETE_CHECKPOINT, row)
+                cur.execute(_sql.DELETE_CHECKPOINT_WRITES, row)
+
+    def _acquire_lease_txn(self, cur: sqlite3.Cursor, thread_id: str, owner: str,
+                           ttl: float) -> Lease:
+        row = cur.execute(_sql.SELECT_LEASE, (thread_id,)).fetchone()
+        lease, statement = self._new_lease(row, thread_id, owner, ttl)  # type: ignore[attr-defined]
+        cur.execute(*statement)
+        return lease  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _renew_lease_txn(cur: sqlite3.Cursor, lease: Lease, expires_at: float,
+                         now: float) -> bool:
+        cur.execute(_sql.RENEW_LEASE, (expires_at, lease.thread_id, lease.token, now))
+        return cur.rowcount == 1
+
+    @staticmethod
+    def _release_lease_txn(cur: sqlite3.Cursor, lease: Lease) -> None:
+        cur.execute(_sql.RELEASE_LEASE, (lease.thread_id, lease.token))
+
+    @staticmethod
+    def _record_task_run_txn(cur: sqlite3.Cursor, thread_id: str, run_id: str,
+                             checkpoint_ns: str, node: str, kind: str) -> None:
+        cur.execute(_sql.INSERT_TASK_RUN,
+                    (thread_id, run_id, checkpoint_ns, node, kind, time.time()))
+
+    # -- group commit --------------------------------------------------------------------
+
+    def _enqueue(self, writes: Sequence[LedgerWrite | CheckpointWrite],
+                 config: RunnableConfig | None) -> list[QueuedWrite]:
+        """Queue writes for the next group commit; their items, to wait on."""
+        items = [QueuedWrite(write, config) for write in writes]
+        with self._queue_lock:
+            self._queue.extend(items)
+        return items
+
+    def _commit_queue(self, conn: sqlite3.Connection) -> None:
+        """Commit every queued write in one transaction (the caller holds the lock).
+
+        Each thread is fenced and pinned once per transaction, for every write made with
+        the same fencing token. A refused write must not undo its neighbours, so each
+        write runs in a savepoint, except an intent: it is inserted whole or not at all.
+        """
+        with self._queue_lock:
+            batch, self._queue = self._queue, []
+        if not batch:
+            return
+        cur = conn.cursor()
+        checked: dict[tuple[str, int | None], BaseException | None] = {}
+        alone = len(batch) == 1
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            for item in batch:
+                write, config = item.write, item.config
+                actor = actor_of(config)
+                fenced = (write.thread_id, actor[1])
+                if fenced not in checked:
+                    checked[fenced] = _in_savepoint(
+                        cur, lambda: self._check_write_txn(cur, write.thread_id, config),
+                        alone)
+                if checked[fenced] is not None:
+                    item.error = checked[fenced]
+                elif isinstance(write, CheckpointWrite):
+                    item.error = _in_savepoint(cur, lambda: write.body(cur), alone)
+                elif isinstance(write, IntentWrite):
+                    try:
+                        item.result = [self._apply_one_txn(cur, write, actor)]
+                    except IntentExists as exists:
+                        item.error = exists
+                else:
+                    item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor),
+                                               alone)
+            conn.commit()
+            self._deferred_committed()  # type: ignore[attr-defined]
+        except BaseException as exc:
+            conn.rollback()
+            self._deferred_rolled_back()  # type: ignore[attr-defined]
+            for item in batch:
+                item.error = item.error or exc
+        finally:
+            cur.close()
+            for item in batch:
+                item.done = True
+
+    def _apply_txn(
+        self, cur: sqlite3.Cursor, item: QueuedWrite, actor: tuple[str | None, int | None]
+    ) -> None:
+        write = item.write
+        writes = write.writes if isinstance(write, WriteBatch) else (write,)
+        item.result = [self._apply_one_txn(cur, one, actor) for one in writes]
+        if isinstance(write, WriteBatch) and write.resume_at is not None:
+            cur.execute(_sql.DELETE_NULL_RESUME, (write.thread_id, *write.resume_at))
+            self._resume_consumed(write, cur.rowcount)  # type: ignore[attr-defined]
+
+    # -- what the callers get back --------------------------------------------------------
+
+    @staticmethod
+    def _applied(item: QueuedWrite, claim_method: str) -> list[EffectRecord]:
+        """The changed records of one applied write, or its error raised."""
+        if isinstance(item.error, IntentExists):
+            record = item.error.record
+            raise IllegalTransition(
+                f"Effect {record.key!r} of thread {item.write.thread_id!r} is already "
+                f"recorded ({record.status.value}); {claim_method}() reports its state.",
+                thread_id=item.write.thread_id,
+            )
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    @staticmethod
+    def _claimed(items: Sequence[QueuedWrite]) -> list[tuple[EffectRecord, bool]]:
+        """`(record, created)` per claimed intent; a refused intent raises (after the
+        others were committed)."""
+        claimed: list[tuple[EffectRecord, bool]] = []
+        for item in items:
+            if isinstance(item.error, IntentExists):
+                claimed.append((item.error.record, False))
+            elif item.error is not None:
+                raise item.error
+            else:
+                claimed.append((item.result[0], True))
+        return claimed
