@@ -1,0 +1,95 @@
+"""What the sync and async PostgreSQL savers share: statements in PostgreSQL's dialect.
+
+The ledger's own statements (`_sql`) are written for SQLite; `pg_sql` turns each into
+PostgreSQL's. The statements below are PostgreSQL's only: the thread's advisory lock,
+leases on the server's clock, the setup lock, and LangGraph's PostgreSQL tables as the
+retention methods touch them.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from graph_durable.checkpointers import _sql
+
+__all__ = ["lease_and_clock", "pg_sql"]
+
+LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+"""Serializes the writes of one thread across connections until the transaction ends."""
+LOCK_THREAD_READ_LEASE = (
+    "SELECT owner, token, expires_at, now_at FROM graph_durable_lock_thread_at(%s)"
+)
+"""`LOCK_THREAD`, then the thread's lease row (NULLs when it has none) and the server's
+clock, read after the lock is granted (see the PostgreSQL migrations): one round trip."""
+NOW = "SELECT extract(epoch FROM clock_timestamp())::DOUBLE PRECISION"
+TRY_LOCK_THREAD = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
+RENEW_LEASE_AT = (
+    "UPDATE thread_leases SET expires_at = extract(epoch FROM clock_timestamp()) + %s "
+    "WHERE thread_id = %s AND token = %s AND expires_at > extract(epoch FROM clock_timestamp()) "
+    "RETURNING expires_at"
+)
+SELECT_LIVE_LEASES_AT = (
+    "SELECT thread_id, owner, token, expires_at FROM thread_leases "
+    "WHERE expires_at > extract(epoch FROM clock_timestamp())"
+)
+TRY_LOCK_SETUP = "SELECT pg_try_advisory_lock(hashtextextended('graph_durable_setup', 0))"
+UNLOCK_SETUP = "SELECT pg_advisory_unlock(hashtextextended('graph_durable_setup', 0))"
+
+DELETE_THREAD_CHECKPOINTS = (
+    "DELETE FROM checkpoints WHERE thread_id = %s",
+    "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
+    "DELETE FROM checkpoint_writes WHERE thread_id = %s",
+)
+COPY_THREAD_CHECKPOINTS = (
+    "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, "
+    "type, checkpoint, metadata) SELECT %s, checkpoint_ns, checkpoint_id, "
+    "parent_checkpoint_id, type, checkpoint, metadata FROM checkpoints WHERE thread_id = %s "
+    "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
+    "parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, type = EXCLUDED.type, "
+    "checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
+    "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
+    "SELECT %s, checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs "
+    "WHERE thread_id = %s ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING",
+    "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
+    "task_path, idx, channel, type, blob) SELECT %s, checkpoint_ns, checkpoint_id, task_id, "
+    "task_path, idx, channel, type, blob FROM checkpoint_writes WHERE thread_id = %s "
+    "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET "
+    "channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob",
+)
+SELECT_RUN_CHECKPOINTS = (
+    "SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints "
+    "WHERE metadata->>'run_id' = ANY(%s)"
+)
+DELETE_CHECKPOINT = (
+    "DELETE FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
+)
+DELETE_CHECKPOINT_WRITES = (
+    "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_ns = %s "
+    "AND checkpoint_id = %s"
+)
+DELETE_NULL_RESUME = _sql.DELETE_NULL_RESUME.replace("FROM writes", "FROM checkpoint_writes")
+
+
+@functools.lru_cache(maxsize=256)
+def pg_sql(sql: str) -> str:
+    """A ledger statement written for SQLite, in PostgreSQL's dialect.
+
+    The ledger's statements use `?` placeholders and `INSERT OR IGNORE`; psycopg wants
+    `%s` (and a literal `%`, as in a `LIKE` pattern, doubled), and PostgreSQL
+    `ON CONFLICT DO NOTHING`.
+    """
+    out = re.sub(r"%(?!s)", "%%", sql).replace("?", "%s")
+    if out.startswith("INSERT OR IGNORE INTO"):
+        out = "INSERT INTO" + out[len("INSERT OR IGNORE INTO"):] + " ON CONFLICT DO NOTHING"
+    return out
+
+
+def lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, float]:
+    """`(lease row or None, server clock)` from a `LOCK_THREAD_READ_LEASE` row."""
+    owner, token, expires_at, now = row
+    return (None if owner is None else (owner, token, expires_at)), float(now)
+
+
