@@ -35,6 +35,13 @@ SELECT_LIVE_LEASES_AT = (
     "SELECT thread_id, owner, token, expires_at FROM thread_leases "
     "WHERE expires_at > extract(epoch FROM clock_timestamp())"
 )
+SELECT_LIVE_LEASES_WITH_CLOCK = (
+    "SELECT l.thread_id, l.owner, l.token, l.expires_at, n.now_at FROM (SELECT "
+    "extract(epoch FROM clock_timestamp())::DOUBLE PRECISION AS now_at) n "
+    "LEFT JOIN thread_leases l ON l.expires_at > n.now_at"
+)
+"""`SELECT_LIVE_LEASES_AT` plus the server's clock on every row (one row of NULLs and
+the clock when no lease is live)."""
 TRY_LOCK_SETUP = "SELECT pg_try_advisory_lock(hashtextextended('graph_durable_setup', 0))"
 UNLOCK_SETUP = "SELECT pg_advisory_unlock(hashtextextended('graph_durable_setup', 0))"
 

@@ -1,4 +1,5 @@
-"""`DurablePostgresSaver`: LangGraph's PostgreSQL saver plus the effect ledger in the same database.
+"""`DurablePostgresSaver` and `AsyncDurablePostgresSaver`: LangGraph's PostgreSQL savers
+(`PostgresSaver`, `AsyncPostgresSaver`) plus the effect ledger in the same database.
 
 For workers on several machines: every checkpoint and ledger write of a thread runs in
 one transaction that first takes a transaction-level advisory lock on the thread, then
@@ -7,8 +8,9 @@ as with `DurableSqliteSaver` (whose file lock serializes all writers).
 
 Install with `pip install 'graph-durable[postgres]'`. The connection must be opened
 with `autocommit=True` and `row_factory=dict_row`, as for LangGraph's `PostgresSaver`
-(`from_conn_string` does it); a `psycopg_pool.ConnectionPool` works too. Pipeline mode
-is not supported: a durable write needs its own transaction.
+(`from_conn_string` does it); a `psycopg_pool.ConnectionPool` works too (for the async
+saver, an `AsyncConnection` or an `AsyncConnectionPool`). Pipeline mode is not
+supported: a durable write needs its own transaction.
 
 Retention keeps the ledger as `DurableSqliteSaver` does: `delete_thread` deletes it with
 the thread, `prune(strategy="keep_latest")` (LangGraph's PostgreSQL rules for which
@@ -57,6 +59,7 @@ from graph_durable.checkpointers._pg import (
     pg_sql,
 )
 from graph_durable.checkpointers._pg import lease_and_clock as _lease_and_clock
+from graph_durable.checkpointers._postgres_aio import AsyncDurablePostgresSaver
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers._schema import (
@@ -78,7 +81,7 @@ from graph_durable.ledger import (
 )
 from graph_durable.faults import fault_point
 
-__all__ = ["DurablePostgresSaver", "pg_sql"]
+__all__ = ["AsyncDurablePostgresSaver", "DurablePostgresSaver", "pg_sql"]
 
 # Set while `put`/`put_writes` run LangGraph's own statements, so that `_cursor` runs
 # them inside a fenced transaction of that thread.
@@ -133,7 +136,8 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
     """A LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
 
     Use it wherever a `PostgresSaver` goes; `EffectGuardNode` finds the ledger through
-    it. Its async methods run the sync ones (there is no async PostgreSQL twin yet).
+    it. Its async methods run the sync ones; under `ainvoke`, `AsyncDurablePostgresSaver`
+    does not block the event loop.
 
     Args:
         conn: A psycopg `Connection` (autocommit, `dict_row`) or a `ConnectionPool`.
