@@ -261,10 +261,13 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncLedgerReads, SyncFromAsy
 
     @asynccontextmanager
     async def _txn(
-        self, thread_id: str | None = None, config: RunnableConfig | None = None
+        self, thread_id: str | None = None, config: RunnableConfig | None = None, *,
+        writing: str | None = None,
     ) -> AsyncIterator[AsyncCursor[Any]]:
         """One write transaction; with `thread_id`, locked, fenced and flow-pinned first
-        (see `DurablePostgresSaver._txn`). Yields a tuple-row cursor."""
+        (see `DurablePostgresSaver._txn`). Yields a tuple-row cursor. `writing` names
+        the thread written, for errors, when the caller fences it itself."""
+        writing = thread_id or writing
         await self.setup()
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn, \
                 _read_committed(conn):
@@ -280,12 +283,12 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncLedgerReads, SyncFromAsy
                     raise
                 raise DatabaseUnavailable(
                     f"The connection to PostgreSQL broke under a write"
-                    f"{f' to thread {thread_id!r}' if thread_id else ''} "
+                    f"{f' to thread {writing!r}' if writing else ''} "
                     f"({type(exc).__name__}: {str(exc).strip()}). It was not committed, "
                     "unless the break hit its COMMIT; nothing is lost: run the thread again "
                     "(resume it, or recover()) and its ledger reconciles it. An "
                     "AsyncConnectionPool replaces the broken connection.",
-                    thread_id=thread_id) from exc
+                    thread_id=writing) from exc
             except BaseException:
                 self._deferred_rolled_back()
                 raise
@@ -700,7 +703,7 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncLedgerReads, SyncFromAsy
         batch = self._groups.pop(thread_id, [])
         checked: dict[int | None, BaseException | None] = {}
         try:
-            async with self._txn() as cur:
+            async with self._txn(writing=thread_id) as cur:
                 conn = cur.connection
                 for item in batch:
                     write, config = item.write, item.config
