@@ -262,18 +262,25 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncLedgerReads, SyncFromAsy
     @asynccontextmanager
     async def _txn(
         self, thread_id: str | None = None, config: RunnableConfig | None = None, *,
-        writing: str | None = None,
+        writing: str | None = None, pipelined: bool = False,
     ) -> AsyncIterator[AsyncCursor[Any]]:
         """One write transaction; with `thread_id`, locked, fenced and flow-pinned first
         (see `DurablePostgresSaver._txn`). Yields a tuple-row cursor. `writing` names
-        the thread written, for errors, when the caller fences it itself."""
+        the thread written, for errors, when the caller fences it itself.
+
+        `pipelined` sends the statements in pipeline mode: the transaction's start and
+        its fence go in one round trip (the fence's rows are fetched before anything is
+        decided on them), and the writes that follow go with the commit. For writes
+        whose row counts nobody reads (LangGraph's checkpoints and pending writes); a
+        refused fence rolls back whatever was sent after it."""
         writing = thread_id or writing
         await self.setup()
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn, \
                 _read_committed(conn):
             taken = _TAKEN.set([])
             try:
-                async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+                async with conn.pipeline() if pipelined else nullcontext(), \
+                        conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
                     if thread_id is not None:
                         await self._check_write_txn(cur, thread_id, config)
                     yield cur
@@ -333,7 +340,7 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncLedgerReads, SyncFromAsy
                     yield cur
             return
         thread_id, config, after = fenced
-        async with self._txn(thread_id, config) as ledger_cur:
+        async with self._txn(thread_id, config, pipelined=True) as ledger_cur:
             async with ledger_cur.connection.cursor(binary=True, row_factory=dict_row) as cur:
                 yield cur
             for statement in after():

@@ -162,11 +162,15 @@ async def test_a_lease_fences_writes_from_another_saver(pooled, postgres_conninf
         async with other.alease("t", "worker-a", ttl=60) as lease:
             with pytest.raises(LeaseLost):
                 await pooled.aclaim(intent())
+            with pytest.raises(LeaseLost):  # LangGraph's statements were sent after the
+                await pooled.aput_writes(writes_config("t"), [("x", 1)], "task")  # fence
             with pytest.raises(LeaseHeld):
                 await pooled.aacquire_lease("t", "worker-b")
             await pooled.aclaim(intent(), lease.config)
         assert (await pooled.aacquire_lease("t", "worker-b")).token == lease.token + 1
     assert [e.fencing_token for e in await pooled.aevents("t")] == [lease.token]
+    async with pooled.conn.connection() as conn:
+        assert await (await conn.execute("SELECT * FROM checkpoint_writes")).fetchall() == []
 
 
 @pytest.mark.parametrize("savers,size", [(1, 1), (2, 2)], ids=["one saver, pool of 1",
