@@ -15,7 +15,7 @@ from typing import Any
 
 from graph_durable.checkpointers import _sql
 
-__all__ = ["lease_and_clock", "pg_sql"]
+__all__ = ["arun", "lease_and_clock", "pg_sql"]
 
 LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 """Serializes the writes of one thread across connections until the transaction ends."""
@@ -100,3 +100,8 @@ def lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, 
     return (None if owner is None else (owner, token, expires_at)), float(now)
 
 
+
+
+async def arun(cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+    """Run a ledger statement (written for SQLite) on an async psycopg cursor."""
+    return await cur.execute(pg_sql(sql), tuple(params))

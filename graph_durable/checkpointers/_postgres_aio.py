@@ -11,6 +11,10 @@ saver-wide lock, so tasks writing different threads run in parallel; writes of o
 thread that arrive together (parallel tool calls of a step) share one transaction, as
 `DurableSqliteSaver`'s group commit does. On a single `AsyncConnection`, one statement
 sequence runs at a time.
+
+The group commit (`aapply`, `aclaim_many`) is in `_postgres_aio_group`, the leases and
+the server's clock in `_postgres_aio_leases`; the statements shared with the sync saver
+in `_pg`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
@@ -39,7 +43,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from graph_durable.checkpointers import _pg, _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
-from graph_durable.checkpointers._pg import pg_sql
+from graph_durable.checkpointers._pg import arun as _run
+from graph_durable.checkpointers._postgres_aio_group import AsyncGroupCommit, _QueuedWrite
+from graph_durable.checkpointers._postgres_aio_leases import AsyncPostgresLeases
 from graph_durable.checkpointers._reads import AsyncLedgerReads
 from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
@@ -49,16 +55,10 @@ from graph_durable.checkpointers._schema import (
     statements,
 )
 from graph_durable.checkpointers._twins import SyncFromAsync
-from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseHeld, LeaseLost
+from graph_durable.errors import DatabaseUnavailable, IllegalTransition
 from graph_durable.faults import fault_point
-from graph_durable.leases import Lease, check_fence, register, unregister
-from graph_durable.ledger import (
-    EffectRecord,
-    IntentWrite,
-    LedgerWrite,
-    TransitionWrite,
-    WriteBatch,
-)
+from graph_durable.leases import check_fence
+from graph_durable.ledger import EffectRecord, IntentWrite, TransitionWrite
 
 __all__ = ["AsyncDurablePostgresSaver"]
 
@@ -71,30 +71,6 @@ _TAKEN: ContextVar[list[tuple[TransitionWrite, RunnableConfig | None]] | None] =
     "graph_durable_apg_deferred_taken", default=None)
 """The deferred receipts the transaction under way (in this task) took: each transaction
 its own, since on a pool several commit or roll back at once."""
-
-
-class _QueuedWrite:
-    """A ledger write waiting for the transaction that will commit its thread's group."""
-
-    __slots__ = ("write", "config", "result", "error", "done")
-
-    def __init__(self, write: LedgerWrite, config: RunnableConfig | None) -> None:
-        self.write = write
-        self.config = config
-        self.result: list[EffectRecord] = []
-        self.error: BaseException | None = None
-        self.done = False
-
-
-async def _in_savepoint(conn: AsyncConnection[Any],
-                        action: Callable[[], Awaitable[Any]]) -> BaseException | None:
-    """Run `action` in a savepoint; undo only its own writes and return its error."""
-    try:
-        async with conn.transaction():
-            await action()
-    except (Exception, LeaseLost) as exc:
-        return exc
-    return None
 
 
 @asynccontextmanager
@@ -127,12 +103,8 @@ async def _read_committed(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
             await conn.set_isolation_level(before)
 
 
-async def _run(cur: AsyncCursor[Any], sql: str, params: Sequence[Any] = ()) -> AsyncCursor[Any]:
-    return await cur.execute(pg_sql(sql), tuple(params))
-
-
-class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncLedgerReads, SyncFromAsync,
-                                AsyncPostgresSaver):
+class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgresLeases,
+                                AsyncLedgerReads, SyncFromAsync, AsyncPostgresSaver):
     """An async LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
 
     Use it wherever an `AsyncPostgresSaver` goes (construct it inside the event loop
@@ -167,7 +139,6 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncLedgerReads, SyncFromAsy
         self._groups: dict[str, list[_QueuedWrite]] = {}
         self._group_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary())
-        # The server's clock as last read, against this process's monotonic clock.
         self._server_clock: tuple[float, float] | None = None
 
     @classmethod
@@ -457,10 +428,6 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncLedgerReads, SyncFromAsy
 
     # -- fencing and ledger writes inside a transaction --------------------------------
 
-    def _saw_clock(self, now: float) -> float:
-        self._server_clock = (now, time.monotonic())
-        return now
-
     async def _check_write_txn(
         self, cur: AsyncCursor[Any], thread_id: str, config: RunnableConfig | None
     ) -> None:
@@ -510,108 +477,6 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncLedgerReads, SyncFromAsy
         await _run(cur, *self._transition_event(record, one, now, actor))
         return record
 
-    # -- leases --------------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def alease(self, thread_id: str, owner: str, ttl: float = 30.0, *,
-                     wait: bool = True) -> AsyncIterator[Lease]:
-        """Hold `thread_id` as `owner` while the block runs, renewing every `ttl / 3`
-        (see `lease`; `wait=False` does not wait for a thread being written).
-
-        Raises:
-            LeaseHeld: another owner's lease on the thread is live.
-        """
-        lease = await (self.aacquire_lease if wait else self.atry_acquire_lease)(
-            thread_id, owner, ttl)
-        register(lease)
-        lease.start_renewing(self.renew_lease)
-        try:
-            yield lease
-        finally:
-            lease.stop_renewing()
-            unregister(lease)
-            await self.arelease_lease(lease)
-
-    async def aacquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
-        """Take the thread with a new, higher fencing token; expiry on the server's clock."""
-        return await self._acquire(str(thread_id), owner, ttl, wait=True)
-
-    async def atry_acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
-        """`aacquire_lease` without waiting while another worker writes the thread.
-
-        Raises:
-            LeaseHeld: the thread is being written right now, or its lease is live.
-        """
-        return await self._acquire(str(thread_id), owner, ttl, wait=False)
-
-    def try_acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
-        """Sync `atry_acquire_lease`."""
-        return self._sync(self.atry_acquire_lease(thread_id, owner, ttl))
-
-    async def _acquire(self, thread_id: str, owner: str, ttl: float, *, wait: bool) -> Lease:
-        started = time.monotonic()
-        async with self._txn() as cur:
-            if not wait:
-                await cur.execute(_pg.TRY_LOCK_THREAD, (thread_id,))
-                if not (await cur.fetchone())[0]:
-                    raise LeaseHeld(
-                        f"Thread {thread_id!r} is being written by another worker right "
-                        "now; passed by (try again later).",
-                        thread_id=thread_id, holder="(another worker, writing)",
-                        expires_at=0.0)
-            await cur.execute(_pg.LOCK_THREAD_READ_LEASE, (thread_id,))
-            row, now = _pg.lease_and_clock(await cur.fetchone())
-            lease, statement = self._new_lease(row, thread_id, owner, ttl,
-                                               now=self._saw_clock(now), started=started)
-            await _run(cur, *statement)
-        return lease
-
-    async def arenew_lease(self, lease: Lease) -> bool:
-        """Extend a live lease by its ttl on the server's clock; `False` if it expired or
-        was taken over."""
-        started = time.monotonic()
-        async with self._txn() as cur:
-            await cur.execute(_pg.LOCK_THREAD, (lease.thread_id,))
-            await cur.execute(_pg.RENEW_LEASE_AT, (lease.ttl, lease.thread_id, lease.token))
-            row = await cur.fetchone()
-        if row is not None:
-            lease.extended(row[0], started)
-        return row is not None
-
-    async def arelease_lease(self, lease: Lease) -> None:
-        """End a lease now (a no-op if another owner has taken the thread since)."""
-        async with self._txn() as cur:
-            await cur.execute(_pg.LOCK_THREAD, (lease.thread_id,))
-            await _run(cur, _sql.RELEASE_LEASE, (lease.thread_id, lease.token))
-
-    async def aclock(self) -> float:
-        """The server's clock (Unix time), which leases are judged by."""
-        [(now,)] = await self._aquery(_pg.NOW)
-        return self._saw_clock(float(now))
-
-    def clock(self) -> float:
-        """The server's clock: read from another thread; on the event loop (which must
-        not wait), the clock as last read plus the time elapsed since on this process's
-        monotonic clock (`alive_leases` reads it with the leases)."""
-        try:
-            on_loop = asyncio.get_running_loop() is self.loop
-        except RuntimeError:
-            on_loop = False
-        if not on_loop:
-            return self._sync(self.aclock())
-        if self._server_clock is None:
-            return time.time()
-        now, at = self._server_clock
-        return now + (time.monotonic() - at)
-
-    async def alive_leases(self) -> dict[str, tuple[str, int, float]]:
-        """`{thread_id: (owner, token, expires_at)}` of every lease live by the server's
-        clock."""
-        rows = await self._aquery(_pg.SELECT_LIVE_LEASES_WITH_CLOCK)
-        self._saw_clock(float(rows[0][4]))
-        return {thread_id: (owner, token, expires)
-                for thread_id, owner, token, expires, _ in rows if thread_id is not None}
-
     async def arecord_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str,
                                node: str, kind: str) -> None:
         """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
@@ -640,109 +505,3 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncLedgerReads, SyncFromAsy
                 await _run(cur, sql, params)
                 return await cur.fetchall()
 
-    async def aapply(
-        self, write: LedgerWrite, config: RunnableConfig | None = None
-    ) -> list[EffectRecord]:
-        """Apply one ledger write durably; return the changed effects.
-
-        Raises `IllegalTransition` if the lifecycle forbids it, `LeaseLost` or
-        `FlowVersionMismatch` if the write is fenced out; in each case nothing of this
-        write is stored. Writes to one thread that arrive while its transaction is under
-        way are committed together in the next (group commit); each caller returns once
-        the commit holding its write is done. A write marked `defer` returns at once and
-        is committed with the thread's next write.
-        """
-        if self._defer(write, config):
-            return []
-        [item] = await self._commit_with_group([write], config)
-        if isinstance(item.error, IntentExists):
-            raise IllegalTransition(
-                f"Effect {item.error.record.key!r} of thread {write.thread_id!r} is already "
-                f"recorded ({item.error.record.status.value}); aclaim() reports its state.",
-                thread_id=write.thread_id)
-        if item.error is not None:
-            raise item.error
-        return item.result
-
-    async def aclaim_many(
-        self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
-    ) -> list[tuple[EffectRecord, bool]]:
-        """`aclaim` several intents of one thread in one transaction.
-
-        A known key reports its record; a refused intent (`LeaseLost`,
-        `FlowVersionMismatch`) raises, and then none of them was claimed.
-        """
-        if not intents:
-            return []
-        if any(intent.thread_id != intents[0].thread_id for intent in intents):
-            raise ValueError("aclaim_many claims intents of one thread")
-        claimed: list[tuple[EffectRecord, bool]] = []
-        for item in await self._commit_with_group(intents, config):
-            if isinstance(item.error, IntentExists):
-                claimed.append((item.error.record, False))
-            elif item.error is not None:
-                raise item.error
-            else:
-                claimed.append((item.result[0], True))
-        return claimed
-
-    async def _commit_with_group(
-        self, writes: Sequence[LedgerWrite], config: RunnableConfig | None
-    ) -> list[_QueuedWrite]:
-        thread_id = writes[0].thread_id
-        items = [_QueuedWrite(write, config) for write in writes]
-        self._groups.setdefault(thread_id, []).extend(items)
-        lock = self._group_locks.get(thread_id)
-        if lock is None:
-            lock = self._group_locks[thread_id] = asyncio.Lock()
-        async with lock:
-            if not all(item.done for item in items):
-                await self._commit_group(thread_id)
-        return items
-
-    async def _commit_group(self, thread_id: str) -> None:
-        """Commit every queued write of the thread in one transaction.
-
-        The thread is fenced and pinned once per fencing token. A refused write must not
-        undo its neighbours, so each write runs in a savepoint, except an intent: it is
-        inserted whole or not at all (a known key keeps what it inherited).
-        """
-        batch = self._groups.pop(thread_id, [])
-        checked: dict[int | None, BaseException | None] = {}
-        try:
-            async with self._txn(writing=thread_id) as cur:
-                conn = cur.connection
-                for item in batch:
-                    write, config = item.write, item.config
-                    actor = actor_of(config)
-                    if actor[1] not in checked:
-                        checked[actor[1]] = await _in_savepoint(
-                            conn, lambda: self._check_write_txn(cur, thread_id, config))
-                    if checked[actor[1]] is not None:
-                        item.error = checked[actor[1]]
-                    elif isinstance(write, IntentWrite):
-                        try:
-                            item.result = [await self._apply_one_txn(cur, write, actor)]
-                        except IntentExists as exists:
-                            item.error = exists
-                    else:
-                        item.error = await _in_savepoint(
-                            conn, lambda: self._apply_txn(cur, item, actor))
-        except BaseException as exc:
-            for item in batch:
-                item.error = item.error or exc
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            for item in batch:
-                item.done = True
-
-    async def _apply_txn(self, cur: AsyncCursor[Any], item: _QueuedWrite,
-                         actor: tuple[str | None, int | None]) -> None:
-        write = item.write
-        writes = write.writes if isinstance(write, WriteBatch) else (write,)
-        item.result = [await self._apply_one_txn(cur, one, actor) for one in writes]
-        if isinstance(write, WriteBatch) and write.resume_at is not None:
-            deleted = (await _run(cur, _pg.DELETE_NULL_RESUME,
-                                  (write.thread_id, *write.resume_at))).rowcount
-            self._resume_consumed(write, deleted)
