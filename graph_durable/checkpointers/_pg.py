@@ -42,6 +42,17 @@ SELECT_LIVE_LEASES_WITH_CLOCK = (
 )
 """`SELECT_LIVE_LEASES_AT` plus the server's clock on every row (one row of NULLs and
 the clock when no lease is live)."""
+FENCE = "SELECT graph_durable_fence(%s, %s)"
+"""`LOCK_THREAD`, then the fence checked on the server: raises `FENCE_REFUSED` if the
+write must not commit (PostgreSQL migration 7)."""
+FENCE_REFUSED = "GD001"
+SELECT_LEASE_WITH_CLOCK = (
+    "SELECT l.owner, l.token, l.expires_at, n.now_at FROM (SELECT "
+    "extract(epoch FROM clock_timestamp())::DOUBLE PRECISION AS now_at) n "
+    "LEFT JOIN thread_leases l ON l.thread_id = %s"
+)
+"""The thread's lease row (NULLs if none) and the server's clock, without the lock: to
+say why `FENCE` refused a write."""
 TRY_LOCK_SETUP = "SELECT pg_try_advisory_lock(hashtextextended('graph_durable_setup', 0))"
 UNLOCK_SETUP = "SELECT pg_advisory_unlock(hashtextextended('graph_durable_setup', 0))"
 

@@ -37,7 +37,13 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres import _ainternal
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from psycopg import AsyncConnection, AsyncCursor, IsolationLevel, OperationalError
+from psycopg import (
+    AsyncConnection,
+    AsyncCursor,
+    DatabaseError,
+    IsolationLevel,
+    OperationalError,
+)
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -55,7 +61,7 @@ from graph_durable.checkpointers._schema import (
     statements,
 )
 from graph_durable.checkpointers._twins import SyncFromAsync
-from graph_durable.errors import DatabaseUnavailable, IllegalTransition
+from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseLost
 from graph_durable.faults import fault_point
 from graph_durable.leases import check_fence
 from graph_durable.ledger import EffectRecord, IntentWrite, TransitionWrite
@@ -239,12 +245,15 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
         (see `DurablePostgresSaver._txn`). Yields a tuple-row cursor. `writing` names
         the thread written, for errors, when the caller fences it itself.
 
-        `pipelined` sends the statements in pipeline mode: the transaction's start and
-        its fence go in one round trip (the fence's rows are fetched before anything is
-        decided on them), and the writes that follow go with the commit. For writes
-        whose row counts nobody reads (LangGraph's checkpoints and pending writes); a
-        refused fence rolls back whatever was sent after it."""
+        `pipelined` sends the statements in pipeline mode, for writes whose results
+        nobody reads (LangGraph's checkpoints and pending writes). When the thread has
+        no deferred receipt to flush and its flow pin is known, the whole transaction is
+        one round trip: the fence is checked on the server (`_pg.FENCE`), and if it
+        refuses, nothing sent after it commits; otherwise the fence's rows are fetched
+        first, and the writes go with the commit."""
         writing = thread_id or writing
+        on_server = (pipelined and thread_id is not None and not self._has_deferred(thread_id)
+                     and not self._needs_flow_check(thread_id))
         await self.setup()
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn, \
                 _read_committed(conn):
@@ -252,12 +261,16 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
             try:
                 async with conn.pipeline() if pipelined else nullcontext(), \
                         conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-                    if thread_id is not None:
+                    if on_server:
+                        await cur.execute(_pg.FENCE, (thread_id, actor_of(config)[1]))
+                    elif thread_id is not None:
                         await self._check_write_txn(cur, thread_id, config)
                     yield cur
-            except OperationalError as exc:
+            except DatabaseError as exc:
                 self._deferred_rolled_back()
-                if not conn.broken:
+                if on_server and exc.sqlstate == _pg.FENCE_REFUSED:
+                    await self._refused_by_fence(conn, thread_id, config)  # type: ignore[arg-type]
+                if not isinstance(exc, OperationalError) or not conn.broken:
                     raise
                 raise DatabaseUnavailable(
                     f"The connection to PostgreSQL broke under a write"
@@ -274,6 +287,23 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
                 self._deferred_committed()
             finally:
                 _TAKEN.reset(taken)
+
+    async def _refused_by_fence(self, conn: AsyncConnection[Any], thread_id: str,
+                                config: RunnableConfig | None) -> None:
+        """Raise what the server's fence refused a write for (`check_fence`'s error)."""
+        async with conn.cursor(row_factory=tuple_row) as cur:
+            await cur.execute(_pg.SELECT_LEASE_WITH_CLOCK, (thread_id,))
+            row, now = _pg.lease_and_clock(await cur.fetchone())
+        token = actor_of(config)[1]
+        check_fence(row, thread_id, token, self._saw_clock(now))
+        raise LeaseLost(  # the lease changed again since: the fence refused the old one
+            f"Write to thread {thread_id!r} with fencing token {token} was refused: the "
+            "thread's lease was taken or ended meanwhile. Its write was rejected; stop this "
+            "run.", thread_id=thread_id, token=token)
+
+    def _has_deferred(self, thread_id: str) -> bool:
+        with self._deferred_lock:
+            return bool(self._deferred.get(thread_id))
 
     # Deferred receipts a transaction took are its own (`_TAKEN`), not the saver's.
 
