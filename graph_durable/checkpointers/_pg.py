@@ -15,7 +15,7 @@ from typing import Any
 
 from graph_durable.checkpointers import _sql
 
-__all__ = ["arun", "lease_and_clock", "pg_sql"]
+__all__ = ["arun", "arun_counted", "lease_and_clock", "pg_sql"]
 
 LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 """Serializes the writes of one thread across connections until the transaction ends."""
@@ -116,3 +116,11 @@ def lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, 
 async def arun(cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
     """Run a ledger statement (written for SQLite) on an async psycopg cursor."""
     return await cur.execute(pg_sql(sql), tuple(params))
+
+
+async def arun_counted(cur: Any, sql: str, params: Sequence[Any] = ()) -> int:
+    """`arun` for an `INSERT`, `UPDATE` or `DELETE` (without `RETURNING`): how many rows
+    it changed, read from rows it returns (in pipeline mode a row count is known only
+    after a sync; returned rows are fetched at once)."""
+    await cur.execute(pg_sql(sql) + " RETURNING 1", tuple(params))
+    return len(await cur.fetchall())

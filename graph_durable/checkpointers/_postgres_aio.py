@@ -275,7 +275,7 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
                 raise DatabaseUnavailable(
                     f"The connection to PostgreSQL broke under a write"
                     f"{f' to thread {writing!r}' if writing else ''} "
-                    f"({type(exc).__name__}: {str(exc).strip()}). It was not committed, "
+                    f"({type(exc).__name__}: {' '.join(str(exc).split())}). It was not committed, "
                     "unless the break hit its COMMIT; nothing is lost: run the thread again "
                     "(resume it, or recover()) and its ledger reconciles it. An "
                     "AsyncConnectionPool replaces the broken connection.",
@@ -488,10 +488,10 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
 
         if isinstance(one, IntentWrite):
             (inherit, inherited), (insert, *after), record = self._plan_intent(one, actor)
-            if (await _run(cur, *inherit)).rowcount == 1:
+            if await _pg.arun_counted(cur, *inherit) == 1:
                 await _run(cur, *inherited)
                 raise IntentExists(await recorded())
-            if (await _run(cur, *insert)).rowcount == 0:
+            if await _pg.arun_counted(cur, *insert) == 0:
                 # The key is already known: the intent stands, report what is recorded.
                 raise IntentExists(await recorded())
             for statement in after:
@@ -526,7 +526,7 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
             if not isinstance(self.conn, AsyncConnectionPool):
                 raise DatabaseUnavailable(
                     f"The connection to PostgreSQL broke under a read ({type(exc).__name__}: "
-                    f"{str(exc).strip()}); reconnect the saver, then try again.") from exc
+                    f"{' '.join(str(exc).split())}); reconnect the saver, then try again.") from exc
         return await self._read_rows(sql, params)  # the pool has dropped the broken one
 
     async def _read_rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:

@@ -32,11 +32,15 @@ class _QueuedWrite:
         self.done = False
 
 
-async def _in_savepoint(conn: AsyncConnection[Any],
-                        action: Callable[[], Awaitable[Any]]) -> BaseException | None:
-    """Run `action` in a savepoint; undo only its own writes and return its error."""
+async def _refusal(conn: AsyncConnection[Any], action: Callable[[], Awaitable[Any]], *,
+                   savepoint: bool) -> BaseException | None:
+    """Run `action`; return its error. With `savepoint`, undo its own writes if it fails
+    (an action without one must fail before it writes)."""
     try:
-        async with conn.transaction():
+        if savepoint:
+            async with conn.transaction():
+                await action()
+        else:
             await action()
     except (Exception, LeaseLost) as exc:
         return exc
@@ -109,23 +113,28 @@ class AsyncGroupCommit:
         return items
 
     async def _commit_group(self, thread_id: str) -> None:
-        """Commit every queued write of the thread in one transaction.
+        """Commit every queued write of the thread in one transaction, in pipeline mode.
 
         The thread is fenced and pinned once per fencing token. A refused write must not
-        undo its neighbours, so each write runs in a savepoint, except an intent: it is
-        inserted whole or not at all (a known key keeps what it inherited).
+        undo its neighbours: a check or a single transition refuses before it writes
+        anything; a batch of transitions, or a check that flushes deferred receipts or
+        pins the flow, runs in a savepoint. An intent is inserted whole or not at all (a
+        known key keeps what it inherited).
         """
         batch = self._groups.pop(thread_id, [])
         checked: dict[int | None, BaseException | None] = {}
         try:
-            async with self._txn(writing=thread_id) as cur:
+            async with self._txn(writing=thread_id, pipelined=True) as cur:
                 conn = cur.connection
                 for item in batch:
                     write, config = item.write, item.config
                     actor = actor_of(config)
                     if actor[1] not in checked:
-                        checked[actor[1]] = await _in_savepoint(
-                            conn, lambda: self._check_write_txn(cur, thread_id, config))
+                        writes_too = (self._has_deferred(thread_id)
+                                      or self._needs_flow_check(thread_id))
+                        checked[actor[1]] = await _refusal(
+                            conn, lambda: self._check_write_txn(cur, thread_id, config),
+                            savepoint=writes_too)
                     if checked[actor[1]] is not None:
                         item.error = checked[actor[1]]
                     elif isinstance(write, IntentWrite):
@@ -134,8 +143,10 @@ class AsyncGroupCommit:
                         except IntentExists as exists:
                             item.error = exists
                     else:
-                        item.error = await _in_savepoint(
-                            conn, lambda: self._apply_txn(cur, item, actor))
+                        several = isinstance(write, WriteBatch) and (
+                            len(write.writes) > 1 or write.resume_at is not None)
+                        item.error = await _refusal(
+                            conn, lambda: self._apply_txn(cur, item, actor), savepoint=several)
         except BaseException as exc:
             for item in batch:
                 item.error = item.error or exc
@@ -151,6 +162,6 @@ class AsyncGroupCommit:
         writes = write.writes if isinstance(write, WriteBatch) else (write,)
         item.result = [await self._apply_one_txn(cur, one, actor) for one in writes]
         if isinstance(write, WriteBatch) and write.resume_at is not None:
-            deleted = (await _run(cur, _pg.DELETE_NULL_RESUME,
-                                  (write.thread_id, *write.resume_at))).rowcount
+            deleted = await _pg.arun_counted(cur, _pg.DELETE_NULL_RESUME,
+                                             (write.thread_id, *write.resume_at))
             self._resume_consumed(write, deleted)
