@@ -42,6 +42,7 @@ SELECT_LIVE_LEASES_WITH_CLOCK = (
 )
 """`SELECT_LIVE_LEASES_AT` plus the server's clock on every row (one row of NULLs and
 the clock when no lease is live)."""
+BEGIN_READ_COMMITTED = "BEGIN ISOLATION LEVEL READ COMMITTED"
 FENCE = "SELECT graph_durable_fence(%s, %s)"
 """`LOCK_THREAD`, then the fence checked on the server: raises `FENCE_REFUSED` if the
 write must not commit (PostgreSQL migration 7)."""

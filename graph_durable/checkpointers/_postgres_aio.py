@@ -44,6 +44,7 @@ from psycopg import (
     IsolationLevel,
     OperationalError,
 )
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -245,15 +246,9 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
         (see `DurablePostgresSaver._txn`). Yields a tuple-row cursor. `writing` names
         the thread written, for errors, when the caller fences it itself.
 
-        `pipelined` sends the statements in pipeline mode, for writes whose results
-        nobody reads (LangGraph's checkpoints and pending writes). When the thread has
-        no deferred receipt to flush and its flow pin is known, the whole transaction is
-        one round trip: the fence is checked on the server (`_pg.FENCE`), and if it
-        refuses, nothing sent after it commits; otherwise the fence's rows are fetched
-        first, and the writes go with the commit."""
+        `pipelined` sends the statements in pipeline mode: the results a decision needs
+        are fetched as they are needed, the rest goes with the commit."""
         writing = thread_id or writing
-        on_server = (pipelined and thread_id is not None and not self._has_deferred(thread_id)
-                     and not self._needs_flow_check(thread_id))
         await self.setup()
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn, \
                 _read_committed(conn):
@@ -261,25 +256,14 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
             try:
                 async with conn.pipeline() if pipelined else nullcontext(), \
                         conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-                    if on_server:
-                        await cur.execute(_pg.FENCE, (thread_id, actor_of(config)[1]))
-                    elif thread_id is not None:
+                    if thread_id is not None:
                         await self._check_write_txn(cur, thread_id, config)
                     yield cur
-            except DatabaseError as exc:
+            except OperationalError as exc:
                 self._deferred_rolled_back()
-                if on_server and exc.sqlstate == _pg.FENCE_REFUSED:
-                    await self._refused_by_fence(conn, thread_id, config)  # type: ignore[arg-type]
-                if not isinstance(exc, OperationalError) or not conn.broken:
+                if not conn.broken:
                     raise
-                raise DatabaseUnavailable(
-                    f"The connection to PostgreSQL broke under a write"
-                    f"{f' to thread {writing!r}' if writing else ''} "
-                    f"({type(exc).__name__}: {' '.join(str(exc).split())}). It was not committed, "
-                    "unless the break hit its COMMIT; nothing is lost: run the thread again "
-                    "(resume it, or recover()) and its ledger reconciles it. An "
-                    "AsyncConnectionPool replaces the broken connection.",
-                    thread_id=writing) from exc
+                raise self._unavailable(exc, writing) from exc
             except BaseException:
                 self._deferred_rolled_back()
                 raise
@@ -287,6 +271,43 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
                 self._deferred_committed()
             finally:
                 _TAKEN.reset(taken)
+
+    @asynccontextmanager
+    async def _one_trip(self, thread_id: str,
+                        config: RunnableConfig | None) -> AsyncIterator[AsyncCursor[Any]]:
+        """A fenced write of a thread with no deferred receipt to carry and a known flow
+        pin, in one round trip: `BEGIN`, the fence checked on the server (`_pg.FENCE`,
+        after the thread's lock), the block's statements and `COMMIT` are sent together
+        in pipeline mode. A refused fence aborts the transaction, so nothing sent after
+        it commits; the refusal is then explained from the lease row."""
+        await self.setup()
+        async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
+            try:
+                async with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
+                    await cur.execute(_pg.BEGIN_READ_COMMITTED)
+                    await cur.execute(_pg.FENCE, (thread_id, actor_of(config)[1]))
+                    yield cur
+                    await cur.execute("COMMIT")
+            except BaseException as exc:
+                if not conn.closed and not conn.broken \
+                        and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                    await conn.rollback()
+                if isinstance(exc, DatabaseError) and exc.sqlstate == _pg.FENCE_REFUSED:
+                    await self._refused_by_fence(conn, thread_id, config)
+                if isinstance(exc, OperationalError) and conn.broken:
+                    raise self._unavailable(exc, thread_id) from exc
+                raise
+
+    @staticmethod
+    def _unavailable(exc: BaseException, writing: str | None) -> DatabaseUnavailable:
+        return DatabaseUnavailable(
+            f"The connection to PostgreSQL broke under a write"
+            f"{f' to thread {writing!r}' if writing else ''} "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())}). It was not committed, "
+            "unless the break hit its COMMIT; nothing is lost: run the thread again "
+            "(resume it, or recover()) and its ledger reconciles it. An "
+            "AsyncConnectionPool replaces the broken connection.",
+            thread_id=writing)
 
     async def _refused_by_fence(self, conn: AsyncConnection[Any], thread_id: str,
                                 config: RunnableConfig | None) -> None:
@@ -341,7 +362,9 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
                     yield cur
             return
         thread_id, config, after = fenced
-        async with self._txn(thread_id, config, pipelined=True) as ledger_cur:
+        one_trip = not (self._has_deferred(thread_id) or self._needs_flow_check(thread_id))
+        async with (self._one_trip(thread_id, config) if one_trip
+                    else self._txn(thread_id, config, pipelined=True)) as ledger_cur:
             async with ledger_cur.connection.cursor(binary=True, row_factory=dict_row) as cur:
                 yield cur
             for statement in after():
