@@ -12,7 +12,6 @@ from psycopg import AsyncConnection, AsyncCursor
 
 from graph_durable.checkpointers import _pg
 from graph_durable.checkpointers._base import IntentExists, actor_of
-from graph_durable.checkpointers._pg import arun as _run
 from graph_durable.errors import IllegalTransition, LeaseLost
 from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite, WriteBatch
 
