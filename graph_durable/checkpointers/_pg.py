@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from graph_durable.checkpointers import _sql
 
-__all__ = ["arun", "arun_counted", "lease_and_clock", "pg_sql"]
+__all__ = ["TransactionDeferred", "arun", "arun_counted", "lease_and_clock", "pg_sql"]
 
 LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 """Serializes the writes of one thread across connections until the transaction ends."""
@@ -125,3 +127,50 @@ async def arun_counted(cur: Any, sql: str, params: Sequence[Any] = ()) -> int:
     after a sync; returned rows are fetched at once)."""
     await cur.execute(pg_sql(sql) + " RETURNING 1", tuple(params))
     return len(await cur.fetchall())
+
+
+_TAKEN: ContextVar[list[Any] | None] = ContextVar("graph_durable_pg_deferred_taken",
+                                                   default=None)
+
+
+class TransactionDeferred:
+    """Mixin: the deferred receipts a transaction takes are its own, not the saver's.
+
+    On a pool several transactions of one saver commit or roll back at once; with one
+    list for the saver, one committing would forget what another took, and the other's
+    rollback could not put it back (a receipt lost). Each transaction runs in
+    `_deferred_scope()`, which holds its own list (per thread, per asyncio task).
+    Put it before `DurableSaverMixin` in the bases.
+    """
+
+    @contextmanager
+    def _deferred_scope(self) -> Iterator[None]:
+        token = _TAKEN.set([])
+        try:
+            yield
+        finally:
+            _TAKEN.reset(token)
+
+    def _take_deferred(self, thread_id: str) -> list[Any]:
+        with self._deferred_lock:  # type: ignore[attr-defined]
+            taken = self._deferred.pop(thread_id, [])  # type: ignore[attr-defined]
+        mine = _TAKEN.get()
+        assert mine is not None, "deferred receipts are taken inside a transaction"
+        mine.extend(taken)
+        return taken  # type: ignore[no-any-return]
+
+    def _refused_deferred(self, write: Any, error: Any) -> None:
+        mine = _TAKEN.get() or []
+        mine[:] = [item for item in mine if item[0] is not write]
+        super()._refused_deferred(write, error)  # type: ignore[misc]
+
+    def _deferred_committed(self) -> None:
+        (_TAKEN.get() or []).clear()
+
+    def _deferred_rolled_back(self) -> None:
+        mine = _TAKEN.get() or []
+        with self._deferred_lock:  # type: ignore[attr-defined]
+            for write, config in reversed(mine):
+                self._deferred.setdefault(write.thread_id, []).insert(  # type: ignore[attr-defined]
+                    0, (write, config))
+        mine.clear()

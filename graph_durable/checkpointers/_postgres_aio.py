@@ -50,6 +50,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from graph_durable.checkpointers import _pg, _sql
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
+from graph_durable.checkpointers._pg import TransactionDeferred
 from graph_durable.checkpointers._pg import arun as _run
 from graph_durable.checkpointers._postgres_aio_group import AsyncGroupCommit, _QueuedWrite
 from graph_durable.checkpointers._postgres_aio_leases import AsyncPostgresLeases
@@ -74,10 +75,6 @@ _FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]]] | 
 """Set while `aput`/`aput_writes` run LangGraph's own statements, so that `_cursor`
 runs them inside a fenced transaction of that thread."""
 
-_TAKEN: ContextVar[list[tuple[TransitionWrite, RunnableConfig | None]] | None] = ContextVar(
-    "graph_durable_apg_deferred_taken", default=None)
-"""The deferred receipts the transaction under way (in this task) took: each transaction
-its own, since on a pool several commit or roll back at once."""
 
 
 @asynccontextmanager
@@ -110,8 +107,9 @@ async def _read_committed(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
             await conn.set_isolation_level(before)
 
 
-class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgresLeases,
-                                AsyncLedgerReads, SyncFromAsync, AsyncPostgresSaver):
+class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGroupCommit,
+                                AsyncPostgresLeases, AsyncLedgerReads, SyncFromAsync,
+                                AsyncPostgresSaver):
     """An async LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
 
     Use it wherever an `AsyncPostgresSaver` goes (construct it inside the event loop
@@ -252,25 +250,23 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
         await self.setup()
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn, \
                 _read_committed(conn):
-            taken = _TAKEN.set([])
-            try:
-                async with conn.pipeline() if pipelined else nullcontext(), \
-                        conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-                    if thread_id is not None:
-                        await self._check_write_txn(cur, thread_id, config)
-                    yield cur
-            except OperationalError as exc:
-                self._deferred_rolled_back()
-                if not conn.broken:
+            with self._deferred_scope():
+                try:
+                    async with conn.pipeline() if pipelined else nullcontext(), \
+                            conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+                        if thread_id is not None:
+                            await self._check_write_txn(cur, thread_id, config)
+                        yield cur
+                except OperationalError as exc:
+                    self._deferred_rolled_back()
+                    if not conn.broken:
+                        raise
+                    raise self._unavailable(exc, writing) from exc
+                except BaseException:
+                    self._deferred_rolled_back()
                     raise
-                raise self._unavailable(exc, writing) from exc
-            except BaseException:
-                self._deferred_rolled_back()
-                raise
-            else:
-                self._deferred_committed()
-            finally:
-                _TAKEN.reset(taken)
+                else:
+                    self._deferred_committed()
 
     @asynccontextmanager
     async def _one_trip(self, thread_id: str,
@@ -325,31 +321,6 @@ class AsyncDurablePostgresSaver(DurableSaverMixin, AsyncGroupCommit, AsyncPostgr
     def _has_deferred(self, thread_id: str) -> bool:
         with self._deferred_lock:
             return bool(self._deferred.get(thread_id))
-
-    # Deferred receipts a transaction took are its own (`_TAKEN`), not the saver's.
-
-    def _take_deferred(self, thread_id: str) -> list[tuple[TransitionWrite, RunnableConfig | None]]:
-        with self._deferred_lock:
-            taken = self._deferred.pop(thread_id, [])
-        mine = _TAKEN.get()
-        assert mine is not None, "deferred receipts are taken inside a transaction"
-        mine.extend(taken)
-        return taken
-
-    def _refused_deferred(self, write: TransitionWrite, error: IllegalTransition) -> None:
-        mine = _TAKEN.get() or []
-        mine[:] = [item for item in mine if item[0] is not write]
-        super()._refused_deferred(write, error)
-
-    def _deferred_committed(self) -> None:
-        (_TAKEN.get() or []).clear()
-
-    def _deferred_rolled_back(self) -> None:
-        mine = _TAKEN.get() or []
-        with self._deferred_lock:
-            for write, config in reversed(mine):
-                self._deferred.setdefault(write.thread_id, []).insert(0, (write, config))
-        mine.clear()
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[Any]]:

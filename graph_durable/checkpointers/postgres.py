@@ -56,6 +56,7 @@ from graph_durable.checkpointers._pg import (
     TRY_LOCK_SETUP,
     TRY_LOCK_THREAD,
     UNLOCK_SETUP,
+    TransactionDeferred,
     pg_sql,
 )
 from graph_durable.checkpointers._pg import lease_and_clock as _lease_and_clock
@@ -132,7 +133,8 @@ def _run(cur: Cursor[Any], sql: str, params: Sequence[Any] = ()) -> Cursor[Any]:
     return cur.execute(pg_sql(sql), tuple(params))
 
 
-class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, PostgresSaver):
+class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerReads, AsyncFromSync,
+                           PostgresSaver):
     """A LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
 
     Use it wherever a `PostgresSaver` goes; `EffectGuardNode` finds the ledger through
@@ -263,7 +265,8 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         before anything is written, and the whole transaction rolls back on any error.
         """
         self.setup()
-        with self._own_lock(), _internal.get_connection(self.conn) as conn, _read_committed(conn):
+        with self._own_lock(), _internal.get_connection(self.conn) as conn, \
+                _read_committed(conn), self._deferred_scope():
             try:
                 with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
                     if thread_id is not None:
