@@ -70,7 +70,7 @@ from graph_durable.ledger import EffectRecord, IntentWrite, TransitionWrite
 
 __all__ = ["AsyncDurablePostgresSaver"]
 
-_FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]]] | None] = (
+_FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]], bool] | None] = (
     ContextVar("graph_durable_apg_fenced_write", default=None))
 """Set while `aput`/`aput_writes` run LangGraph's own statements, so that `_cursor`
 runs them inside a fenced transaction of that thread."""
@@ -332,8 +332,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                 async with conn.cursor(binary=True, row_factory=dict_row) as cur:
                     yield cur
             return
-        thread_id, config, after = fenced
-        one_trip = not (self._has_deferred(thread_id) or self._needs_flow_check(thread_id))
+        thread_id, config, after, may_trip = fenced
+        one_trip = may_trip and not (self._has_deferred(thread_id)
+                                     or self._needs_flow_check(thread_id))
         async with (self._one_trip(thread_id, config) if one_trip
                     else self._txn(thread_id, config, pipelined=True)) as ledger_cur:
             async with ledger_cur.connection.cursor(binary=True, row_factory=dict_row) as cur:
@@ -342,11 +343,16 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                 await _run(ledger_cur, *statement)
 
     @asynccontextmanager
-    async def _fenced(self, config: RunnableConfig,
-                      after: Callable[[], list[Any]] = list) -> AsyncIterator[None]:
-        """Run LangGraph's writes in a fenced transaction, then `after()`'s statements."""
+    async def _fenced(self, config: RunnableConfig, after: Callable[[], list[Any]] = list,
+                      *, one_trip: bool = True) -> AsyncIterator[None]:
+        """Run LangGraph's writes in a fenced transaction, then `after()`'s statements.
+
+        `one_trip=False` when `after()` must be asked once the thread's lock is held:
+        a resume value's save asks whether a decision batch consumed it meanwhile (see
+        `_resume_consumed`), and in one round trip it would ask before the lock."""
         await self.setup()
-        token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config, after))
+        token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config, after,
+                                   one_trip))
         try:
             yield
         finally:
@@ -403,7 +409,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
             return [(_pg.DELETE_NULL_RESUME, params)
                     for _, params in self._late_resume(config, writes, task_id)]
 
-        async with self._fenced(config, late):
+        carries_resume = task_id == _sql.NULL_TASK_ID and any(
+            channel == _sql.RESUME_CHANNEL for channel, _ in writes)
+        async with self._fenced(config, late, one_trip=not carries_resume):
             await super().aput_writes(config, writes, task_id, task_path)
         fault_point("after_put_writes")
 
