@@ -27,9 +27,19 @@ machine's CPUs with the benchmark (and with the worker processes of part 2).
    a target to stay at or below, so the row holds wall time per turn and its target is
    the same condition, guarded/stock time <= 1 / 0.8 = 1.25. The turns per second of
    both variants and their ratio are printed under the table and kept in
-   `latest.json` (`details`). Eight asyncio tasks are out of scope: there is no async
-   PostgreSQL durable saver yet (`DurablePostgresSaver`'s async methods run the sync
-   ones).
+   `latest.json` (`details`).
+
+   The same with asyncio: `PARALLEL` tasks on one event loop each run the turns of their
+   own threads with `graph.ainvoke` (an async model node and an async tool, see
+   `turn_overhead_postgres.compile_async`), through ONE graph whose saver sits on ONE
+   `psycopg_pool.AsyncConnectionPool(min_size=8, max_size=8)`:
+
+   - stock:   `ToolNode` + `AsyncPostgresSaver(pool)`
+   - guarded: `EffectGuardNode` + `AsyncDurablePostgresSaver(pool)`
+
+   Timed from releasing the tasks (an `asyncio.Event`) until the last has finished; the
+   rest (checks, warm-up, alternation, medians, target) as for the threads. The loop runs
+   in a thread of its own, as in `turn_overhead_postgres`.
 
 2. Recovery throughput. For W in 1, 2 and 4 (interleaved over `BENCH_RECOVERY_REPS`
    repetitions, default 3), on a fresh database and provider folder each time: the
@@ -56,6 +66,7 @@ Run: `python -m benchmarks postgres_workers` (or `python -m benchmarks.postgres_
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import os
@@ -81,9 +92,11 @@ from benchmarks._runner import (
 )
 from benchmarks.turn_overhead import Agent, _check, _compile, _guarded_node, _stock_node
 from benchmarks.turn_overhead_postgres import (
+    _Loop,
     _postgres_server,
     _require_postgres,
     _server_version,
+    compile_async,
 )
 from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE
 from graph_durable.testing.postgres import PostgresServer
@@ -100,6 +113,7 @@ __all__ = [
     "build_stock",
     "main",
     "measure_parallel",
+    "measure_parallel_async",
     "measure_recovery",
 ]
 
@@ -243,30 +257,118 @@ def measure_parallel(
     """Time `PARALLEL` threads of turns on one pool, stock and guarded runs alternating."""
     agents = {"stock": build_stock(server.create_database("parallel_stock")),
               "guarded": build_guarded(server.create_database("parallel_guarded"))}
-    total = PARALLEL * turns
-    samples: dict[str, list[float]] = {name: [] for name in agents}
     try:
-        for agent in agents.values():
-            _check(agent, 1)
-        for name, agent in agents.items():
-            _run_parallel(agent, f"{name}-warmup", warmup)
-        for rep in range(repetitions):
-            names = list(agents) if rep % 2 == 0 else list(reversed(agents))
-            for name in names:
-                samples[name].append(_run_parallel(agents[name], f"{name}-r{rep}", turns))
-            if progress is not None:
-                progress(f"  rep {rep + 1}/{repetitions}: " + ", ".join(
-                    f"{name} {total / samples[name][-1]:.0f} turns/s "
-                    f"({samples[name][-1] / total * 1000:.2f} ms/turn)" for name in agents))
+        return _measure(agents, _run_parallel, "threads", repetitions, turns, warmup,
+                        progress)
     finally:
         for agent in agents.values():
             agent.close()
+
+
+# -- part 1, async: parallel tasks on one AsyncConnectionPool ----------------------------
+
+
+def _build_async(name: str, conninfo: str, runner: Any) -> Any:
+    """An `AsyncAgent` (stock or guarded, by `name`) on an `AsyncConnectionPool` of
+    `PARALLEL`, all of its connections open."""
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
+
+    from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
+
+    async def build() -> Any:
+        pool = AsyncConnectionPool(
+            conninfo, min_size=PARALLEL, max_size=PARALLEL, open=False,
+            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row})
+        await pool.open(wait=True, timeout=30)
+        saver = (AsyncDurablePostgresSaver if name == "guarded" else AsyncPostgresSaver)(pool)
+        await saver.setup()
+        return compile_async(name, saver, pool, 1, runner)
+
+    return runner.run(build())
+
+
+def _run_parallel_async(agent: Any, tag: str, turns: int) -> float:
+    """`_run_parallel` with `PARALLEL` asyncio tasks on the agent's event loop."""
+    outputs: dict[str, dict[str, Any]] = {}
+
+    async def run_all() -> float:
+        go = asyncio.Event()
+
+        async def work(i: int) -> None:
+            await go.wait()
+            for n in range(turns):
+                thread_id = f"{tag}-w{i}-{n}"
+                outputs[thread_id] = await agent.graph.ainvoke(
+                    agent.inputs, {"configurable": {"thread_id": thread_id}},
+                    durability="sync")
+
+        tasks = [asyncio.create_task(work(i)) for i in range(PARALLEL)]
+        await asyncio.sleep(0)  # every task is waiting for `go`
+        gc.collect()
+        start = time.perf_counter()
+        go.set()
+        await asyncio.gather(*tasks)
+        return time.perf_counter() - start
+
+    try:
+        elapsed = agent.runner.run(run_all())
+    except BaseException as exc:
+        raise RuntimeError(f"{agent.name}: a turn failed in run {tag}") from exc
+    _check_outputs(agent, outputs, PARALLEL * turns)
+    return elapsed
+
+
+def measure_parallel_async(
+    server: PostgresServer,
+    *,
+    repetitions: int = REPETITIONS,
+    turns: int = TURNS_PER_THREAD,
+    warmup: int = WARMUP_TURNS,
+    progress: Callable[[str], None] | None = print,
+) -> Comparison:
+    """Time `PARALLEL` asyncio tasks of turns on one pool, stock and guarded alternating."""
+    runner = _Loop()
+    try:
+        agents = {"stock": _build_async("stock", server.create_database("aparallel_stock"),
+                                        runner),
+                  "guarded": _build_async("guarded",
+                                          server.create_database("aparallel_guarded"), runner)}
+        try:
+            return _measure(agents, _run_parallel_async, "asyncio tasks", repetitions, turns,
+                            warmup, progress)
+        finally:
+            for agent in agents.values():
+                agent.close()
+    finally:
+        runner.stop()
+
+
+def _measure(agents: dict[str, Any], run: Callable[[Any, str, int], float], workers: str,
+             repetitions: int, turns: int, warmup: int,
+             progress: Callable[[str], None] | None) -> Comparison:
+    """Warm up, time alternating runs of `run`, and compare the medians."""
+    total = PARALLEL * turns
+    samples: dict[str, list[float]] = {name: [] for name in agents}
+    for agent in agents.values():
+        _check(agent, 1)
+    for name, agent in agents.items():
+        run(agent, f"{name}-warmup", warmup)
+    for rep in range(repetitions):
+        names = list(agents) if rep % 2 == 0 else list(reversed(agents))
+        for name in names:
+            samples[name].append(run(agents[name], f"{name}-r{rep}", turns))
+        if progress is not None:
+            progress(f"  rep {rep + 1}/{repetitions}: " + ", ".join(
+                f"{name} {total / samples[name][-1]:.0f} turns/s "
+                f"({samples[name][-1] / total * 1000:.2f} ms/turn)" for name in agents))
     per_turn = {name: [s / total * 1000 for s in runs] for name, runs in samples.items()}
     rate = {name: total / statistics.median(runs) for name, runs in samples.items()}
     throughput_ratio = rate["guarded"] / rate["stock"]
     verdict = "PASS" if throughput_ratio >= TARGET_THROUGHPUT else "BELOW TARGET"
     return Comparison(
-        scenario=f"postgres, {PARALLEL} threads on a pool of {PARALLEL}: wall time per "
+        scenario=f"postgres, {PARALLEL} {workers} on a pool of {PARALLEL}: wall time per "
                  "turn, 1 tool call",
         stock_ms=statistics.median(per_turn["stock"]),
         guarded_ms=statistics.median(per_turn["guarded"]),
@@ -277,8 +379,8 @@ def measure_parallel(
               f"{rate['guarded']:.1f} turns/s, guarded/stock {throughput_ratio:.3f} "
               f"(target >= {TARGET_THROUGHPUT:.2f}: {verdict}); {total} turns per run"),
         details={"turns_per_s": rate, "throughput_ratio": throughput_ratio,
-                 "throughput_target": TARGET_THROUGHPUT, "threads": PARALLEL,
-                 "pool_size": PARALLEL, "turns_per_thread": turns,
+                 "throughput_target": TARGET_THROUGHPUT, "workers": workers, "threads": PARALLEL,
+                 "parallel": PARALLEL, "pool_size": PARALLEL, "turns_per_thread": turns,
                  "run_s": samples},
     )
 
@@ -481,13 +583,17 @@ def main() -> list[Comparison]:
               f"{WARMUP_TURNS} turns per thread, then {REPETITIONS} runs x {TURNS_PER_THREAD} "
               "turns per thread per variant, runs alternating", flush=True)
         comparisons.append(measure_parallel(server))
+        print(f"{PARALLEL} asyncio tasks on one AsyncConnectionPool of {PARALLEL}, the same "
+              "runs", flush=True)
+        comparisons.append(measure_parallel_async(server))
         print(f"recovery of {RECOVERY_THREADS} orphaned ticket threads by "
               f"{', '.join(map(str, WORKERS))} worker processes, {RECOVERY_REPETITIONS} "
               "runs each, interleaved, a fresh database each run", flush=True)
         comparisons.extend(measure_recovery(server))
-    report(f"PostgreSQL under concurrency: {PARALLEL} threads on one pool, guarded "
-           "(EffectGuardNode + DurablePostgresSaver) vs stock (ToolNode + PostgresSaver), "
-           f"durability='sync'; recovery by {'/'.join(map(str, WORKERS))} worker processes",
+    report(f"PostgreSQL under concurrency: {PARALLEL} threads (or asyncio tasks) on one "
+           "pool, guarded (EffectGuardNode + DurablePostgresSaver, async: "
+           "AsyncDurablePostgresSaver) vs stock (ToolNode + PostgresSaver, async: "
+           f"AsyncPostgresSaver), durability='sync'; recovery by {'/'.join(map(str, WORKERS))} worker processes",
            comparisons, benchmark="postgres_workers", extra_versions=versions)
     return comparisons
 

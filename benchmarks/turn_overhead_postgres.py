@@ -20,6 +20,18 @@ guarded/stock is printed and recorded without one. The server's processes share 
 machine's CPUs with the benchmark, so on a small machine the figures include that
 contention, for both variants alike.
 
+The async rows run the same turn with `graph.ainvoke` (an async model node and async
+tools, so nothing but the savers' own work leaves the event loop), on one
+`AsyncConnection` per variant opened the same way:
+
+- stock:   LangGraph `ToolNode` + `langgraph.checkpoint.postgres.aio.AsyncPostgresSaver`
+- guarded: `EffectGuardNode` + `AsyncDurablePostgresSaver` (fenced writes, server-clock
+           leases, the ledger)
+
+The event loop runs in a thread of its own for the whole benchmark; the harness's turn
+hands each `ainvoke` to it and waits (the same hand-off for both variants). The project's
+target for the async rows is guarded/stock <= 1.25.
+
 Needs psycopg and langgraph-checkpoint-postgres (`pip install 'graph-durable[postgres]'`)
 and PostgreSQL's server binaries (`initdb`, `pg_ctl`, `postgres`; found as
 `PostgresServer` finds them, or named by `GRAPH_DURABLE_PG_BIN`); without them the
@@ -31,9 +43,12 @@ Run: `python -m benchmarks turn_overhead_postgres`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from benchmarks._runner import (
     BenchmarkSkipped,
@@ -57,10 +72,26 @@ from benchmarks.turn_overhead import (
 )
 from graph_durable.testing.postgres import ENV_BIN, PostgresServer, find_postgres_bin
 
-__all__ = ["SCENARIOS", "build_guarded", "build_stock", "main", "measure_scenario"]
+T = TypeVar("T")
+
+__all__ = [
+    "ASYNC_SCENARIOS",
+    "AsyncAgent",
+    "SCENARIOS",
+    "build_guarded",
+    "build_guarded_async",
+    "build_stock",
+    "build_stock_async",
+    "main",
+    "measure_async_scenario",
+    "measure_scenario",
+]
 
 SCENARIOS: dict[int, float | None] = {1: None, 5: None}
-"""Tool calls per turn -> target ratio guarded/stock (none set for PostgreSQL)."""
+"""Tool calls per turn -> target ratio guarded/stock (none set for the sync PostgreSQL savers)."""
+
+ASYNC_SCENARIOS: dict[int, float | None] = {1: 1.25, 5: 1.25}
+"""Tool calls per turn -> target ratio guarded/stock of the async savers."""
 
 _MODULES = ("psycopg", "langgraph.checkpoint.postgres")
 """What the PostgreSQL path imports (graph_durable's `postgres` extra)."""
@@ -145,6 +176,142 @@ def measure_scenario(
                    progress=progress)
 
 
+# -- the async savers ----------------------------------------------------------------------
+
+
+class _Loop:
+    """An event loop running in a daemon thread; `run(coro)` waits for its result."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name="benchmark-event-loop")
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+@dataclass
+class AsyncAgent(Agent):
+    """An `Agent` whose turn is `graph.ainvoke` on the event loop of `runner`; `conn` is
+    an `AsyncConnection` or an `AsyncConnectionPool`, closed on that loop."""
+
+    runner: _Loop | None = None
+
+    def turn(self) -> dict[str, Any]:
+        """Run one turn (model -> tools -> model) on a fresh thread_id, on the loop."""
+        assert self.runner is not None
+        self.last_thread_id = f"{self.name}-{next(self._threads)}"
+        config = {"configurable": {"thread_id": self.last_thread_id}}
+        return self.runner.run(self.graph.ainvoke(self.inputs, config, durability="sync"))
+
+    def close(self) -> None:
+        """Close the connection (or pool) on its loop."""
+        assert self.runner is not None
+        self.runner.run(self.conn.close())  # type: ignore[arg-type]
+
+
+def _async_tool(guarded: bool) -> Any:
+    from langchain_core.tools import tool
+
+    from graph_durable import current_effect
+    from benchmarks.turn_overhead import TOOL_NAME, _provider_write
+
+    @tool(TOOL_NAME)
+    async def record_note(note: str) -> str:
+        """Record a note (a trivial external write; keyed for the provider when guarded)."""
+        return _provider_write(note, current_effect().key if guarded else None)
+
+    return record_note
+
+
+def compile_async(name: str, saver: Any, conn: Any, n_calls: int, runner: _Loop) -> AsyncAgent:
+    """The turn of `turn_overhead` with an async model node and an async tool: stock
+    (`ToolNode`) or guarded (`EffectGuardNode`, the tool idempotent), by `name`."""
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    from graph_durable import Effect, EffectGuardNode
+    from graph_durable.testing.models import ScriptedChatModel
+    from benchmarks.turn_overhead import TOOL_NAME, _script
+
+    model = ScriptedChatModel(script=_script(n_calls))
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    tools = (EffectGuardNode([_async_tool(True)], effects={TOOL_NAME: Effect(idempotent=True)})
+             if name == "guarded" else ToolNode([_async_tool(False)]))
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", tools)
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return AsyncAgent(name=name, graph=builder.compile(checkpointer=saver), conn=conn,
+                      saver=saver, runner=runner)
+
+
+async def _aconnect(conninfo: str) -> Any:
+    from psycopg import AsyncConnection
+    from psycopg.rows import dict_row
+
+    return await AsyncConnection.connect(conninfo, autocommit=True, prepare_threshold=0,
+                                         row_factory=dict_row)
+
+
+def build_stock_async(conninfo: str, n_calls: int, runner: _Loop) -> AsyncAgent:
+    """`ToolNode` with LangGraph's `AsyncPostgresSaver` on database `conninfo`."""
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    async def build() -> AsyncAgent:
+        conn = await _aconnect(conninfo)
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        return compile_async("stock", saver, conn, n_calls, runner)
+
+    return runner.run(build())
+
+
+def build_guarded_async(conninfo: str, n_calls: int, runner: _Loop) -> AsyncAgent:
+    """`EffectGuardNode` with `AsyncDurablePostgresSaver` on database `conninfo`."""
+    from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
+
+    async def build() -> AsyncAgent:
+        conn = await _aconnect(conninfo)
+        saver = AsyncDurablePostgresSaver(conn)
+        await saver.setup()
+        return compile_async("guarded", saver, conn, n_calls, runner)
+
+    return runner.run(build())
+
+
+def measure_async_scenario(
+    server: PostgresServer,
+    n_calls: int,
+    runner: _Loop,
+    *,
+    target: float | None,
+    repetitions: int = REPETITIONS,
+    turns: int = TURNS,
+    warmup: int = WARMUP,
+    progress: Callable[[str], None] | None = print,
+) -> Comparison:
+    """`measure_scenario` with the async savers and `ainvoke`."""
+    stock = build_stock_async(server.create_database(f"astock_{n_calls}"), n_calls, runner)
+    guarded = build_guarded_async(server.create_database(f"aguarded_{n_calls}"), n_calls,
+                                  runner)
+    return compare(stock, guarded, n_calls,
+                   scenario=f"postgres async turn, {_tool_calls(n_calls)}", target=target,
+                   repetitions=repetitions, turns=turns, warmup=warmup, progress=progress)
+
+
 def _server_version(server: PostgresServer) -> str:
     """`15.10`: the running server's version."""
     import psycopg
@@ -167,8 +334,18 @@ def main() -> list[Comparison]:
         for n_calls, target in SCENARIOS.items():
             _announce(n_calls)
             comparisons.append(measure_scenario(server, n_calls, target=target))
-    report("turn overhead on PostgreSQL: guarded (EffectGuardNode + DurablePostgresSaver) "
-           "vs stock (ToolNode + PostgresSaver), durability='sync'", comparisons,
+        runner = _Loop()
+        try:
+            for n_calls, target in ASYNC_SCENARIOS.items():
+                print("async savers, ainvoke:", end=" ")
+                _announce(n_calls)
+                comparisons.append(measure_async_scenario(server, n_calls, runner,
+                                                          target=target))
+        finally:
+            runner.stop()
+    report("turn overhead on PostgreSQL: guarded (EffectGuardNode + DurablePostgresSaver, "
+           "async: AsyncDurablePostgresSaver) vs stock (ToolNode + PostgresSaver, async: "
+           "AsyncPostgresSaver), durability='sync'", comparisons,
            benchmark="turn_overhead_postgres", extra_versions=versions)
     return comparisons
 

@@ -1,18 +1,33 @@
-"""Shared fixtures: a real PostgreSQL server for tests of the PostgreSQL path.
+"""Shared fixtures: real PostgreSQL servers, and every durable saver to run tests on.
 
 `postgres_server` starts one server per test session from the machine's binaries (see
 `graph_durable.testing.postgres`); `postgres_conninfo` gives each test a fresh database
 on it. The binaries are required: without them the fixtures fail, they do not skip.
+
+`saver_backend` parametrises a test over every durable saver
+(`graph_durable.testing.savers.BACKENDS`): SQLite, PostgreSQL, and async PostgreSQL on
+a pool. A test opens its savers with `make_saver` (sync use) or `amake_saver` (on the
+test's event loop), and passes `saver_spec` to scenario factories a child process runs.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from graph_durable.testing.postgres import ENV_BIN, PostgresServer, find_postgres_bin
+from graph_durable.testing.savers import (
+    BACKENDS,
+    SaverSpec,
+    aclose_saver,
+    aopen_saver,
+    close_saver,
+    open_saver,
+)
 
 _database_numbers = itertools.count(1)
 
@@ -33,3 +48,58 @@ def postgres_server() -> Iterator[PostgresServer]:
 def postgres_conninfo(postgres_server: PostgresServer) -> str:
     """libpq connection string of a new, empty database for this test."""
     return postgres_server.create_database(f"gd_test_{next(_database_numbers)}")
+
+
+@pytest.fixture(params=BACKENDS)
+def saver_backend(request: pytest.FixtureRequest) -> str:
+    """The durable saver this run of the test is on (one run per backend)."""
+    return request.param
+
+
+@pytest.fixture
+def saver_spec(saver_backend: str, request: pytest.FixtureRequest) -> SaverSpec | None:
+    """This test's database for `saver_backend`, as scenario factories take it (`None`:
+    SQLite on the scenario's `db_path`)."""
+    if saver_backend == "sqlite":
+        return None
+    return {"backend": saver_backend,  # type: ignore[typeddict-item]
+            "conninfo": request.getfixturevalue("postgres_conninfo")}
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> str:
+    """The SQLite database of this test (unused on PostgreSQL)."""
+    return str(tmp_path / "agent.sqlite")
+
+
+@pytest.fixture
+def make_saver(saver_spec: SaverSpec | None, db_path: str) -> Iterator[Callable[..., Any]]:
+    """`make_saver(**kwargs)`: a new saver on this test's database, for sync use; each
+    call opens another (as another process would); all are closed after the test."""
+    opened: list[Any] = []
+
+    def make(**kwargs: Any) -> Any:
+        saver = open_saver(saver_spec, db_path, **kwargs)
+        opened.append(saver)
+        return saver
+
+    yield make
+    for saver in reversed(opened):
+        close_saver(saver)
+
+
+@pytest.fixture
+async def amake_saver(saver_spec: SaverSpec | None, db_path: str
+                      ) -> AsyncIterator[Callable[..., Any]]:
+    """`await amake_saver(**kwargs)`: a new saver on this test's database, on the test's
+    event loop (for `ainvoke`); all are closed after the test."""
+    opened: list[Any] = []
+
+    async def make(**kwargs: Any) -> Any:
+        saver = await aopen_saver(saver_spec, db_path, **kwargs)
+        opened.append(saver)
+        return saver
+
+    yield make
+    for saver in reversed(opened):
+        await aclose_saver(saver)

@@ -9,6 +9,7 @@ PRODUCTION = [
     "graph_durable.nodes.protocol",
     "graph_durable.checkpointers.sqlite",
     "graph_durable.checkpointers.aio",
+    "graph_durable.checkpointers.postgres",
     "graph_durable.review",
     "graph_durable.notebook",
     "graph_durable.recovery",

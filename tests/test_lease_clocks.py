@@ -1,4 +1,4 @@
-"""Leases on PostgreSQL are decided by the server's clock, not the workers'.
+"""Leases on PostgreSQL are decided by the server's clock, not the workers' (both savers).
 
 Two real worker processes share one thread; each has its wall clock (`time.time`) faked
 60 s fast or 60 s slow before anything is imported. The holder keeps its lease (renewing
@@ -25,15 +25,12 @@ import json, sys, time
 offset = float(sys.argv[1])
 _real = time.time
 time.time = lambda: _real() + offset  # this process's wall clock is off by `offset`
-import psycopg
-from psycopg.rows import dict_row
-from graph_durable.checkpointers.postgres import DurablePostgresSaver
 from graph_durable.errors import LeaseHeld, LeaseLost
 from graph_durable.ledger import EffectStatus, IntentWrite
+from graph_durable.testing.savers import open_saver
 
-conninfo, role, seconds = sys.argv[2], sys.argv[3], float(sys.argv[4])
-saver = DurablePostgresSaver(psycopg.connect(conninfo, autocommit=True, prepare_threshold=0,
-                                             row_factory=dict_row))
+spec, role, seconds = json.loads(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+saver = open_saver(spec, "unused")
 report = {"role": role}
 if role == "hold":
     import select
@@ -70,27 +67,25 @@ print(json.dumps(report), flush=True)
 """
 
 
-def worker(conninfo: str, offset: float, role: str, seconds: float) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", WORKER, str(offset), conninfo, role,
-                             str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def worker(spec: dict, offset: float, role: str, seconds: float) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", WORKER, str(offset), json.dumps(spec),
+                             role, str(seconds)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.parametrize("saver_backend", ["postgres", "postgres-async"], indirect=True)
 @pytest.mark.parametrize("holder_offset", [-60.0, 60.0], ids=["slow holder", "fast holder"])
 def test_workers_with_skewed_clocks_never_share_a_thread_nor_lose_a_live_lease(
-        postgres_conninfo: str, holder_offset: float) -> None:
-    from graph_durable.checkpointers.postgres import DurablePostgresSaver
-
-    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
-        saver.setup()
-    holder = worker(postgres_conninfo, holder_offset, "hold", 60.0)
+        saver_spec, make_saver, holder_offset: float) -> None:
+    assert make_saver().thread_ids() == []  # the schema is created here, before the workers
+    holder = worker(saver_spec, holder_offset, "hold", 60.0)
     assert json.loads(holder.stdout.readline()) == {"held": True}, holder.stderr.read()
-    grabber = worker(postgres_conninfo, -holder_offset, "grab", 3.0)
+    grabber = worker(saver_spec, -holder_offset, "grab", 3.0)
     # The grabber tries for 3 s once it is up; the holder holds until it is done.
     grabbed = json.loads(grabber.communicate(timeout=60)[0].splitlines()[-1])
     held = json.loads(holder.communicate("done\n", timeout=60)[0].splitlines()[-1])
     assert grabbed["taken"] == 0, "two workers held the thread at once"
     assert held["valid_throughout"] and held["write"] == "ok", held
     # Once the holder is done, the other worker takes the thread at once.
-    late = worker(postgres_conninfo, -holder_offset, "grab", 0.5)
+    late = worker(saver_spec, -holder_offset, "grab", 0.5)
     assert json.loads(late.communicate(timeout=60)[0].splitlines()[-1])["taken"] >= 1

@@ -9,13 +9,13 @@ import os
 import signal
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from graph_durable import (
-    DurableSqliteSaver,
     FlowVersionMismatch,
     LeaseHeld,
     LeaseLost,
@@ -24,19 +24,57 @@ from graph_durable import (
 )
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.child import run_child, start_child
-from graph_durable.testing.scenarios import build_effects_agent
+from graph_durable.testing.savers import SaverSpec, close_saver
+from graph_durable.testing.scenarios import EffectsAgent, build_effects_agent
 
 EFFECTS = "graph_durable.testing.scenarios:build_effects_agent"
+PG_TABLES = {"writes": "checkpoint_writes"}
+"""LangGraph's PostgreSQL names of its SQLite tables."""
 
 
-def scenario(tmp_path: Path, mode: str = "lookup", **extra: Any) -> dict[str, Any]:
-    return {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
-            "turns": [[["pay", "42"]]], "modes": {"pay": mode}, **extra}
+def dump_tables(spec: SaverSpec | None, db_path: str, tables: list[str]) -> list[Any]:
+    """Every row of each table, in a stable order, read with a connection of our own."""
+    if spec is None:
+        conn = sqlite3.connect(db_path)
+        try:
+            return [conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall()
+                    for t in tables]
+        finally:
+            conn.close()
+    import psycopg
+
+    # A checkpoint's row and its blobs hold what SQLite's checkpoint column holds.
+    pg_tables = [name for t in tables
+                 for name in ([PG_TABLES.get(t, t)] if t != "checkpoints"
+                              else ["checkpoints", "checkpoint_blobs"])]
+    with psycopg.connect(spec["conninfo"]) as conn:
+        return [conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall()
+                for t in pg_tables]
 
 
-def open_saver(tmp_path: Path) -> DurableSqliteSaver:
-    return DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite",
-                                              check_same_thread=False))
+@pytest.fixture
+def scenario(tmp_path: Path, saver_spec: SaverSpec | None) -> Callable[..., dict[str, Any]]:
+    """`scenario(mode, **extra)`: the effects agent's kwargs on this test's saver."""
+    def make(mode: str = "lookup", **extra: Any) -> dict[str, Any]:
+        return {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+                "turns": [[["pay", "42"]]], "modes": {"pay": mode}, "saver": saver_spec,
+                **extra}
+
+    return make
+
+
+@pytest.fixture
+def build() -> Iterator[Callable[..., EffectsAgent]]:
+    """`build(**kwargs)`: the effects agent in this process; its saver closed after."""
+    built: list[EffectsAgent] = []
+
+    def make(**kwargs: Any) -> EffectsAgent:
+        built.append(build_effects_agent(**kwargs))
+        return built[-1]
+
+    yield make
+    for agent in built:
+        close_saver(agent.saver)
 
 
 def orphan(tmp_path: Path, kwargs: dict[str, Any], thread_id: str, point: str) -> None:
@@ -44,12 +82,12 @@ def orphan(tmp_path: Path, kwargs: dict[str, Any], thread_id: str, point: str) -
                      fault=FaultPlan(point, tool="pay")).killed
 
 
-def orphan_in_process(kwargs: dict[str, Any], thread_ids: list[str],
-                      plans: list[FaultPlan]) -> None:
+def orphan_in_process(build: Callable[..., EffectsAgent], kwargs: dict[str, Any],
+                      thread_ids: list[str], plans: list[FaultPlan]) -> None:
     """Leave threads orphaned as a crash would (setup only; the races use real processes)."""
     from graph_durable.testing import InjectedCrash, arm, disarm
 
-    agent = build_effects_agent(**kwargs)
+    agent = build(**kwargs)
     for n, thread_id in enumerate(thread_ids):
         arm(plans[n % len(plans)])
         try:
@@ -82,15 +120,16 @@ def race_worker(kwargs_json: str, owner: str, schedule_json: str) -> None:
 
 @pytest.mark.crash
 @pytest.mark.sweep
-def test_two_workers_resume_one_orphan_at_once_fifty_times(tmp_path: Path) -> None:
+def test_two_workers_resume_one_orphan_at_once_fifty_times(
+        tmp_path: Path, scenario, build, make_saver) -> None:
     """Two worker processes try each of 50 orphans at the same instant."""
     import json
     import subprocess
     import sys
 
-    kwargs = scenario(tmp_path, "lookup", delays={"pay": 0.3})
+    kwargs = scenario("lookup", delays={"pay": 0.3})
     threads = [f"t{i:02d}" for i in range(50)]
-    orphan_in_process(kwargs, threads, [FaultPlan("after_intent", action="raise"),
+    orphan_in_process(build, kwargs, threads, [FaultPlan("after_intent", action="raise"),
                                         FaultPlan("after_effect", action="raise")])
     base = time.time() + 4.0  # both workers are up and built by then
     schedule = json.dumps([[t, base + 1.0 * n] for n, t in enumerate(threads)])
@@ -114,17 +153,17 @@ def test_two_workers_resume_one_orphan_at_once_fifty_times(tmp_path: Path) -> No
                for o in outcomes.values()), outcomes
     races = sum(o.count("held") for o in outcomes.values())
     assert races >= 25, f"only {races} of 50 attempts overlapped; the test did not race"
-    saver = open_saver(tmp_path)
+    saver = make_saver()
     assert {thread_status(saver, t).status for t in threads} == {"done"}
     pay = FakeProvider(str(tmp_path / "pay.sqlite"), "lookup")
     assert pay.count() == 50 and set(pay.counts().values()) == {1}
 
 
 @pytest.mark.crash
-def test_zombie_worker_is_fenced_out(tmp_path: Path) -> None:
+def test_zombie_worker_is_fenced_out(tmp_path: Path, scenario, make_saver) -> None:
     """A is frozen inside the tool past its ttl; B takes over; A's late writes are refused."""
-    kwargs = scenario(tmp_path, "lookup", delays={"pay": 1.0}, fencing=["pay"])
-    saver = open_saver(tmp_path)
+    kwargs = scenario("lookup", delays={"pay": 1.0}, fencing=["pay"])
+    saver = make_saver()
     zombie = start_child(EFFECTS, kwargs, thread_id="t", owner="A", ttl=1.0)
     deadline = time.time() + 30
     while not any(r.status.value == "in_flight" for r in saver.effects("t")):
@@ -154,17 +193,19 @@ def test_zombie_worker_is_fenced_out(tmp_path: Path) -> None:
 
 
 @pytest.mark.crash
-def test_recover_from_three_processes_finishes_sixty_orphans_once(tmp_path: Path) -> None:
+def test_recover_from_three_processes_finishes_sixty_orphans_once(
+        tmp_path: Path, saver_spec, build, make_saver) -> None:
     points = ["before_intent", "after_intent", "after_effect", "after_receipt"]
     modes = {"pay": "lookup", "ship": "dedupe"}
     kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
-              "turns": [[["pay", "p"]], [["ship", "s"]]], "modes": modes}
+              "turns": [[["pay", "p"]], [["ship", "s"]]], "modes": modes,
+              "saver": saver_spec}
     threads = [f"t{i:02d}" for i in range(60)]
     # Occurrence 1 crashes around the first effect (pay), 2 around the second (ship).
     plans = [FaultPlan(point, occurrence=occurrence, action="raise")
              for point in points for occurrence in (1, 2)]
-    orphan_in_process(kwargs, threads, plans)
-    saver = open_saver(tmp_path)
+    orphan_in_process(build, kwargs, threads, plans)
+    saver = make_saver()
     assert {thread_status(saver, t).status for t in threads} == {"orphaned"}
 
     start_at = time.time() + 1.0
@@ -182,8 +223,8 @@ def test_recover_from_three_processes_finishes_sixty_orphans_once(tmp_path: Path
 
 
 @pytest.mark.crash
-def test_a_slow_but_alive_tool_keeps_its_lease(tmp_path: Path) -> None:
-    kwargs = scenario(tmp_path, "lookup", delays={"pay": 2.5})
+def test_a_slow_but_alive_tool_keeps_its_lease(tmp_path: Path, scenario) -> None:
+    kwargs = scenario("lookup", delays={"pay": 2.5})
     worker = start_child(EFFECTS, kwargs, thread_id="t", owner="A", ttl=1.0)
     time.sleep(1.8)  # past one ttl: only renewal keeps the lease alive
     rival = run_child(EFFECTS, kwargs, thread_id="t", action="resume", owner="B", ttl=1.0)
@@ -193,11 +234,11 @@ def test_a_slow_but_alive_tool_keeps_its_lease(tmp_path: Path) -> None:
     assert FakeProvider(str(tmp_path / "pay.sqlite"), "lookup").count() == 1
 
 
-def test_flow_version_mismatch_writes_nothing(tmp_path: Path) -> None:
+def test_flow_version_mismatch_writes_nothing(scenario, build, saver_spec, db_path) -> None:
     from graph_durable.testing import InjectedCrash, arm, disarm
 
-    version = flow_version_of(build_effects_agent(**scenario(tmp_path)).graph)
-    agent = build_effects_agent(**scenario(tmp_path), flow_version=version)
+    version = flow_version_of(build(**scenario()).graph)
+    agent = build(**scenario(), flow_version=version)
     config = {"configurable": {"thread_id": "t"}}
     arm(FaultPlan("after_intent", action="raise"))
     try:
@@ -207,42 +248,41 @@ def test_flow_version_mismatch_writes_nothing(tmp_path: Path) -> None:
         disarm()
 
     def dump() -> list[Any]:
-        conn = sqlite3.connect(tmp_path / "agent.sqlite")
-        tables = ["checkpoints", "writes", "effects", "effect_events", "thread_flow_versions"]
-        return [conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in tables]
+        return dump_tables(saver_spec, db_path, ["checkpoints", "writes", "effects",
+                                                 "effect_events", "thread_flow_versions"])
 
     before = dump()
     assert before[-1][0][:2] == ("t", version)
-    newer = build_effects_agent(**scenario(tmp_path), flow_version="fv-new")
+    newer = build(**scenario(), flow_version="fv-new")
     with pytest.raises(FlowVersionMismatch) as info:
         newer.graph.invoke(None, config, durability="sync")
     assert (info.value.pinned, info.value.current) == (version, "fv-new")
     assert dump() == before
 
-    allowed = build_effects_agent(**scenario(tmp_path), flow_version="fv-new",
+    allowed = build(**scenario(), flow_version="fv-new",
                                   compatible_flow_versions=[version])
     result = allowed.graph.invoke(None, config, durability="sync")
     assert result["messages"][-1].content == "All done."
 
 
-def test_flow_version_changes_with_the_tools(tmp_path: Path) -> None:
-    one = build_effects_agent(**scenario(tmp_path))
-    same = build_effects_agent(**scenario(tmp_path))
-    other = build_effects_agent(**{**scenario(tmp_path), "modes": {"pay": "lookup",
+def test_flow_version_changes_with_the_tools(scenario, build) -> None:
+    one = build(**scenario())
+    same = build(**scenario())
+    other = build(**{**scenario(), "modes": {"pay": "lookup",
                                                                    "ship": "dedupe"}})
     assert flow_version_of(one.graph) == flow_version_of(same.graph)
     assert flow_version_of(one.graph) != flow_version_of(other.graph)
 
 
-def test_lease_tokens_increase_and_stale_tokens_are_refused(tmp_path: Path) -> None:
-    saver = open_saver(tmp_path)
+def test_lease_tokens_increase_and_stale_tokens_are_refused(scenario, build, make_saver) -> None:
+    saver = make_saver()
     with saver.lease("t", "a", ttl=5) as first:
         with pytest.raises(LeaseHeld) as held:
             saver.acquire_lease("t", "b")
         assert held.value.holder == "a"
     with saver.lease("t", "b", ttl=5) as second:
         assert second.token == first.token + 1
-        agent = build_effects_agent(**scenario(tmp_path))
+        agent = build(**scenario())
         with pytest.raises(LeaseLost):
             agent.graph.invoke(agent.inputs, first.config, durability="sync")
         with pytest.raises(LeaseLost):  # no token at all while b holds it
@@ -251,11 +291,11 @@ def test_lease_tokens_increase_and_stale_tokens_are_refused(tmp_path: Path) -> N
     assert saver.effects("t") == []
 
 
-def test_thread_status_names_each_state(tmp_path: Path) -> None:
+def test_thread_status_names_each_state(scenario, build) -> None:
     from graph_durable.testing import InjectedCrash, arm, disarm
     from langgraph.types import Command
 
-    agent = build_effects_agent(**scenario(tmp_path, "blind"))
+    agent = build(**scenario("blind"))
     config = {"configurable": {"thread_id": "t"}}
     arm(FaultPlan("after_effect", action="raise"))
     try:

@@ -1,7 +1,8 @@
 """Durable savers: LangGraph checkpointers that also keep the effect ledger.
 
 `DurableSqliteSaver` and `AsyncDurableSqliteSaver` are the embedded default; the
-PostgreSQL saver lives in `graph_durable.checkpointers.postgres` (extra `postgres`).
+PostgreSQL savers (sync and async) live in `graph_durable.checkpointers.postgres` (extra
+`postgres`).
 """
 
 from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver

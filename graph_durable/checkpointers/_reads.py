@@ -3,6 +3,7 @@
 `DurableSqliteSaver` and `DurablePostgresSaver` differ in how they run a query (a
 `sqlite3` cursor under the saver's lock, a psycopg cursor with `%s` placeholders), not
 in what they ask; each provides `_query(sql, params) -> rows` and gets the rest here.
+`AsyncLedgerReads` is the same for an async saver over `await _aquery(sql, params)`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from graph_durable.checkpointers import _sql
 from graph_durable.leases import cancelled_by
 from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus, IntentWrite, Keying
 
-__all__ = ["SyncLedgerReads"]
+__all__ = ["AsyncLedgerReads", "SyncLedgerReads"]
 
 
 class SyncLedgerReads:
@@ -130,4 +131,99 @@ class SyncLedgerReads:
         of reading and then writing, so an intent is never recorded twice.
         """
         [claimed] = self.claim_many([intent], config)  # type: ignore[attr-defined]
+        return claimed  # type: ignore[no-any-return]
+
+
+class AsyncLedgerReads:
+    """Mixin: the same reads for an async durable saver, over `await _aquery(sql, params)`.
+
+    Needs `_aquery` (SQL as written in `_sql`, `?` placeholders) returning every row as a
+    tuple, plus the `DurableSaverMixin` caches and `aclaim_many`.
+    """
+
+    async def _aquery(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    async def akey_thread(self, thread_id: str) -> str:
+        """Async `key_thread`."""
+        return (await self.akeying(thread_id))[0]
+
+    async def akeying(self, thread_id: str) -> Keying:
+        """Async `keying` (see `SyncLedgerReads.keying`)."""
+        rows = await self._aquery(_sql.SELECT_KEYING, self._keying_params(str(thread_id)))  # type: ignore[attr-defined]
+        return self._keying_of(rows)  # type: ignore[attr-defined,no-any-return]
+
+    async def alive_leases(self) -> dict[str, tuple[str, int, float]]:
+        """Async `live_leases`."""
+        rows = await self._aquery(_sql.SELECT_LIVE_LEASES, (time.time(),))
+        return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
+
+    async def acancelled_by(self, thread_id: str) -> str | None:
+        """Async `cancelled_by`."""
+        rows = await self._aquery(_sql.SELECT_LEASE, (str(thread_id),))
+        return cancelled_by(rows[0][0]) if rows else None
+
+    async def atask_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
+        """Async `task_runs`."""
+        return [tuple(row) for row in  # type: ignore[misc]
+                await self._aquery(_sql.SELECT_TASK_RUNS, (str(thread_id),))]
+
+    async def athread_ids(self) -> list[str]:
+        """Async `thread_ids`."""
+        return [row[0] for row in await self._aquery(_sql.SELECT_THREAD_IDS)]
+
+    async def aeffect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
+        """Async `effect`."""
+        if thread_id is None:
+            rows = await self._aquery(_sql.SELECT_EFFECT_BY_KEY, (key,))
+        else:
+            rows = await self._aquery(_sql.SELECT_EFFECT, (str(thread_id), key))
+        return self._record(rows[0]) if rows else None  # type: ignore[attr-defined,no-any-return]
+
+    async def asent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
+        """Async `sent_in_family`."""
+        rows = await self._aquery(_sql.SELECT_SENT_IN_FAMILY, (key, str(thread_id)))
+        return self._record(rows[0]) if rows else None  # type: ignore[attr-defined,no-any-return]
+
+    async def aeffects(
+        self, thread_id: str | None = None, status: EffectStatus | str | None = None
+    ) -> list[EffectRecord]:
+        """Async `effects`."""
+        sql, params = _sql.select_effects(
+            None if thread_id is None else str(thread_id),
+            None if status is None else EffectStatus(status).value,
+        )
+        return [self._record(row) for row in await self._aquery(sql, params)]  # type: ignore[attr-defined]
+
+    async def aevents(
+        self, thread_id: str | None = None, key: str | None = None
+    ) -> list[EffectEvent]:
+        """Async `events`."""
+        sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
+        return [self._event(row) for row in await self._aquery(sql, params)]  # type: ignore[attr-defined]
+
+    async def astored_result(self, thread_id: str, key: str) -> Any:
+        """Async `stored_result`."""
+        rows = await self._aquery(_sql.SELECT_RESULT, (str(thread_id), key))
+        return self._load_result(rows[0] if rows else None)  # type: ignore[attr-defined]
+
+    async def aasked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
+        """Async `asked_in_task`."""
+        rows = await self._aquery(_sql.SELECT_ASKED_IN_TASK, (str(thread_id), checkpoint_ns))
+        return [self._record(row) for row in rows]  # type: ignore[attr-defined]
+
+    async def acheckpoint_exists(
+        self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+    ) -> bool:
+        """Async `checkpoint_exists`."""
+        if self._known_stored(thread_id, checkpoint_ns, checkpoint_id):  # type: ignore[attr-defined]
+            return True
+        return bool(await self._aquery(_sql.SELECT_CHECKPOINT_EXISTS,
+                                       (str(thread_id), checkpoint_ns, checkpoint_id)))
+
+    async def aclaim(
+        self, intent: IntentWrite, config: RunnableConfig | None = None
+    ) -> tuple[EffectRecord, bool]:
+        """Async `claim`."""
+        [claimed] = await self.aclaim_many([intent], config)  # type: ignore[attr-defined]
         return claimed  # type: ignore[no-any-return]

@@ -310,4 +310,31 @@ PG_MIGRATIONS: list[str] = [
     END
     $fn$
     """,
+    # 7: a fenced write in one round trip. Lock the thread and check its fence on the
+    # server (`graph_durable.leases.check_fence`'s rules, on the server's clock), raising
+    # SQLSTATE GD001 when it refuses, so the writes sent after it in the same
+    # transaction never commit; the writer then reads the lease row to say why.
+    """
+    CREATE FUNCTION graph_durable_fence(p_thread_id TEXT, p_token BIGINT)
+    RETURNS DOUBLE PRECISION
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        now_at DOUBLE PRECISION;
+        lease thread_leases%ROWTYPE;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_thread_id, 0));
+        now_at := extract(epoch FROM clock_timestamp())::DOUBLE PRECISION;
+        SELECT * INTO lease FROM thread_leases l WHERE l.thread_id = p_thread_id;
+        IF (NOT FOUND AND p_token IS NOT NULL)
+            OR (FOUND AND p_token IS NULL
+                AND (lease.owner LIKE 'cancelled-by:%' OR lease.expires_at > now_at))
+            OR (FOUND AND p_token IS NOT NULL
+                AND (p_token <> lease.token OR lease.expires_at <= now_at)) THEN
+            RAISE EXCEPTION 'graph_durable refused a write to thread %', p_thread_id
+                USING ERRCODE = 'GD001';
+        END IF;
+        RETURN now_at;
+    END
+    $fn$
+    """,
 ]

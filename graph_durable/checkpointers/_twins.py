@@ -1,14 +1,17 @@
-"""Async methods of a durable saver whose work is done by its sync methods.
+"""The twin methods of a durable saver: async ones done by sync ones, or the reverse.
 
 LangGraph's sync savers raise on every async method. A durable saver answers both
-ways, so a graph run with `ainvoke` (and the guard's async driver) can use it; each
-method below runs its sync twin on the calling thread.
+ways, so a graph run with `ainvoke` (and the guard's async driver) can use it:
+`AsyncFromSync` runs each sync twin on the calling thread. An async saver answers sync
+calls from other threads (the lease renewer's, a sync tool's, a `graph.invoke` run
+elsewhere): `SyncFromAsync` runs each async twin on the saver's event loop and waits.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -18,6 +21,7 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
+from graph_durable.leases import Lease
 from graph_durable.ledger import (
     EffectEvent,
     EffectRecord,
@@ -27,7 +31,9 @@ from graph_durable.ledger import (
     LedgerWrite,
 )
 
-__all__ = ["AsyncFromSync"]
+__all__ = ["AsyncFromSync", "SyncFromAsync"]
+
+T = TypeVar("T")
 
 
 class AsyncFromSync:
@@ -170,3 +176,130 @@ class AsyncFromSync:
     ) -> list[tuple[EffectRecord, bool]]:
         """Async `claim_many`."""
         return self.claim_many(intents, config)
+
+
+class SyncFromAsync:
+    """Mixin: the sync ledger, lease and retention methods, done by the async ones on the
+    saver's event loop (`self.loop`), for callers on other threads.
+
+    Put it before the LangGraph saver in the bases. From the event loop itself a sync
+    call would wait for the loop it blocks: it raises instead, naming the method to await.
+    """
+
+    loop: asyncio.AbstractEventLoop
+
+    def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            coro.close()
+            raise asyncio.InvalidStateError(
+                f"Synchronous calls to {type(self).__name__} are only allowed from a "
+                "thread other than its event loop's; on the loop, await the `a`-prefixed "
+                "method (or run the graph with `ainvoke`).")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    # -- retention -----------------------------------------------------------------------
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Sync `adelete_for_runs`."""
+        self._sync(self.adelete_for_runs(run_ids))  # type: ignore[attr-defined]
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Sync `acopy_thread`."""
+        self._sync(self.acopy_thread(source_thread_id, target_thread_id))  # type: ignore[attr-defined]
+
+    # -- the ledger ----------------------------------------------------------------------
+
+    def key_thread(self, thread_id: str) -> str:
+        """Sync `akey_thread`."""
+        return self._sync(self.akey_thread(thread_id))  # type: ignore[attr-defined]
+
+    def keying(self, thread_id: str) -> Keying:
+        """Sync `akeying`."""
+        return self._sync(self.akeying(thread_id))  # type: ignore[attr-defined]
+
+    def effect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
+        """Sync `aeffect`."""
+        return self._sync(self.aeffect(key, thread_id))  # type: ignore[attr-defined]
+
+    def sent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
+        """Sync `asent_in_family`."""
+        return self._sync(self.asent_in_family(key, thread_id))  # type: ignore[attr-defined]
+
+    def effects(
+        self, thread_id: str | None = None, status: EffectStatus | str | None = None
+    ) -> list[EffectRecord]:
+        """Sync `aeffects`."""
+        return self._sync(self.aeffects(thread_id, status))  # type: ignore[attr-defined]
+
+    def events(self, thread_id: str | None = None, key: str | None = None) -> list[EffectEvent]:
+        """Sync `aevents`."""
+        return self._sync(self.aevents(thread_id, key))  # type: ignore[attr-defined]
+
+    def stored_result(self, thread_id: str, key: str) -> Any:
+        """Sync `astored_result`."""
+        return self._sync(self.astored_result(thread_id, key))  # type: ignore[attr-defined]
+
+    def asked_in_task(self, thread_id: str, checkpoint_ns: str) -> list[EffectRecord]:
+        """Sync `aasked_in_task`."""
+        return self._sync(self.aasked_in_task(thread_id, checkpoint_ns))  # type: ignore[attr-defined]
+
+    def checkpoint_exists(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
+        """Sync `acheckpoint_exists`."""
+        return self._sync(self.acheckpoint_exists(  # type: ignore[attr-defined]
+            thread_id, checkpoint_ns, checkpoint_id))
+
+    def apply(self, write: LedgerWrite, config: RunnableConfig | None = None) -> list[EffectRecord]:
+        """Sync `aapply`."""
+        return self._sync(self.aapply(write, config))  # type: ignore[attr-defined]
+
+    def claim(
+        self, intent: IntentWrite, config: RunnableConfig | None = None
+    ) -> tuple[EffectRecord, bool]:
+        """Sync `aclaim`."""
+        return self._sync(self.aclaim(intent, config))  # type: ignore[attr-defined]
+
+    def claim_many(
+        self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
+    ) -> list[tuple[EffectRecord, bool]]:
+        """Sync `aclaim_many`."""
+        return self._sync(self.aclaim_many(intents, config))  # type: ignore[attr-defined]
+
+    # -- leases, the run log, threads ----------------------------------------------------
+
+    def acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
+        """Sync `aacquire_lease`."""
+        return self._sync(self.aacquire_lease(thread_id, owner, ttl))  # type: ignore[attr-defined]
+
+    def renew_lease(self, lease: Lease) -> bool:
+        """Sync `arenew_lease`."""
+        return self._sync(self.arenew_lease(lease))  # type: ignore[attr-defined]
+
+    def release_lease(self, lease: Lease) -> None:
+        """Sync `arelease_lease`."""
+        self._sync(self.arelease_lease(lease))  # type: ignore[attr-defined]
+
+    def live_leases(self) -> dict[str, tuple[str, int, float]]:
+        """Sync `alive_leases`."""
+        return self._sync(self.alive_leases())  # type: ignore[attr-defined]
+
+    def cancelled_by(self, thread_id: str) -> str | None:
+        """Sync `acancelled_by`."""
+        return self._sync(self.acancelled_by(thread_id))  # type: ignore[attr-defined]
+
+    def record_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str, node: str,
+                        kind: str) -> None:
+        """Sync `arecord_task_run`."""
+        self._sync(self.arecord_task_run(  # type: ignore[attr-defined]
+            thread_id, run_id, checkpoint_ns, node, kind))
+
+    def task_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
+        """Sync `atask_runs`."""
+        return self._sync(self.atask_runs(thread_id))  # type: ignore[attr-defined]
+
+    def thread_ids(self) -> list[str]:
+        """Sync `athread_ids`."""
+        return self._sync(self.athread_ids())  # type: ignore[attr-defined]

@@ -1,4 +1,5 @@
-"""`DurablePostgresSaver`: LangGraph's PostgreSQL saver plus the effect ledger in the same database.
+"""`DurablePostgresSaver` and `AsyncDurablePostgresSaver`: LangGraph's PostgreSQL savers
+(`PostgresSaver`, `AsyncPostgresSaver`) plus the effect ledger in the same database.
 
 For workers on several machines: every checkpoint and ledger write of a thread runs in
 one transaction that first takes a transaction-level advisory lock on the thread, then
@@ -7,8 +8,9 @@ as with `DurableSqliteSaver` (whose file lock serializes all writers).
 
 Install with `pip install 'graph-durable[postgres]'`. The connection must be opened
 with `autocommit=True` and `row_factory=dict_row`, as for LangGraph's `PostgresSaver`
-(`from_conn_string` does it); a `psycopg_pool.ConnectionPool` works too. Pipeline mode
-is not supported: a durable write needs its own transaction.
+(`from_conn_string` does it); a `psycopg_pool.ConnectionPool` works too (for the async
+saver, an `AsyncConnection` or an `AsyncConnectionPool`). Pipeline mode is not
+supported: a durable write needs its own transaction.
 
 Retention keeps the ledger as `DurableSqliteSaver` does: `delete_thread` deletes it with
 the thread, `prune(strategy="keep_latest")` (LangGraph's PostgreSQL rules for which
@@ -18,8 +20,6 @@ the copy's effects by the thread it came from.
 
 from __future__ import annotations
 
-import functools
-import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -47,6 +47,26 @@ from psycopg_pool import ConnectionPool
 from psycopg.rows import dict_row, tuple_row
 
 from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers._pg import (
+    COPY_THREAD_CHECKPOINTS,
+    DELETE_CHECKPOINT,
+    DELETE_CHECKPOINT_WRITES,
+    DELETE_NULL_RESUME,
+    DELETE_THREAD_CHECKPOINTS,
+    LOCK_THREAD,
+    LOCK_THREAD_READ_LEASE,
+    NOW,
+    RENEW_LEASE_AT,
+    SELECT_LIVE_LEASES_AT,
+    SELECT_RUN_CHECKPOINTS,
+    TRY_LOCK_SETUP,
+    TRY_LOCK_THREAD,
+    UNLOCK_SETUP,
+    TransactionDeferred,
+    pg_sql,
+)
+from graph_durable.checkpointers._pg import lease_and_clock as _lease_and_clock
+from graph_durable.checkpointers._postgres_aio import AsyncDurablePostgresSaver
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers._schema import (
@@ -68,82 +88,13 @@ from graph_durable.ledger import (
 )
 from graph_durable.faults import fault_point
 
-__all__ = ["DurablePostgresSaver", "pg_sql"]
-
-LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
-"""Serializes the writes of one thread across connections until the transaction ends."""
-LOCK_THREAD_READ_LEASE = (
-    "SELECT owner, token, expires_at, now_at FROM graph_durable_lock_thread_at(%s)"
-)
-"""`LOCK_THREAD`, then the thread's lease row (NULLs when it has none) and the server's
-clock, read after the lock is granted (see the PostgreSQL migrations): one round trip."""
-NOW = "SELECT extract(epoch FROM clock_timestamp())::DOUBLE PRECISION"
-TRY_LOCK_THREAD = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))"
-RENEW_LEASE_AT = (
-    "UPDATE thread_leases SET expires_at = extract(epoch FROM clock_timestamp()) + %s "
-    "WHERE thread_id = %s AND token = %s AND expires_at > extract(epoch FROM clock_timestamp()) "
-    "RETURNING expires_at"
-)
-SELECT_LIVE_LEASES_AT = (
-    "SELECT thread_id, owner, token, expires_at FROM thread_leases "
-    "WHERE expires_at > extract(epoch FROM clock_timestamp())"
-)
-TRY_LOCK_SETUP = "SELECT pg_try_advisory_lock(hashtextextended('graph_durable_setup', 0))"
-UNLOCK_SETUP = "SELECT pg_advisory_unlock(hashtextextended('graph_durable_setup', 0))"
-
-DELETE_THREAD_CHECKPOINTS = (
-    "DELETE FROM checkpoints WHERE thread_id = %s",
-    "DELETE FROM checkpoint_blobs WHERE thread_id = %s",
-    "DELETE FROM checkpoint_writes WHERE thread_id = %s",
-)
-COPY_THREAD_CHECKPOINTS = (
-    "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, "
-    "type, checkpoint, metadata) SELECT %s, checkpoint_ns, checkpoint_id, "
-    "parent_checkpoint_id, type, checkpoint, metadata FROM checkpoints WHERE thread_id = %s "
-    "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
-    "parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, type = EXCLUDED.type, "
-    "checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
-    "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
-    "SELECT %s, checkpoint_ns, channel, version, type, blob FROM checkpoint_blobs "
-    "WHERE thread_id = %s ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO NOTHING",
-    "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
-    "task_path, idx, channel, type, blob) SELECT %s, checkpoint_ns, checkpoint_id, task_id, "
-    "task_path, idx, channel, type, blob FROM checkpoint_writes WHERE thread_id = %s "
-    "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET "
-    "channel = EXCLUDED.channel, type = EXCLUDED.type, blob = EXCLUDED.blob",
-)
-SELECT_RUN_CHECKPOINTS = (
-    "SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints "
-    "WHERE metadata->>'run_id' = ANY(%s)"
-)
-DELETE_CHECKPOINT = (
-    "DELETE FROM checkpoints WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s"
-)
-DELETE_CHECKPOINT_WRITES = (
-    "DELETE FROM checkpoint_writes WHERE thread_id = %s AND checkpoint_ns = %s "
-    "AND checkpoint_id = %s"
-)
-DELETE_NULL_RESUME = _sql.DELETE_NULL_RESUME.replace("FROM writes", "FROM checkpoint_writes")
+__all__ = ["AsyncDurablePostgresSaver", "DurablePostgresSaver", "pg_sql"]
 
 # Set while `put`/`put_writes` run LangGraph's own statements, so that `_cursor` runs
 # them inside a fenced transaction of that thread.
 _FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]]] | None] = ContextVar(
     "graph_durable_pg_fenced_write", default=None
 )
-
-
-@functools.lru_cache(maxsize=256)
-def pg_sql(sql: str) -> str:
-    """A ledger statement written for SQLite, in PostgreSQL's dialect.
-
-    The ledger's statements use `?` placeholders and `INSERT OR IGNORE`; psycopg wants
-    `%s` (and a literal `%`, as in a `LIKE` pattern, doubled), and PostgreSQL
-    `ON CONFLICT DO NOTHING`.
-    """
-    out = re.sub(r"%(?!s)", "%%", sql).replace("?", "%s")
-    if out.startswith("INSERT OR IGNORE INTO"):
-        out = "INSERT INTO" + out[len("INSERT OR IGNORE INTO"):] + " ON CONFLICT DO NOTHING"
-    return out
 
 
 @contextmanager
@@ -184,21 +135,17 @@ def _read_committed(conn: Connection[Any]) -> Iterator[None]:
             conn.isolation_level = before
 
 
-def _lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, float]:
-    """`(lease row or None, server clock)` from a `LOCK_THREAD_READ_LEASE` row."""
-    owner, token, expires_at, now = row
-    return (None if owner is None else (owner, token, expires_at)), float(now)
-
-
 def _run(cur: Cursor[Any], sql: str, params: Sequence[Any] = ()) -> Cursor[Any]:
     return cur.execute(pg_sql(sql), tuple(params))
 
 
-class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, PostgresSaver):
+class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerReads, AsyncFromSync,
+                           PostgresSaver):
     """A LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
 
     Use it wherever a `PostgresSaver` goes; `EffectGuardNode` finds the ledger through
-    it. Its async methods run the sync ones (there is no async PostgreSQL twin yet).
+    it. Its async methods run the sync ones; under `ainvoke`, `AsyncDurablePostgresSaver`
+    does not block the event loop.
 
     Args:
         conn: A psycopg `Connection` (autocommit, `dict_row`) or a `ConnectionPool`.
@@ -324,7 +271,8 @@ class DurablePostgresSaver(DurableSaverMixin, SyncLedgerReads, AsyncFromSync, Po
         before anything is written, and the whole transaction rolls back on any error.
         """
         self.setup()
-        with self._own_lock(), _internal.get_connection(self.conn) as conn, _read_committed(conn):
+        with self._own_lock(), _internal.get_connection(self.conn) as conn, \
+                _read_committed(conn), self._deferred_scope():
             try:
                 with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
                     if thread_id is not None:

@@ -1,7 +1,8 @@
 """The ticket scenario: an agent opens a support ticket, then emails the customer.
 
-`build_ticket_agent` is module-level and takes only paths and modes, so a child process
-can build the same agent on the same database and providers after a crash.
+`build_ticket_agent` (and `build_ticket_agent_async`, for `ainvoke`) is module-level and
+takes only paths and modes, so a child process can build the same agent on the same
+database and providers after a crash.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from graph_durable import (
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import ProviderMode
+from graph_durable.testing.savers import SaverSpec, aopen_saver, open_saver
 
-__all__ = ["SCRIPT", "TicketAgent", "build_ticket_agent", "graph", "policy_for"]
+__all__ = ["SCRIPT", "TicketAgent", "build_ticket_agent", "build_ticket_agent_async",
+           "graph", "policy_for"]
 
 SCRIPT = [
     AIMessage(
@@ -77,13 +80,16 @@ def build_ticket_agent(
     ticket_mode: ProviderMode = "lookup",
     email_mode: ProviderMode = "dedupe",
     postgres: str | None = None,
+    saver: SaverSpec | None = None,
 ) -> TicketAgent:
     """Build the ticket agent on `db_path`, with providers kept under `provider_dir`.
 
     With `postgres` (a libpq connection string), checkpoints and ledger live in that
-    PostgreSQL database instead (`DurablePostgresSaver`), and `db_path` is unused.
+    PostgreSQL database instead (`DurablePostgresSaver`), and `db_path` is unused; with
+    `saver`, on the saver it names (`graph_durable.testing.savers`), for sync use.
     """
-    return _build(_saver(db_path, postgres), provider_dir, ticket_mode, email_mode)
+    durable = open_saver(saver, db_path) if saver is not None else _saver(db_path, postgres)
+    return _assemble(durable, provider_dir, ticket_mode, email_mode)
 
 
 def graph(saver: Any) -> Any:
@@ -93,11 +99,24 @@ def graph(saver: Any) -> Any:
     (`demo-run/providers` by default).
     """
     folder = os.environ.get("GRAPH_DURABLE_DEMO_DIR", "demo-run")
-    return _build(saver, os.path.join(folder, "providers"), "lookup", "blind").graph
+    return _assemble(saver, os.path.join(folder, "providers"), "lookup", "blind").graph
 
 
-def _build(saver: Any, provider_dir: str, ticket_mode: ProviderMode,
-           email_mode: ProviderMode) -> TicketAgent:
+async def build_ticket_agent_async(
+    db_path: str,
+    provider_dir: str,
+    ticket_mode: ProviderMode = "lookup",
+    email_mode: ProviderMode = "dedupe",
+    saver: SaverSpec | None = None,
+) -> TicketAgent:
+    """`build_ticket_agent` on an async saver, for `ainvoke`: `AsyncDurableSqliteSaver`
+    on `db_path`, or the saver `saver` names (`AsyncDurablePostgresSaver` for
+    `postgres-async`)."""
+    return _assemble(await aopen_saver(saver, db_path), provider_dir, ticket_mode, email_mode)
+
+
+def _assemble(saver: Any, provider_dir: str, ticket_mode: ProviderMode,
+              email_mode: ProviderMode) -> TicketAgent:
     os.makedirs(provider_dir, exist_ok=True)
     tickets = FakeProvider(os.path.join(provider_dir, "tickets.sqlite"), ticket_mode,
                            name="ticket")

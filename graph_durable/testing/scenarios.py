@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,11 +23,11 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
-from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.nodes import EffectGuardNode, current_effect
 from graph_durable.policy import Effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
+from graph_durable.testing.savers import SaverSpec, aopen_saver, open_saver
 
 __all__ = [
     "EffectsAgent",
@@ -45,7 +44,7 @@ class EffectsAgent:
     """A compiled scenario graph with its saver, providers and input."""
 
     graph: Any
-    saver: DurableSqliteSaver | AsyncDurableSqliteSaver
+    saver: Any
     providers: dict[str, FakeProvider]
     inputs: dict[str, Any]
 
@@ -115,8 +114,9 @@ def build_effects_agent(
     fencing: list[str] | None = None,
     flow_version: str | None = None,
     compatible_flow_versions: list[str] | None = None,
+    saver: SaverSpec | None = None,
 ) -> EffectsAgent:
-    """Build the scenario agent on a `DurableSqliteSaver`.
+    """Build the scenario agent on a `DurableSqliteSaver` (or the saver `saver` names).
 
     Args:
         db_path: The agent's SQLite database (checkpoints and ledger).
@@ -127,11 +127,12 @@ def build_effects_agent(
         approvals: Tools that need a human's approval before sending.
         fencing: Tools whose provider rejects stale fencing tokens.
         flow_version, compatible_flow_versions: As for `DurableSqliteSaver`.
+        saver: Another durable saver to run on (`graph_durable.testing.savers`), for
+            sync use; `db_path` is then unused.
     """
-    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
-                               flow_version=flow_version,
-                               compatible_flow_versions=compatible_flow_versions or ())
-    return _assemble(saver, provider_dir, turns, modes, delays, approvals, fencing)
+    durable = open_saver(saver, db_path, flow_version=flow_version,
+                         compatible_flow_versions=compatible_flow_versions or ())
+    return _assemble(durable, provider_dir, turns, modes, delays, approvals, fencing)
 
 
 async def build_effects_agent_async(
@@ -142,10 +143,13 @@ async def build_effects_agent_async(
     delays: dict[str, float] | None = None,
     approvals: list[str] | None = None,
     fencing: list[str] | None = None,
+    saver: SaverSpec | None = None,
 ) -> EffectsAgent:
-    """`build_effects_agent` on an `AsyncDurableSqliteSaver`, for `ainvoke` (same args)."""
-    saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path))
-    return _assemble(saver, provider_dir, turns, modes, delays, approvals, fencing)
+    """`build_effects_agent` on an `AsyncDurableSqliteSaver` (or the async saver `saver`
+    names), for `ainvoke` (same args)."""
+    durable = (AsyncDurableSqliteSaver(aiosqlite.connect(db_path)) if saver is None
+               else await aopen_saver(saver, db_path))
+    return _assemble(durable, provider_dir, turns, modes, delays, approvals, fencing)
 
 
 def _assemble(

@@ -266,3 +266,28 @@ def test_a_copy_of_a_crashed_thread_replays_its_sources_receipt(saver, tmp_path)
     assert result["messages"][-1].content == "done"
     assert provider.count() == 1
     assert saver.key_thread("fork") == "t"
+
+
+def test_a_rolled_back_write_keeps_its_deferred_receipt_while_another_commits(
+        postgres_conninfo) -> None:
+    """On a pool two transactions run at once, each taking its own thread's deferred
+    receipt: the one that rolls back puts its receipt back, whatever the other does."""
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(postgres_conninfo, min_size=2, max_size=2, open=True, kwargs={
+            "autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}) as pool:
+        saver = DurablePostgresSaver(pool)
+        for thread_id in ("t1", "t2"):
+            saver.claim(intent(thread_id))
+            saver.apply(TransitionWrite(thread_id=thread_id, key="k1", to=S.APPLIED,
+                                        kind="receipt", receipt={}, result="ok", defer=True))
+        config = {"configurable": {"thread_id": "t1", "checkpoint_ns": "", "checkpoint_id": "1"}}
+        with pytest.raises(RuntimeError, match="abandoned"):
+            with saver._txn("t2"):  # a write to t2 that fails after its fence
+                saver.put_writes(config, [("x", 1)], "task")
+                raise RuntimeError("abandoned")
+        assert saver.effect("k1", "t1").status is S.APPLIED
+        assert saver.effect("k1", "t2").status is S.IN_FLIGHT
+        saver.put_writes({"configurable": {**config["configurable"], "thread_id": "t2"}},
+                         [("x", 1)], "task")
+        assert saver.effect("k1", "t2").status is S.APPLIED

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ from langgraph.prebuilt import create_react_agent, tools_condition
 from langgraph.types import Command
 
 from graph_durable import (
-    DurableSqliteSaver,
     Effect,
     EffectGuardMiddleware,
     EffectGuardNode,
@@ -36,10 +35,10 @@ CALL_IDS = ["c0", "c1", "c2"]
 
 
 @pytest.fixture(params=["plain", "sealed"])
-def saver(request: pytest.FixtureRequest, tmp_path: Path) -> DurableSqliteSaver:
-    """Every approval test runs on a plain ledger and on a sealed one."""
-    return DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False),
-                              serde=ledger_serde(request.param))
+def saver(request: pytest.FixtureRequest, make_saver: Callable[..., Any]) -> Any:
+    """Every approval test runs on every durable saver (`saver_backend`), with a plain
+    ledger and with a sealed one."""
+    return make_saver(serde=ledger_serde(request.param))
 
 
 @pytest.fixture
@@ -293,7 +292,7 @@ def test_review_html_escapes_values(saver, provider) -> None:
     assert "<table" in page and "c0" in page
 
 
-def _as_earlier_release(saver: DurableSqliteSaver) -> str:
+def _as_earlier_release(saver: Any) -> str:
     """Rewrite the pending questions as an earlier release raised them: one interrupt per
     step, under the task's own LangGraph id, valued `effect_approval` with `tool`."""
     from langgraph.types import Interrupt, _interrupt_id

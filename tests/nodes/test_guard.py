@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +65,10 @@ def ledger_serde(kind: str) -> Any:
 
 
 @pytest.fixture(params=["plain", "sealed"])
-def saver(request: pytest.FixtureRequest, tmp_path: Path) -> DurableSqliteSaver:
-    """Every guard test runs on a plain ledger and on one sealed by an encrypting serde."""
-    return DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False),
-                              serde=ledger_serde(request.param))
+def saver(request: pytest.FixtureRequest, make_saver: Callable[..., Any]) -> Any:
+    """Every guard test runs on every durable saver (`saver_backend`), with a plain
+    ledger and with one sealed by an encrypting serde."""
+    return make_saver(serde=ledger_serde(request.param))
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def _disarm():
     disarm()
 
 
-def ledger_snapshot(saver: DurableSqliteSaver) -> tuple[list, list]:
+def ledger_snapshot(saver: Any) -> tuple[list, list]:
     return ([r.model_dump() for r in saver.effects()], [e.model_dump() for e in saver.events()])
 
 
@@ -327,14 +327,14 @@ def test_call_to_a_tool_the_node_does_not_have_writes_nothing(saver) -> None:
 # -- a step's calls are claimed together -----------------------------------------------------
 
 
-def test_every_intent_of_a_step_is_durable_before_any_call_is_sent(saver, tmp_path) -> None:
+def test_every_intent_of_a_step_is_durable_before_any_call_is_sent(saver, make_saver) -> None:
     seen: list[set[str]] = []
 
     @tool
     def send(to: str) -> str:
         """Send."""
         # What a process started after a crash would find: another connection's view.
-        other = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite"), serde=saver.serde)
+        other = make_saver(serde=saver.serde)
         seen.append({r.tool_call_id for r in other.effects("t", status="in_flight")})
         return f"sent to {to}"
 

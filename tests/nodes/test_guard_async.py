@@ -1,9 +1,8 @@
-"""EffectGuardNode under ainvoke with AsyncDurableSqliteSaver, async tools and lookups."""
+"""EffectGuardNode under ainvoke on every durable saver, with async tools and lookups."""
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,7 +13,6 @@ from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
 from graph_durable import (
-    AsyncDurableSqliteSaver,
     DurabilityError,
     Effect,
     EffectGuardNode,
@@ -50,9 +48,9 @@ async def run(graph: Any, value: Any = NEW) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def saver(tmp_path: Path):
-    async with AsyncDurableSqliteSaver.from_conn_string(str(tmp_path / "a.sqlite")) as saver:
-        yield saver
+async def saver(amake_saver: Callable[..., Any]) -> Any:
+    """Every async guard test runs on every durable saver (`saver_backend`)."""
+    return await amake_saver()
 
 
 @pytest.fixture(autouse=True)
@@ -84,17 +82,15 @@ async def test_async_tool_applied_then_replayed_after_a_crash(saver, tmp_path) -
     assert [r.status.value for r in await saver.aeffects("t")] == ["applied"]
 
 
-async def test_async_step_claims_every_intent_before_any_call_is_sent(saver, tmp_path) -> None:
+async def test_async_step_claims_every_intent_before_any_call_is_sent(saver, amake_saver) -> None:
     seen: list[set[str]] = []
 
     @tool
     async def send(to: str) -> str:
         """Send."""
         # Another connection's view: what a process started after a crash would find.
-        other = sqlite3.connect(tmp_path / "a.sqlite")
-        rows = other.execute("SELECT tool_call_id FROM effects WHERE status = 'in_flight'")
-        seen.append({row[0] for row in rows})
-        other.close()
+        other = await amake_saver()
+        seen.append({r.tool_call_id for r in await other.aeffects("t", status="in_flight")})
         return f"sent to {to}"
 
     calls = [call("send", {"to": to}, f"c{i}") for i, to in enumerate("xyz")]

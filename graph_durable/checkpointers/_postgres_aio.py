@@ -1,0 +1,539 @@
+"""`AsyncDurablePostgresSaver`: the async twin of `DurablePostgresSaver` (psycopg's async API).
+
+Imported from `graph_durable.checkpointers.postgres`. Same tables, same statements
+(`_pg`, `_sql`), same transaction per write: READ COMMITTED, the thread's advisory
+lock, then its fencing token and flow pin checked on the server's clock. Nothing here
+blocks the event loop: every statement is awaited, and the sync methods (for the lease
+renewer's thread, or a sync caller elsewhere) run the async ones on the saver's loop.
+
+On an `AsyncConnectionPool`, a transaction holds one pooled connection and no
+saver-wide lock, so tasks writing different threads run in parallel; writes of one
+thread that arrive together (parallel tool calls of a step) share one transaction, as
+`DurableSqliteSaver`'s group commit does. On a single `AsyncConnection`, one statement
+sequence runs at a time.
+
+The group commit (`aapply`, `aclaim_many`) is in `_postgres_aio_group`, the leases and
+the server's clock in `_postgres_aio_leases`; the statements shared with the sync saver
+in `_pg`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from contextlib import asynccontextmanager, nullcontext
+from contextvars import ContextVar
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    SerializerProtocol,
+)
+from langgraph.checkpoint.postgres import _ainternal
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from psycopg import (
+    AsyncConnection,
+    AsyncCursor,
+    DatabaseError,
+    IsolationLevel,
+    OperationalError,
+)
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row, tuple_row
+from psycopg_pool import AsyncConnectionPool
+
+from graph_durable.checkpointers import _pg, _sql
+from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
+from graph_durable.checkpointers._pg import TransactionDeferred
+from graph_durable.checkpointers._pg import arun as _run
+from graph_durable.checkpointers._postgres_aio_group import AsyncGroupCommit, _QueuedWrite
+from graph_durable.checkpointers._postgres_aio_leases import AsyncPostgresLeases
+from graph_durable.checkpointers._reads import AsyncLedgerReads
+from graph_durable.checkpointers._schema import (
+    LATEST_APPLIED,
+    PG_MIGRATIONS,
+    PG_MIGRATIONS_TABLE,
+    check_readable,
+    statements,
+)
+from graph_durable.checkpointers._twins import SyncFromAsync
+from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseLost
+from graph_durable.faults import fault_point
+from graph_durable.leases import check_fence
+from graph_durable.ledger import EffectRecord, IntentWrite, TransitionWrite
+
+__all__ = ["AsyncDurablePostgresSaver"]
+
+_FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]], bool] | None] = (
+    ContextVar("graph_durable_apg_fenced_write", default=None))
+"""Set while `aput`/`aput_writes` run LangGraph's own statements, so that `_cursor`
+runs them inside a fenced transaction of that thread."""
+
+
+
+@asynccontextmanager
+async def _setup_mutex(conn: _ainternal.Conn) -> AsyncIterator[AsyncConnection[Any]]:
+    """Hold the database-wide setup lock; yield the connection holding it (see
+    `postgres._setup_mutex`: tried, never waited for inside a statement)."""
+    async with _ainternal.get_connection(conn) as held:
+        async with held.cursor(row_factory=tuple_row) as cur:
+            while not (await (await cur.execute(_pg.TRY_LOCK_SETUP)).fetchone())[0]:
+                await asyncio.sleep(0.05)
+        try:
+            yield held
+        finally:
+            async with held.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(_pg.UNLOCK_SETUP)
+
+
+@asynccontextmanager
+async def _read_committed(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    """Begin this block's transactions READ COMMITTED (see `postgres._read_committed`)."""
+    before = conn.isolation_level
+    if before is IsolationLevel.READ_COMMITTED:
+        yield
+        return
+    await conn.set_isolation_level(IsolationLevel.READ_COMMITTED)
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            await conn.set_isolation_level(before)
+
+
+class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGroupCommit,
+                                AsyncPostgresLeases, AsyncLedgerReads, SyncFromAsync,
+                                AsyncPostgresSaver):
+    """An async LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
+
+    Use it wherever an `AsyncPostgresSaver` goes (construct it inside the event loop
+    that runs the graph); `EffectGuardNode` finds the ledger through it.
+
+    Args:
+        conn: A psycopg `AsyncConnection` (autocommit, `dict_row`) or an
+            `AsyncConnectionPool` of them.
+        serde: Serializer for checkpoints, stored tool results and, when it encrypts
+            (`EncryptedSerializer`), everything the ledger keeps about a call.
+        flow_version: Version of the graph's flow: a thread's first write pins it, and a
+            thread pinned to another version is refused (`FlowVersionMismatch`).
+        compatible_flow_versions: Other pinned versions this graph may resume.
+        key_secret: Secret the effects' keys are an HMAC under (one, or several newest
+            first to rotate); default `GRAPH_DURABLE_KEY_SECRET`, else a random secret
+            kept in the database. See `graph_durable.secrets`.
+    """
+
+    def __init__(
+        self,
+        conn: _ainternal.Conn,
+        *,
+        serde: SerializerProtocol | None = None,
+        flow_version: str | None = None,
+        compatible_flow_versions: Collection[str] = (),
+        key_secret: str | bytes | Sequence[str | bytes] | None = None,
+    ) -> None:
+        super().__init__(conn, serde=serde)
+        self._init_durable(flow_version, compatible_flow_versions, key_secret)
+        self.is_setup = False
+        self._setup_lock = asyncio.Lock()
+        self._groups: dict[str, list[_QueuedWrite]] = {}
+        self._group_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary())
+        self._server_clock: tuple[float, float] | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def from_conn_string(  # type: ignore[override]
+        cls, conn_string: str, *, flow_version: str | None = None,
+        compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
+        key_secret: str | bytes | Sequence[str | bytes] | None = None,
+    ) -> AsyncIterator[AsyncDurablePostgresSaver]:
+        """Connect to `conn_string` (a libpq string or URL) and yield a saver on it."""
+        async with await AsyncConnection.connect(
+            conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
+        ) as conn:
+            yield cls(conn, flow_version=flow_version,
+                      compatible_flow_versions=compatible_flow_versions, serde=serde,
+                      key_secret=key_secret)
+
+    @classmethod
+    async def open_read_only(
+        cls, conn_string: str, *, serde: SerializerProtocol | None = None
+    ) -> AsyncDurablePostgresSaver:
+        """A saver that only reads (see `DurablePostgresSaver.open_read_only`); close its
+        `conn` when done.
+
+        Raises:
+            GraphDurableError: the database has no graph_durable ledger, or one an older
+                graph_durable wrote that a writer has not migrated yet.
+        """
+        conn = await AsyncConnection.connect(
+            conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row,
+            connect_timeout=10, options="-c default_transaction_read_only=on")
+        try:
+            async with conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute("SELECT table_name FROM information_schema.tables "
+                                  "WHERE table_schema = current_schema()")
+                tables = {row[0] for row in await cur.fetchall()}
+                applied = -1
+                if "graph_durable_migrations" in tables:
+                    applied = (await (await cur.execute(LATEST_APPLIED)).fetchone())[0]
+            check_readable(conn_string.split("@")[-1], "AsyncDurablePostgresSaver", tables,
+                           lambda: applied, len(PG_MIGRATIONS))
+        except BaseException:
+            await conn.close()
+            raise
+        saver = cls(conn, serde=serde)
+        saver.is_setup = True  # the schema is there; creating or migrating is not ours
+        saver._lenient = True
+        return saver
+
+    # -- schema ------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Create LangGraph's tables and apply pending ledger migrations (safe to repeat).
+
+        Called on first use too; concurrent first calls from several processes are
+        serialized by an advisory lock, and the whole setup runs on the connection
+        holding it (a pool of one connection would otherwise wait for a second).
+        """
+        if self.is_setup:
+            return
+        async with self._setup_lock:
+            if self.is_setup:
+                return
+            pool = self.conn
+            async with _setup_mutex(pool) as held:
+                self.conn = held
+                try:
+                    await super().setup()
+                    await self._migrate()
+                finally:
+                    self.conn = pool
+            self.is_setup = True
+
+    async def _migrate(self) -> None:
+        async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
+            async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+                await cur.execute(PG_MIGRATIONS_TABLE)
+                await cur.execute("SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations")
+                applied = (await cur.fetchone())[0]
+                for version in range(applied + 1, len(PG_MIGRATIONS)):
+                    for statement in statements(PG_MIGRATIONS[version]):
+                        await cur.execute(statement)
+                    await cur.execute("INSERT INTO graph_durable_migrations (v, applied_at) "
+                                      "VALUES (%s, %s)", (version, time.time()))
+                await _run(cur, _sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
+
+    def _own_lock(self) -> Any:
+        """The saver's lock on a single connection (one statement sequence at a time);
+        nothing on a pool, where each transaction has a connection of its own."""
+        return nullcontext() if isinstance(self.conn, AsyncConnectionPool) else self.lock
+
+    @asynccontextmanager
+    async def _txn(
+        self, thread_id: str | None = None, config: RunnableConfig | None = None, *,
+        writing: str | None = None, pipelined: bool = False,
+    ) -> AsyncIterator[AsyncCursor[Any]]:
+        """One write transaction; with `thread_id`, locked, fenced and flow-pinned first
+        (see `DurablePostgresSaver._txn`). Yields a tuple-row cursor. `writing` names
+        the thread written, for errors, when the caller fences it itself.
+
+        `pipelined` sends the statements in pipeline mode: the results a decision needs
+        are fetched as they are needed, the rest goes with the commit."""
+        writing = thread_id or writing
+        await self.setup()
+        async with self._own_lock(), _ainternal.get_connection(self.conn) as conn, \
+                _read_committed(conn):
+            with self._deferred_scope():
+                try:
+                    async with conn.pipeline() if pipelined else nullcontext(), \
+                            conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+                        if thread_id is not None:
+                            await self._check_write_txn(cur, thread_id, config)
+                        yield cur
+                except OperationalError as exc:
+                    self._deferred_rolled_back()
+                    if not conn.broken:
+                        raise
+                    raise self._unavailable(exc, writing) from exc
+                except BaseException:
+                    self._deferred_rolled_back()
+                    raise
+                else:
+                    self._deferred_committed()
+
+    @asynccontextmanager
+    async def _one_trip(self, thread_id: str,
+                        config: RunnableConfig | None) -> AsyncIterator[AsyncCursor[Any]]:
+        """A fenced write of a thread with no deferred receipt to carry and a known flow
+        pin, in one round trip: `BEGIN`, the fence checked on the server (`_pg.FENCE`,
+        after the thread's lock), the block's statements and `COMMIT` are sent together
+        in pipeline mode. A refused fence aborts the transaction, so nothing sent after
+        it commits; the refusal is then explained from the lease row."""
+        await self.setup()
+        async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
+            try:
+                async with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
+                    await cur.execute(_pg.BEGIN_READ_COMMITTED)
+                    await cur.execute(_pg.FENCE, (thread_id, actor_of(config)[1]))
+                    yield cur
+                    await cur.execute("COMMIT")
+            except BaseException as exc:
+                if not conn.closed and not conn.broken \
+                        and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                    await conn.rollback()
+                if isinstance(exc, DatabaseError) and exc.sqlstate == _pg.FENCE_REFUSED:
+                    await self._refused_by_fence(conn, thread_id, config)
+                if isinstance(exc, OperationalError) and conn.broken:
+                    raise self._unavailable(exc, thread_id) from exc
+                raise
+
+    @staticmethod
+    def _unavailable(exc: BaseException, writing: str | None) -> DatabaseUnavailable:
+        return DatabaseUnavailable(
+            f"The connection to PostgreSQL broke under a write"
+            f"{f' to thread {writing!r}' if writing else ''} "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())}). It was not committed, "
+            "unless the break hit its COMMIT; nothing is lost: run the thread again "
+            "(resume it, or recover()) and its ledger reconciles it. An "
+            "AsyncConnectionPool replaces the broken connection.",
+            thread_id=writing)
+
+    async def _refused_by_fence(self, conn: AsyncConnection[Any], thread_id: str,
+                                config: RunnableConfig | None) -> None:
+        """Raise what the server's fence refused a write for (`check_fence`'s error)."""
+        async with conn.cursor(row_factory=tuple_row) as cur:
+            await cur.execute(_pg.SELECT_LEASE_WITH_CLOCK, (thread_id,))
+            row, now = _pg.lease_and_clock(await cur.fetchone())
+        token = actor_of(config)[1]
+        check_fence(row, thread_id, token, self._saw_clock(now))
+        raise LeaseLost(  # the lease changed again since: the fence refused the old one
+            f"Write to thread {thread_id!r} with fencing token {token} was refused: the "
+            "thread's lease was taken or ended meanwhile. Its write was rejected; stop this "
+            "run.", thread_id=thread_id, token=token)
+
+    def _has_deferred(self, thread_id: str) -> bool:
+        with self._deferred_lock:
+            return bool(self._deferred.get(thread_id))
+
+    @asynccontextmanager
+    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[Any]]:
+        """LangGraph's cursor (without a saver-wide lock on a pool); for the writes of
+        `aput`/`aput_writes`, a fenced transaction's."""
+        fenced = _FENCED_WRITE.get() if pipeline else None
+        if fenced is None:
+            async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
+                async with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                    yield cur
+            return
+        thread_id, config, after, may_trip = fenced
+        one_trip = may_trip and not (self._has_deferred(thread_id)
+                                     or self._needs_flow_check(thread_id))
+        async with (self._one_trip(thread_id, config) if one_trip
+                    else self._txn(thread_id, config, pipelined=True)) as ledger_cur:
+            async with ledger_cur.connection.cursor(binary=True, row_factory=dict_row) as cur:
+                yield cur
+            for statement in after():
+                await _run(ledger_cur, *statement)
+
+    @asynccontextmanager
+    async def _fenced(self, config: RunnableConfig, after: Callable[[], list[Any]] = list,
+                      *, one_trip: bool = True) -> AsyncIterator[None]:
+        """Run LangGraph's writes in a fenced transaction, then `after()`'s statements.
+
+        `one_trip=False` when `after()` must be asked once the thread's lock is held:
+        a resume value's save asks whether a decision batch consumed it meanwhile (see
+        `_resume_consumed`), and in one round trip it would ask before the lock."""
+        await self.setup()
+        token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config, after,
+                                   one_trip))
+        try:
+            yield
+        finally:
+            _FENCED_WRITE.reset(token)
+
+    # -- checkpoints: LangGraph's behaviour, fenced -------------------------------------
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """List checkpoints, newest first (read before yielding: safe to nest calls)."""
+        await self.setup()
+        items = [item async for item in super().alist(config, filter=filter, before=before,
+                                                      limit=limit)]
+        for item in items:
+            yield item
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Fetch a checkpoint tuple (see `AsyncPostgresSaver.aget_tuple`)."""
+        await self.setup()
+        return await super().aget_tuple(config)
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Save a checkpoint, fenced and flow-pinned in the same transaction."""
+        fault_point("before_put")
+        async with self._fenced(config):
+            stored = await super().aput(config, checkpoint, metadata, new_versions)
+        self._remember_stored(stored)
+        fault_point("after_put")
+        return stored
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
+        fault_point("before_put_writes")
+
+        def late() -> list[Any]:
+            return [(_pg.DELETE_NULL_RESUME, params)
+                    for _, params in self._late_resume(config, writes, task_id)]
+
+        carries_resume = task_id == _sql.NULL_TASK_ID and any(
+            channel == _sql.RESUME_CHANNEL for channel, _ in writes)
+        async with self._fenced(config, late, one_trip=not carries_resume):
+            await super().aput_writes(config, writes, task_id, task_path)
+        fault_point("after_put_writes")
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete the thread's checkpoints, blobs, writes, effects, events and flow pin."""
+        self._forget_stored()
+        async with self._txn() as cur:
+            for statement in (*_pg.DELETE_THREAD_CHECKPOINTS, *_sql.DELETE_THREAD_LEDGER):
+                await _run(cur, statement, (str(thread_id),))
+        self._flow_checked.discard(str(thread_id))
+        self._forget_deferred(str(thread_id))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) created by these runs; keep the ledger."""
+        self._forget_stored()
+        async with self._txn() as cur:
+            await cur.execute(_pg.SELECT_RUN_CHECKPOINTS, ([str(r) for r in run_ids],))
+            for row in await cur.fetchall():
+                await cur.execute(_pg.DELETE_CHECKPOINT, row)
+                await cur.execute(_pg.DELETE_CHECKPOINT_WRITES, row)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy checkpoints, blobs, writes, effects and events of one thread to another;
+        the copy's effects keep the keys of the thread it came from."""
+        params = (str(target_thread_id), str(source_thread_id))
+        async with self._txn() as cur:
+            await self._flush_deferred(cur, str(source_thread_id))
+            for statement in _pg.COPY_THREAD_CHECKPOINTS:
+                await cur.execute(statement, params)
+            for statement in _sql.COPY_THREAD_LEDGER:
+                await _run(cur, statement, params)
+            await _run(cur, _sql.UPSERT_ORIGIN, self._origin_params(*reversed(params)))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune checkpoints: `keep_latest` keeps the newest per namespace (LangGraph's
+        rules) and the whole ledger; `delete` is `adelete_thread`."""
+        if isinstance(thread_ids, str):
+            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+        self._forget_stored()
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                await self.adelete_thread(thread_id)
+            return
+        await self.setup()
+        await super().aprune(thread_ids, strategy=strategy)
+
+    # -- fencing and ledger writes inside a transaction --------------------------------
+
+    async def _check_write_txn(
+        self, cur: AsyncCursor[Any], thread_id: str, config: RunnableConfig | None
+    ) -> None:
+        """Lock the thread, fence, pin, and commit its deferred receipts with this write."""
+        await cur.execute(_pg.LOCK_THREAD_READ_LEASE, (thread_id,))
+        row, now = _pg.lease_and_clock(await cur.fetchone())
+        check_fence(row, thread_id, actor_of(config)[1], self._saw_clock(now))
+        if self._needs_flow_check(thread_id):
+            pinned = await (await _run(cur, _sql.SELECT_FLOW_VERSION, (thread_id,))).fetchone()
+            for sql, params in self._flow_statements(pinned, thread_id):
+                await _run(cur, sql, params)
+        await self._flush_deferred(cur, thread_id)
+
+    async def _flush_deferred(self, cur: AsyncCursor[Any], thread_id: str) -> None:
+        for write, write_config in self._take_deferred(thread_id):
+            try:
+                await self._apply_one_txn(cur, write, actor_of(write_config))
+            except IllegalTransition as refused:
+                self._refused_deferred(write, refused)
+
+    async def _apply_one_txn(
+        self, cur: AsyncCursor[Any], one: IntentWrite | TransitionWrite,
+        actor: tuple[str | None, int | None],
+    ) -> EffectRecord:
+        async def recorded() -> EffectRecord:
+            await _run(cur, _sql.SELECT_EFFECT, (one.thread_id, one.key))
+            return self._record(await cur.fetchone())
+
+        if isinstance(one, IntentWrite):
+            (inherit, inherited), (insert, *after), record = self._plan_intent(one, actor)
+            if await _pg.arun_counted(cur, *inherit) == 1:
+                await _run(cur, *inherited)
+                raise IntentExists(await recorded())
+            if await _pg.arun_counted(cur, *insert) == 0:
+                # The key is already known: the intent stands, report what is recorded.
+                raise IntentExists(await recorded())
+            for statement in after:
+                await _run(cur, *statement)
+            return record
+        now = time.time()
+        rows = await (await _run(cur, *self._plan_update(one, now))).fetchall()
+        if not rows:
+            await _run(cur, _sql.SELECT_EFFECT, (one.thread_id, one.key))
+            raise _sql.refusal(await cur.fetchone(), thread_id=one.thread_id, key=one.key,
+                               to=one.to)
+        record = self._record(rows[0])
+        await _run(cur, *self._transition_event(record, one, now, actor))
+        return record
+
+    async def arecord_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str,
+                               node: str, kind: str) -> None:
+        """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
+        async with self._txn() as cur:
+            await _run(cur, _sql.INSERT_TASK_RUN,
+                       (str(thread_id), run_id, checkpoint_ns, node, kind, time.time()))
+
+    # -- the ledger ----------------------------------------------------------------------
+
+    async def _aquery(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Every row of one read (the reads are in `AsyncLedgerReads`); a read whose
+        pooled connection broke is tried once more on a fresh one."""
+        await self.setup()
+        try:
+            return await self._read_rows(sql, params)
+        except OperationalError as exc:
+            if not isinstance(self.conn, AsyncConnectionPool):
+                raise DatabaseUnavailable(
+                    f"The connection to PostgreSQL broke under a read ({type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())}); reconnect the saver, then try again.") from exc
+        return await self._read_rows(sql, params)  # the pool has dropped the broken one
+
+    async def _read_rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
+            async with conn.cursor(row_factory=tuple_row) as cur:
+                await _run(cur, sql, params)
+                return await cur.fetchall()
+

@@ -1,0 +1,127 @@
+"""Leases of `AsyncDurablePostgresSaver`, on the server's clock (see `DurablePostgresSaver`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from graph_durable.checkpointers import _pg, _sql
+from graph_durable.checkpointers._pg import arun as _run
+from graph_durable.errors import LeaseHeld
+from graph_durable.leases import Lease, register, unregister
+
+__all__ = ["AsyncPostgresLeases"]
+
+
+class AsyncPostgresLeases:
+    """Mixin: take, renew and release leases, and read the server's clock; needs the
+    saver's `_txn`, `_aquery`, `_sync`, `_new_lease` and `loop`."""
+
+    _server_clock: tuple[float, float] | None = None
+    """The server's clock as last read, against this process's monotonic clock."""
+
+    def _saw_clock(self, now: float) -> float:
+        self._server_clock = (now, time.monotonic())
+        return now
+
+    @asynccontextmanager
+    async def alease(self, thread_id: str, owner: str, ttl: float = 30.0, *,
+                     wait: bool = True) -> AsyncIterator[Lease]:
+        """Hold `thread_id` as `owner` while the block runs, renewing every `ttl / 3`
+        (see `lease`; `wait=False` does not wait for a thread being written).
+
+        Raises:
+            LeaseHeld: another owner's lease on the thread is live.
+        """
+        lease = await (self.aacquire_lease if wait else self.atry_acquire_lease)(
+            thread_id, owner, ttl)
+        register(lease)
+        lease.start_renewing(self.renew_lease)
+        try:
+            yield lease
+        finally:
+            lease.stop_renewing()
+            unregister(lease)
+            await self.arelease_lease(lease)
+
+    async def aacquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
+        """Take the thread with a new, higher fencing token; expiry on the server's clock."""
+        return await self._acquire(str(thread_id), owner, ttl, wait=True)
+
+    async def atry_acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
+        """`aacquire_lease` without waiting while another worker writes the thread.
+
+        Raises:
+            LeaseHeld: the thread is being written right now, or its lease is live.
+        """
+        return await self._acquire(str(thread_id), owner, ttl, wait=False)
+
+    def try_acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
+        """Sync `atry_acquire_lease`."""
+        return self._sync(self.atry_acquire_lease(thread_id, owner, ttl))
+
+    async def _acquire(self, thread_id: str, owner: str, ttl: float, *, wait: bool) -> Lease:
+        started = time.monotonic()
+        async with self._txn() as cur:
+            if not wait:
+                await cur.execute(_pg.TRY_LOCK_THREAD, (thread_id,))
+                if not (await cur.fetchone())[0]:
+                    raise LeaseHeld(
+                        f"Thread {thread_id!r} is being written by another worker right "
+                        "now; passed by (try again later).",
+                        thread_id=thread_id, holder="(another worker, writing)",
+                        expires_at=0.0)
+            await cur.execute(_pg.LOCK_THREAD_READ_LEASE, (thread_id,))
+            row, now = _pg.lease_and_clock(await cur.fetchone())
+            lease, statement = self._new_lease(row, thread_id, owner, ttl,
+                                               now=self._saw_clock(now), started=started)
+            await _run(cur, *statement)
+        return lease
+
+    async def arenew_lease(self, lease: Lease) -> bool:
+        """Extend a live lease by its ttl on the server's clock; `False` if it expired or
+        was taken over."""
+        started = time.monotonic()
+        async with self._txn() as cur:
+            await cur.execute(_pg.LOCK_THREAD, (lease.thread_id,))
+            await cur.execute(_pg.RENEW_LEASE_AT, (lease.ttl, lease.thread_id, lease.token))
+            row = await cur.fetchone()
+        if row is not None:
+            lease.extended(row[0], started)
+        return row is not None
+
+    async def arelease_lease(self, lease: Lease) -> None:
+        """End a lease now (a no-op if another owner has taken the thread since)."""
+        async with self._txn() as cur:
+            await cur.execute(_pg.LOCK_THREAD, (lease.thread_id,))
+            await _run(cur, _sql.RELEASE_LEASE, (lease.thread_id, lease.token))
+
+    async def aclock(self) -> float:
+        """The server's clock (Unix time), which leases are judged by."""
+        [(now,)] = await self._aquery(_pg.NOW)
+        return self._saw_clock(float(now))
+
+    def clock(self) -> float:
+        """The server's clock: read from another thread; on the event loop (which must
+        not wait), the clock as last read plus the time elapsed since on this process's
+        monotonic clock (`alive_leases` reads it with the leases)."""
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            on_loop = False
+        if not on_loop:
+            return self._sync(self.aclock())
+        if self._server_clock is None:
+            return time.time()
+        now, at = self._server_clock
+        return now + (time.monotonic() - at)
+
+    async def alive_leases(self) -> dict[str, tuple[str, int, float]]:
+        """`{thread_id: (owner, token, expires_at)}` of every lease live by the server's
+        clock."""
+        rows = await self._aquery(_pg.SELECT_LIVE_LEASES_WITH_CLOCK)
+        self._saw_clock(float(rows[0][4]))
+        return {thread_id: (owner, token, expires)
+                for thread_id, owner, token, expires, _ in rows if thread_id is not None}
