@@ -29,14 +29,15 @@ demo: $(STAMP)
 # Every test on the newest releases (but the long sweeps), then the guard's own tests on
 # the oldest supported releases.
 test: $(STAMP) $(FLOOR_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not sweep"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not sweep and not backends"
 	GRAPH_DURABLE_EXPECT_FLOOR=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-		$(FLOOR_TESTS)
+		-m "not backends" $(FLOOR_TESTS)
 
 # The long sweeps (marker `sweep`): the explorer's 300 episodes, races and many-worker
-# recoveries. CI runs them after make test.
+# recoveries; and the saver-parametrised tests on PostgreSQL (marker `backends`). CI runs
+# them after make test.
 test-sweeps: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m sweep
+	$(PY) -m pytest -q -p no:cacheprovider -m "sweep or backends"
 
 # Run every notebook in a real kernel and store it with its outputs (they are committed
 # with them; make test checks each one still runs).

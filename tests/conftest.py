@@ -6,7 +6,7 @@ on it. The binaries are required: without them the fixtures fail, they do not sk
 
 `saver_backend` parametrises a test over every durable saver
 (`graph_durable.testing.savers.BACKENDS`): SQLite, PostgreSQL, and async PostgreSQL on
-a pool. A test opens its savers with `make_saver` (sync use) or `amake_saver` (on the
+a pool (those two marked `backends`). A test opens its savers with `make_saver` (sync use) or `amake_saver` (on the
 test's event loop), and passes `saver_spec` to scenario factories a child process runs.
 """
 
@@ -50,9 +50,13 @@ def postgres_conninfo(postgres_server: PostgresServer) -> str:
     return postgres_server.create_database(f"gd_test_{next(_database_numbers)}")
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=[backend if backend == "sqlite" else
+                        pytest.param(backend, marks=pytest.mark.backends)
+                        for backend in BACKENDS])
 def saver_backend(request: pytest.FixtureRequest) -> str:
-    """The durable saver this run of the test is on (one run per backend)."""
+    """The durable saver this run of the test is on (one run per backend). The runs on
+    PostgreSQL are marked `backends`: `make test-sweeps` runs them (CI runs both), so
+    that `make test` stays under ten minutes; PostgreSQL's own tests stay in it."""
     return request.param
 
 
