@@ -145,8 +145,12 @@ def test_bad_inputs_get_one_line_a_nonzero_exit_and_change_nothing(tmp_path: Pat
         (["status", "--db", "postgresql://ops:hunter2@127.0.0.1:1/none"], 2, "cannot reach"),
     ]
     before = _bytes_of(tmp_path)
-    for args, code, says in bad:
-        result = cli(*args, env=env)
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Read-only or refused, none of them writes: run them two at a time (two cores).
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda one: cli(*one[0], env=env), bad))
+    for (args, code, says), result in zip(bad, results, strict=True):
         lines = result.stderr.strip().splitlines()
         assert result.returncode == code, (args, result.stderr)
         assert len(lines) == 1 and says in lines[0] and "Traceback" not in result.stderr, (

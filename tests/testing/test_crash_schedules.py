@@ -49,6 +49,7 @@ def test_the_scenario_has_five_effects(reference: Reference) -> None:
     assert len(reference.points) > 40
 
 
+@pytest.mark.sweep  # schedules of crashes: a sweep (make test-sweeps, which CI runs)
 @settings(derandomize=True, max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(schedule=st.lists(crashes, min_size=1, max_size=3))
