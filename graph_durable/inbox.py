@@ -22,14 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from graph_durable._langgraph import ERROR, INTERRUPT, RESUME
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite, WriteBatch
 from graph_durable.nodes.decisions import check_decision
+from graph_durable.recovery import open_interrupts
+from graph_durable.review import _KINDS
 
 __all__ = ["InboxItem", "inbox", "record_decisions"]
 
-_KINDS = {"tool_approval": "approval", "effect_approval": "approval", "effect_unknown": "unknown"}
 
 
 @dataclass(frozen=True)
@@ -67,15 +67,7 @@ class InboxItem:
 def _interrupts(saver: Any, thread_id: str) -> list[Any]:
     """The interrupts the thread's latest root checkpoint holds and no task answered."""
     latest = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
-    if latest is None:
-        return []
-    finished = {w[0] for w in latest.pending_writes if w[1] not in (INTERRUPT, RESUME, ERROR)}
-    found = []
-    for task_id, channel, value in latest.pending_writes:
-        if channel != INTERRUPT or task_id in finished:
-            continue
-        found.extend(value if isinstance(value, list | tuple) else [value])
-    return found
+    return [] if latest is None else open_interrupts(latest)
 
 
 def inbox(saver: Any, thread_id: str | None = None) -> list[InboxItem]:

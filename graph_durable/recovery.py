@@ -83,7 +83,7 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
     # (ledger) and interrupting (checkpoint) left an orphan that must be resumed to ask.
     # An interrupt whose task has since written its results was answered: the worker
     # stopped before the next checkpoint.
-    finished = {w[0] for w in latest.pending_writes if w[1] not in (INTERRUPT, RESUME, ERROR)}
+    finished = _finished_tasks(latest)
     interrupts = [w for w in latest.pending_writes if w[1] == INTERRUPT and w[0] not in finished]
     if interrupts and _all_answered(saver, thread_id, interrupts):
         return ThreadStatus(thread_id, "orphaned",
@@ -111,6 +111,21 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
                             f"has next steps {list(nxt)}, no pending interrupt and no live "
                             "lease: its worker stopped; resume it (recover)", nxt)
     return ThreadStatus(thread_id, "done", "ran to its end")
+
+
+def _finished_tasks(latest: Any) -> set[str]:
+    """Tasks of a checkpoint that wrote their results (an interrupt of theirs is answered)."""
+    return {w[0] for w in latest.pending_writes if w[1] not in (INTERRUPT, RESUME, ERROR)}
+
+
+def open_interrupts(latest: Any) -> list[Any]:
+    """The interrupts a checkpoint tuple holds that no task has answered since."""
+    finished = _finished_tasks(latest)
+    found: list[Any] = []
+    for task_id, channel, value in latest.pending_writes:
+        if channel == INTERRUPT and task_id not in finished:
+            found.extend(value if isinstance(value, list | tuple) else [value])
+    return found
 
 
 def _cancelled_status(saver: Any, thread_id: str, canceller: str, nxt: tuple[str, ...],
