@@ -16,8 +16,9 @@ stops. No running server, Docker or network access is needed:
 - Binaries: the directory named by ``GRAPH_DURABLE_PG_BIN``, else ``pg_config
   --bindir``, else the newest ``/usr/lib/postgresql/*/bin`` (see `find_postgres_bin`).
 - Settings are modest (50 connections, 64 MB shared buffers) and durability settings
-  keep their defaults (``fsync`` and ``synchronous_commit`` on); only ``initdb`` runs
-  with ``--no-sync``, since a lost template cluster costs nothing.
+  keep their defaults (``fsync`` and ``synchronous_commit`` on) while it runs; only
+  ``initdb`` runs with ``--no-sync``, and `stop()` is an immediate shutdown, since the
+  folder is removed right after.
 - Authentication is ``trust`` for user ``postgres``; the server listens on 127.0.0.1
   only and on a unix socket inside its temporary folder.
 - PostgreSQL refuses to run as root. When the tests run as root, the binaries run as the
@@ -347,7 +348,7 @@ class PostgresServer:
         return self
 
     def stop(self) -> None:
-        """Stop the server (fast shutdown) and remove its folder; never raises."""
+        """Stop the server (immediate shutdown) and remove its folder; never raises."""
         with _live_lock:
             _live_servers.discard(self)
         if not self._running:
@@ -507,17 +508,20 @@ class PostgresServer:
     # ----------------------------------------------------------------------- shutdown
 
     def _shutdown(self) -> None:
-        """pg_ctl stop -m fast, else -m immediate, else SIGKILL; never raises."""
+        """pg_ctl stop -m immediate, else SIGKILL; never raises.
+
+        Immediate: the folder is removed next, so the shutdown checkpoint a fast stop
+        writes (every database of the session flushed and fsynced, about 20 s after a
+        full test run) would be thrown away."""
         if self._tmp is None or self._postmaster_pid() is None:
             return
-        for mode in ("fast", "immediate"):
-            try:
-                self._run("pg_ctl", "stop", "-D", self.data_dir, "-m", mode, "-w",
-                          "-t", "30", timeout=60)
-            except (OSError, subprocess.SubprocessError):
-                pass
-            if self._postmaster_pid() is None:
-                return
+        try:
+            self._run("pg_ctl", "stop", "-D", self.data_dir, "-m", "immediate", "-w",
+                      "-t", "30", timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        if self._postmaster_pid() is None:
+            return
         pid = self._postmaster_pid()
         if pid is not None:  # backends exit on their own once the postmaster is gone
             try:
