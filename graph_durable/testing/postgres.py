@@ -369,6 +369,16 @@ class PostgresServer:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         return _conninfo(self.port, name)
 
+    def drop_database(self, name: str) -> None:
+        """Drop database `name`, closing any session still on it (its files are freed at
+        once, rather than all at `stop()`); a missing database is not an error."""
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                         .format(sql.Identifier(name)))
+
     def __enter__(self) -> PostgresServer:
         return self.start()
 
