@@ -26,18 +26,23 @@ $(FLOOR_STAMP): pyproject.toml requirements/floor.txt
 demo: $(STAMP)
 	$(PY) -m graph_durable.demo
 
-# Every test on the newest releases (but the long sweeps), then the guard's own tests on
-# the oldest supported releases.
+# Tests run on TEST_WORKERS processes (pytest-xdist), handed out one at a time.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist load --maxschedchunk 1
+
+# Every test on the newest releases (but the long sweeps), with the explorer's 300
+# episodes and the 4-worker PostgreSQL recovery; then the guard's own tests on the
+# oldest supported releases.
 test: $(STAMP) $(FLOOR_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not sweep and not backends"
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not sweep and not backends"
 	GRAPH_DURABLE_EXPECT_FLOOR=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		-m "not backends" $(FLOOR_TESTS)
 
-# The long sweeps (marker `sweep`): the explorer's 300 episodes, races and many-worker
-# recoveries; and the saver-parametrised tests on PostgreSQL (marker `backends`). CI runs
-# them after make test.
+# The long sweeps (marker `sweep`): races of two workers on fifty orphans and generated
+# crash schedules; and the saver-parametrised tests on PostgreSQL (marker `backends`).
+# CI runs them after make test.
 test-sweeps: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "sweep or backends"
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "sweep or backends"
 
 # Run every notebook in a real kernel and store it with its outputs (they are committed
 # with them; make test checks each one still runs).

@@ -32,6 +32,12 @@ from graph_durable.testing.savers import (
 _database_numbers = itertools.count(1)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked `long` run first (else in their order): `make test` hands tests to
+    its workers one at a time, so a long one started last would run on alone."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """A running PostgreSQL server shared by the whole session, stopped at its end."""

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from graph_durable import DurableSqliteSaver
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
 from graph_durable.testing.child import run_child
@@ -91,6 +93,7 @@ def _bytes_of(folder: Path) -> dict[str, bytes]:
             if p.is_file() and not p.name.endswith(("-shm", "-wal"))}
 
 
+@pytest.mark.long
 def test_bad_inputs_get_one_line_a_nonzero_exit_and_change_nothing(tmp_path: Path) -> None:
     import sqlite3
 

@@ -75,6 +75,7 @@ def test_the_listed_statuses_are_the_librarys() -> None:
     assert EFFECT_STATUSES == tuple(s.value for s in EffectStatus)
 
 
+@pytest.mark.long
 def test_the_inbox_lists_every_waiting_call_across_threads_without_a_graph(tmp_path: Path) -> None:
     db, _ = _database(tmp_path)
     before = _bytes_of(tmp_path)

@@ -28,6 +28,7 @@ def lines_matching(pattern: str, output: str) -> list[str]:
     return [line for line in output.splitlines() if re.fullmatch(pattern, line.strip())]
 
 
+@pytest.mark.long
 @pytest.mark.crash
 def test_demo_kills_resumes_and_counts_each_effect_once(tmp_path: Path) -> None:
     workdir = tmp_path / "run"

@@ -120,6 +120,7 @@ def test_committed_notebook_names_no_machine_path(path: Path) -> None:
     assert not found, f"{path.name} names folders of the machine that ran it: {found}"
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, kernel_dir: Path, monkeypatch: pytest.MonkeyPatch,
                        tmp_path: Path) -> None:

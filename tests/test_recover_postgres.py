@@ -27,7 +27,7 @@ import pytest
 from graph_durable.testing import FaultPlan, InjectedCrash, arm, disarm
 
 pytest.importorskip("psycopg")
-pytestmark = [pytest.mark.crash, pytest.mark.sweep]
+pytestmark = pytest.mark.crash
 
 THREADS = 200
 WORKERS = 4
@@ -70,6 +70,7 @@ def orphan_threads(conninfo: str, provider_dir: str) -> None:
         agent.saver.conn.close()
 
 
+@pytest.mark.long
 def test_four_workers_recover_two_hundred_threads_one_killed_mid_sweep(
         postgres_conninfo: str, tmp_path) -> None:
     from graph_durable.checkpointers.postgres import DurablePostgresSaver

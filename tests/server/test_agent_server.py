@@ -97,6 +97,7 @@ async def _interrupts(client: Any, thread_id: str) -> list[dict[str, Any]]:
     return list(state.get("interrupts") or [])
 
 
+@pytest.mark.long
 def test_approval_and_a_server_killed_mid_effect(app: Path) -> None:
     kill_after_email = FaultPlan("after_effect", tool="send_receipt", action="kill")
     server = Server(app, env=kill_after_email.to_env())

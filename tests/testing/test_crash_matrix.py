@@ -86,6 +86,7 @@ def during_its_own_recovery(first: CrashPoint, second: CrashPoint) -> bool:
     return first.tool == second.tool
 
 
+@pytest.mark.long
 def test_ticket_lookup_every_guard_point_and_pair() -> None:
     report = crash_matrix(TICKET, ticket("lookup"), points=GUARD_POINTS,
                           pairs=during_its_own_recovery, workers=WORKERS)
@@ -98,6 +99,7 @@ def test_ticket_lookup_every_guard_point_and_pair() -> None:
     assert not any(row.pauses for row in report.rows)
 
 
+@pytest.mark.long
 def test_three_parallel_calls_one_needing_approval() -> None:
     kwargs = {"turns": [[["alpha", "a"], ["beta", "b"], ["gamma", "c"]]],
               "modes": {"alpha": "dedupe", "beta": "lookup", "gamma": "blind"},
@@ -112,6 +114,7 @@ def test_three_parallel_calls_one_needing_approval() -> None:
         "p1:after_intent(gamma)#1")].pauses == ["tool_approval", "effect_unknown"]
 
 
+@pytest.mark.long
 def test_create_agent_with_the_middleware_one_task_per_call() -> None:
     kwargs = {"turns": [[["alpha", "a"], ["beta", "b"]]],
               "modes": {"alpha": "lookup", "beta": "blind"}}

@@ -88,6 +88,7 @@ def test_fork_server_children_are_real_processes_killed_by_sigkill(tmp_path: Pat
     assert resumed.exitcode == 0 and resumed.result["done"], resumed.error
 
 
+@pytest.mark.long
 def test_the_explorer_detects_a_planted_bug(tmp_path: Path) -> None:
     result = replay(planted_bug_episode(), directory=str(tmp_path / "one"))
     assert not result.ok
@@ -126,7 +127,7 @@ def test_the_command_line_replays_a_seed_and_an_episode(tmp_path: Path) -> None:
     assert "DUPLICATE" in failing.stdout
 
 
-@pytest.mark.sweep
+@pytest.mark.long
 def test_stable_paths_keep_every_invariant(tmp_path: Path) -> None:
     report = explore(EXPLORER_EPISODES, EXPLORER_SEED, workers=2, directory=str(tmp_path))
     print(report.render())
