@@ -10,14 +10,27 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers._base import actor_of
+from graph_durable.errors import DatabaseUnavailable
+from graph_durable.ledger import EffectRecord, TransitionWrite
 
-__all__ = ["TransactionDeferred", "arun", "arun_counted", "lease_and_clock", "pg_sql"]
+__all__ = [
+    "TransactionDeferred",
+    "arun",
+    "arun_counted",
+    "broke_under_write",
+    "carried_transition",
+    "claim_call",
+    "lease_and_clock",
+    "pg_sql",
+]
 
 LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 """Serializes the writes of one thread across connections until the transaction ends."""
@@ -49,6 +62,9 @@ FENCE = "SELECT graph_durable_fence(%s, %s)"
 """`LOCK_THREAD`, then the fence checked on the server: raises `FENCE_REFUSED` if the
 write must not commit (PostgreSQL migration 7)."""
 FENCE_REFUSED = "GD001"
+CLAIM = "SELECT * FROM graph_durable_claim(" + ", ".join(["%s"] * 13) + ")"
+"""Claim a step's intents in one statement (PostgreSQL migration 8): one row per intent,
+in order, `(claimed, *EFFECT_COLUMNS)`; see `claim_call`."""
 SELECT_LEASE_WITH_CLOCK = (
     "SELECT l.owner, l.token, l.expires_at, n.now_at FROM (SELECT "
     "extract(epoch FROM clock_timestamp())::DOUBLE PRECISION AS now_at) n "
@@ -106,6 +122,57 @@ def pg_sql(sql: str) -> str:
     if out.startswith("INSERT OR IGNORE INTO"):
         out = "INSERT INTO" + out[len("INSERT OR IGNORE INTO"):] + " ON CONFLICT DO NOTHING"
     return out
+
+
+def claim_call(
+    thread_id: str, planned: Sequence[tuple[list[_sql.Statement], EffectRecord]],
+    actor: tuple[str | None, int | None],
+) -> _sql.Statement:
+    """`CLAIM` for intents planned by `_plan_intent` (their inherit statements left out:
+    the function applies the same rules). Each plan is the intent's insert, its journal
+    entry and maybe its key-scheme pin, in `_sql.plan_intent`'s order."""
+    columns: list[list[Any]] = [[] for _ in range(10)]
+    for plan, _record in planned:
+        insert, event, *pin = plan
+        _, key, ns, tool_call_id, tool, args, status, attempts, now, _ = insert[1]
+        scheme = pin[0][1][2] if pin else None
+        for column, value in zip(columns, (key, ns, tool_call_id, tool, args, status, attempts,
+                                           event[1][3], scheme, now), strict=True):
+            column.append(value)
+    return CLAIM, (thread_id, *columns, *actor)
+
+
+def carried_transition(update: _sql.Statement, event: _sql.Statement) -> _sql.Statement:
+    """A transition and its journal entry in one statement, the entry written only if
+    the transition was allowed. For a deferred receipt sent in a fenced write's pipeline,
+    whose outcome is read after the commit: a refused one writes nothing, as
+    `_apply_one_txn` refusing before it writes. Returns one row: how many effects it
+    changed (0 or 1), then the effect as it was before (`EFFECT_COLUMNS`, NULLs if there
+    is none), which says why a refused one was refused."""
+    update_sql, update_params = update
+    _, (key, thread_id, *entry) = event
+    before = ", ".join(f"e.{column.strip()}" for column in _sql.EFFECT_COLUMNS.split(","))
+    return (
+        f"WITH changed AS ({pg_sql(update_sql)}), journal AS (INSERT INTO effect_events "
+        "(key, thread_id, kind, data, at, owner, fencing_token) SELECT key, thread_id, "
+        f"%s, %s, %s, %s, %s FROM changed) SELECT (SELECT count(*) FROM changed), {before} "
+        "FROM (SELECT 1) AS one LEFT JOIN effects e ON e.thread_id = %s AND e.key = %s",
+        (*update_params, *entry, thread_id, key),
+    )
+
+
+def broke_under_write(exc: BaseException, thread_id: str | None,
+                      pool: str) -> DatabaseUnavailable:
+    """The error for a write whose connection broke; `pool` names the pool class that
+    would replace the connection ("A ConnectionPool")."""
+    return DatabaseUnavailable(
+        f"The connection to PostgreSQL broke under a write"
+        f"{f' to thread {thread_id!r}' if thread_id else ''} "
+        f"({type(exc).__name__}: {' '.join(str(exc).split())}). It was not committed, "
+        "unless the break hit its COMMIT; nothing is lost: run the thread again "
+        f"(resume it, or recover()) and its ledger reconciles it. {pool} replaces the "
+        "broken connection.",
+        thread_id=thread_id)
 
 
 def lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, float]:
@@ -166,6 +233,58 @@ class TransactionDeferred:
 
     def _deferred_committed(self) -> None:
         (_TAKEN.get() or []).clear()
+
+    def _one_trip_possible(self, thread_id: str) -> bool:
+        """Whether a fenced write of the thread may go in one round trip: its flow pin is
+        known, and each deferred receipt it would carry is one `carried_transition`."""
+        if self._needs_flow_check(thread_id):  # type: ignore[attr-defined]
+            return False
+        with self._deferred_lock:  # type: ignore[attr-defined]
+            return not any(write.bump_attempts
+                           for write, _ in self._deferred.get(thread_id, ()))  # type: ignore[attr-defined]
+
+    def _carry_deferred(self, thread_id: str) -> list[tuple[TransitionWrite, _sql.Statement]]:
+        """Take the thread's deferred receipts for a one-round-trip write, each as its
+        `carried_transition`. One whose journal entry needs the updated row (a new
+        attempt's number) stays for the next write: only one arriving meanwhile, since
+        `_one_trip_possible` said none was there."""
+        with self._deferred_lock:  # type: ignore[attr-defined]
+            pending = self._deferred.pop(thread_id, [])  # type: ignore[attr-defined]
+            kept = [item for item in pending if item[0].bump_attempts]
+            if kept:
+                self._deferred[thread_id] = kept  # type: ignore[attr-defined]
+        taken = [item for item in pending if not item[0].bump_attempts]
+        mine = _TAKEN.get()
+        assert mine is not None, "deferred receipts are taken inside a transaction"
+        mine.extend(taken)
+        now = time.time()
+        carried = []
+        for write, config in taken:
+            # The journal entry needs only what the transition sets (no attempt number).
+            after = EffectRecord.model_construct(key=write.key, thread_id=write.thread_id,
+                                                 status=write.to)
+            carried.append((write, carried_transition(
+                self._plan_update(write, now),  # type: ignore[attr-defined]
+                self._transition_event(after, write, now, actor_of(config)))))  # type: ignore[attr-defined]
+        return carried
+
+    def _claimed_rows(
+        self, planned: Sequence[tuple[list[_sql.Statement], EffectRecord]],
+        rows: Sequence[Sequence[Any]],
+    ) -> list[tuple[EffectRecord, bool]]:
+        """`claim_many`'s answer from `CLAIM`'s rows: the planned record of an intent
+        this call inserted, else the effect as recorded (known, or inherited)."""
+        return [(record, True) if row[0] else (self._record(row[1:]), False)  # type: ignore[attr-defined]
+                for (_plan, record), row in zip(planned, rows, strict=True)]
+
+    def _carried_outcome(self, write: TransitionWrite, row: Sequence[Any]) -> None:
+        """A carried receipt's `carried_transition` row, read after the commit: one that
+        changed nothing is dropped as `_flush_deferred` drops one the lifecycle refuses."""
+        changed, *before = row
+        if changed == 0:
+            self._refused_deferred(write, _sql.refusal(
+                None if before[0] is None else before, thread_id=write.thread_id,
+                key=write.key, to=write.to))
 
     def _deferred_rolled_back(self) -> None:
         mine = _TAKEN.get() or []

@@ -271,39 +271,46 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     @asynccontextmanager
     async def _one_trip(self, thread_id: str,
                         config: RunnableConfig | None) -> AsyncIterator[AsyncCursor[Any]]:
-        """A fenced write of a thread with no deferred receipt to carry and a known flow
-        pin, in one round trip: `BEGIN`, the fence checked on the server (`_pg.FENCE`,
-        after the thread's lock), the block's statements and `COMMIT` are sent together
-        in pipeline mode. A refused fence aborts the transaction, so nothing sent after
-        it commits; the refusal is then explained from the lease row."""
+        """A fenced write of a thread with a known flow pin, in one round trip: `BEGIN`,
+        the fence checked on the server (`_pg.FENCE`, after the thread's lock), the
+        thread's deferred receipts (`_pg.carried_transition`), the block's statements
+        and `COMMIT` are sent together in pipeline mode. A refused fence aborts the
+        transaction, so nothing sent after it commits; the refusal is then explained
+        from the lease row. Results the block asks for are read after the block (the
+        commit): give each its own cursor."""
         await self.setup()
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
-            try:
-                async with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
-                    await cur.execute(_pg.BEGIN_READ_COMMITTED)
-                    await cur.execute(_pg.FENCE, (thread_id, actor_of(config)[1]))
-                    yield cur
-                    await cur.execute("COMMIT")
-            except BaseException as exc:
-                if not conn.closed and not conn.broken \
-                        and conn.pgconn.transaction_status != TransactionStatus.IDLE:
-                    await conn.rollback()
-                if isinstance(exc, DatabaseError) and exc.sqlstate == _pg.FENCE_REFUSED:
-                    await self._refused_by_fence(conn, thread_id, config)
-                if isinstance(exc, OperationalError) and conn.broken:
-                    raise self._unavailable(exc, thread_id) from exc
-                raise
+            with self._deferred_scope():
+                carried: list[tuple[Any, AsyncCursor[Any]]] = []
+                try:
+                    async with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
+                        await cur.execute(_pg.BEGIN_READ_COMMITTED)
+                        await cur.execute(_pg.FENCE, (thread_id, actor_of(config)[1]))
+                        for write, statement in self._carry_deferred(thread_id):
+                            carried.append((write, conn.cursor(row_factory=tuple_row)))
+                            await carried[-1][1].execute(*statement)
+                        yield cur
+                        await cur.execute("COMMIT")
+                    for write, outcome in carried:
+                        self._carried_outcome(write, await outcome.fetchone())
+                except BaseException as exc:
+                    self._deferred_rolled_back()
+                    if not conn.closed and not conn.broken \
+                            and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                        await conn.rollback()
+                    if isinstance(exc, DatabaseError) and exc.sqlstate == _pg.FENCE_REFUSED:
+                        await self._refused_by_fence(conn, thread_id, config)
+                    if isinstance(exc, OperationalError) and conn.broken:
+                        raise self._unavailable(exc, thread_id) from exc
+                    raise
+                finally:
+                    for _, outcome in carried:
+                        await outcome.close()
+                self._deferred_committed()
 
     @staticmethod
     def _unavailable(exc: BaseException, writing: str | None) -> DatabaseUnavailable:
-        return DatabaseUnavailable(
-            f"The connection to PostgreSQL broke under a write"
-            f"{f' to thread {writing!r}' if writing else ''} "
-            f"({type(exc).__name__}: {' '.join(str(exc).split())}). It was not committed, "
-            "unless the break hit its COMMIT; nothing is lost: run the thread again "
-            "(resume it, or recover()) and its ledger reconciles it. An "
-            "AsyncConnectionPool replaces the broken connection.",
-            thread_id=writing)
+        return _pg.broke_under_write(exc, writing, "An AsyncConnectionPool")
 
     async def _refused_by_fence(self, conn: AsyncConnection[Any], thread_id: str,
                                 config: RunnableConfig | None) -> None:
@@ -333,8 +340,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                     yield cur
             return
         thread_id, config, after, may_trip = fenced
-        one_trip = may_trip and not (self._has_deferred(thread_id)
-                                     or self._needs_flow_check(thread_id))
+        one_trip = may_trip and self._one_trip_possible(thread_id)
         async with (self._one_trip(thread_id, config) if one_trip
                     else self._txn(thread_id, config, pipelined=True)) as ledger_cur:
             async with ledger_cur.connection.cursor(binary=True, row_factory=dict_row) as cur:

@@ -9,6 +9,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from psycopg import AsyncConnection, AsyncCursor
+from psycopg.rows import tuple_row
 
 from graph_durable.checkpointers import _pg
 from graph_durable.checkpointers._base import IntentExists, actor_of
@@ -118,9 +119,15 @@ class AsyncGroupCommit:
         undo its neighbours: a check or a single transition refuses before it writes
         anything; a batch of transitions, or a check that flushes deferred receipts or
         pins the flow, runs in a savepoint. An intent is inserted whole or not at all (a
-        known key keeps what it inherited).
+        known key keeps what it inherited). A group of intents only, made with one
+        fencing token, is claimed in one round trip (`_claim_in_one_trip`).
         """
         batch = self._groups.pop(thread_id, [])
+        if all(isinstance(item.write, IntentWrite) for item in batch) \
+                and len({actor_of(item.config) for item in batch}) == 1 \
+                and self._one_trip_possible(thread_id):
+            await self._claim_in_one_trip(thread_id, batch)
+            return
         checked: dict[int | None, BaseException | None] = {}
         try:
             async with self._txn(writing=thread_id, pipelined=True) as cur:
@@ -150,6 +157,33 @@ class AsyncGroupCommit:
             for item in batch:
                 item.error = item.error or exc
             if not isinstance(exc, Exception):
+                raise
+        finally:
+            for item in batch:
+                item.done = True
+
+    async def _claim_in_one_trip(self, thread_id: str, batch: list[_QueuedWrite]) -> None:
+        """Claim a group of intents made with one fencing token as one `_pg.CLAIM` call
+        in a one-round-trip fenced write; a refused fence refuses them all, as it would
+        each of them."""
+        config = batch[0].config
+        actor = actor_of(config)
+        planned = [self._plan_intent(item.write, actor)[1:] for item in batch]
+        try:
+            async with self._one_trip(thread_id, config) as fenced:
+                cur = fenced.connection.cursor(row_factory=tuple_row)
+                await cur.execute(*_pg.claim_call(thread_id, planned, actor))
+            async with cur:
+                claimed = self._claimed_rows(planned, await cur.fetchall())
+            for item, (record, created) in zip(batch, claimed, strict=True):
+                if created:
+                    item.result = [record]
+                else:
+                    item.error = IntentExists(record)
+        except BaseException as exc:
+            for item in batch:
+                item.error = item.error or exc
+            if not isinstance(exc, Exception | LeaseLost):
                 raise
         finally:
             for item in batch:

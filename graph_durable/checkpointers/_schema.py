@@ -337,4 +337,78 @@ PG_MIGRATIONS: list[str] = [
     END
     $fn$
     """,
+    # 8: a step's claim in one round trip. For each intent in order, what `claim_many`
+    # does statement by statement: take the effect over from a thread of the family that
+    # holds its key (`_sql.plan_inherit`'s rules), else insert it, journal it and pin its
+    # key scheme (`_sql.plan_intent`); then return its row, and whether this call
+    # inserted it. The caller fences the transaction first (`graph_durable_fence`).
+    """
+    CREATE FUNCTION graph_durable_claim(
+        p_thread_id TEXT, p_keys TEXT[], p_namespaces TEXT[], p_tool_call_ids TEXT[],
+        p_tools TEXT[], p_args TEXT[], p_statuses TEXT[], p_attempts INTEGER[],
+        p_events TEXT[], p_schemes TEXT[], p_nows DOUBLE PRECISION[], p_owner TEXT,
+        p_token BIGINT)
+    RETURNS TABLE (e_claimed BOOLEAN, e_key TEXT, e_thread_id TEXT, e_checkpoint_ns TEXT,
+                   e_tool_call_id TEXT, e_tool TEXT, e_args TEXT, e_status TEXT,
+                   e_receipt TEXT, e_error TEXT, e_attempts INTEGER, e_decision TEXT,
+                   e_asked INTEGER, e_created_at DOUBLE PRECISION,
+                   e_updated_at DOUBLE PRECISION)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        i INTEGER;
+        claimed BOOLEAN;
+    BEGIN
+        FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
+            claimed := false;
+            INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,
+                                 status, receipt, result_type, result, error, attempts,
+                                 asked, created_at, updated_at)
+                SELECT p_thread_id, f.key, p_namespaces[i], f.tool_call_id, f.tool, f.args,
+                    CASE WHEN f.status = 'skipped' THEN 'unknown' ELSE f.status END,
+                    f.receipt,
+                    CASE WHEN f.status = 'skipped' THEN NULL ELSE f.result_type END,
+                    CASE WHEN f.status = 'skipped' THEN NULL ELSE f.result END,
+                    f.error, f.attempts, 0, p_nows[i], p_nows[i]
+                FROM effects f WHERE f.key = p_keys[i] AND f.thread_id <> p_thread_id
+                    AND f.status <> 'rejected'
+                    AND NOT (f.status = 'skipped' AND f.edited_key IS NOT NULL)
+                ORDER BY f.created_at LIMIT 1
+                ON CONFLICT DO NOTHING;
+            IF FOUND THEN
+                INSERT INTO effect_events (key, thread_id, kind, data, at, owner,
+                                           fencing_token)
+                    SELECT e.key, e.thread_id, 'intent', '{"inherited": true, "status": "'
+                        || e.status || '", "tool": "' || e.tool || '"}', p_nows[i], p_owner,
+                        p_token
+                    FROM effects e WHERE e.thread_id = p_thread_id AND e.key = p_keys[i];
+            ELSE
+                INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,
+                                     status, attempts, created_at, updated_at)
+                    VALUES (p_thread_id, p_keys[i], p_namespaces[i], p_tool_call_ids[i],
+                            p_tools[i], p_args[i], p_statuses[i], p_attempts[i], p_nows[i],
+                            p_nows[i])
+                    ON CONFLICT DO NOTHING;
+                IF FOUND THEN
+                    claimed := true;
+                    INSERT INTO effect_events (key, thread_id, kind, data, at, owner,
+                                               fencing_token)
+                        VALUES (p_keys[i], p_thread_id, 'intent', p_events[i], p_nows[i],
+                                p_owner, p_token);
+                    IF p_schemes[i] IS NOT NULL THEN
+                        INSERT INTO thread_key_schemes (thread_id, scheme, pinned_at)
+                            VALUES (COALESCE((SELECT o.origin_thread_id FROM thread_origins o
+                                              WHERE o.thread_id = p_thread_id), p_thread_id),
+                                    p_schemes[i], p_nows[i])
+                            ON CONFLICT DO NOTHING;
+                    END IF;
+                END IF;
+            END IF;
+            RETURN QUERY SELECT claimed, e.key, e.thread_id, e.checkpoint_ns, e.tool_call_id,
+                e.tool, e.args, e.status, e.receipt, e.error, e.attempts, e.decision, e.asked,
+                e.created_at, e.updated_at
+                FROM effects e WHERE e.thread_id = p_thread_id AND e.key = p_keys[i];
+        END LOOP;
+    END
+    $fn$
+    """,
 ]

@@ -4,7 +4,10 @@
 For workers on several machines: every checkpoint and ledger write of a thread runs in
 one transaction that first takes a transaction-level advisory lock on the thread, then
 checks the lease's fencing token and the flow-version pin, so the same guarantees hold
-as with `DurableSqliteSaver` (whose file lock serializes all writers).
+as with `DurableSqliteSaver` (whose file lock serializes all writers). Once the thread's
+flow pin is known, such a write is one round trip: `BEGIN`, the fence checked on the
+server, the thread's deferred receipts, the write's statements and `COMMIT` go out
+together in pipeline mode (a step's claim is one server-side call, PostgreSQL migration 8).
 
 Install with `pip install 'graph-durable[postgres]'`. The connection must be opened
 with `autocommit=True` and `row_factory=dict_row`, as for LangGraph's `PostgresSaver`
@@ -42,27 +45,34 @@ require("postgres", "DurablePostgresSaver", "psycopg", "psycopg_pool",
         "langgraph.checkpoint.postgres")
 
 from langgraph.checkpoint.postgres import PostgresSaver, _internal  # noqa: E402
-from psycopg import Connection, Cursor, IsolationLevel, OperationalError
+from psycopg import Connection, Cursor, DatabaseError, IsolationLevel, OperationalError
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 from psycopg.rows import dict_row, tuple_row
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._pg import (
+    BEGIN_READ_COMMITTED,
     COPY_THREAD_CHECKPOINTS,
     DELETE_CHECKPOINT,
     DELETE_CHECKPOINT_WRITES,
     DELETE_NULL_RESUME,
     DELETE_THREAD_CHECKPOINTS,
+    FENCE,
+    FENCE_REFUSED,
     LOCK_THREAD,
     LOCK_THREAD_READ_LEASE,
     NOW,
     RENEW_LEASE_AT,
+    SELECT_LEASE_WITH_CLOCK,
     SELECT_LIVE_LEASES_AT,
     SELECT_RUN_CHECKPOINTS,
     TRY_LOCK_SETUP,
     TRY_LOCK_THREAD,
     UNLOCK_SETUP,
     TransactionDeferred,
+    broke_under_write,
+    claim_call,
     pg_sql,
 )
 from graph_durable.checkpointers._pg import lease_and_clock as _lease_and_clock
@@ -77,7 +87,7 @@ from graph_durable.checkpointers._schema import (
     statements,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync
-from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseHeld
+from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseHeld, LeaseLost
 from graph_durable.leases import Lease, check_fence
 from graph_durable.ledger import (
     EffectRecord,
@@ -91,10 +101,9 @@ from graph_durable.faults import fault_point
 __all__ = ["AsyncDurablePostgresSaver", "DurablePostgresSaver", "pg_sql"]
 
 # Set while `put`/`put_writes` run LangGraph's own statements, so that `_cursor` runs
-# them inside a fenced transaction of that thread.
-_FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]]] | None] = ContextVar(
-    "graph_durable_pg_fenced_write", default=None
-)
+# them inside a fenced transaction of that thread (in one round trip if the flag allows).
+_FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]], bool] | None] = (
+    ContextVar("graph_durable_pg_fenced_write", default=None))
 
 
 @contextmanager
@@ -137,6 +146,10 @@ def _read_committed(conn: Connection[Any]) -> Iterator[None]:
 
 def _run(cur: Cursor[Any], sql: str, params: Sequence[Any] = ()) -> Cursor[Any]:
     return cur.execute(pg_sql(sql), tuple(params))
+
+
+def _unavailable(exc: BaseException, thread_id: str | None) -> DatabaseUnavailable:
+    return broke_under_write(exc, thread_id, "A ConnectionPool")
 
 
 class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerReads, AsyncFromSync,
@@ -282,18 +295,64 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
                 self._deferred_rolled_back()
                 if not conn.broken:
                     raise
-                raise DatabaseUnavailable(
-                    f"The connection to PostgreSQL broke under a write"
-                    f"{f' to thread {thread_id!r}' if thread_id else ''} "
-                    f"({type(exc).__name__}: {str(exc).strip()}). It was not committed, "
-                    "unless the break hit its COMMIT; nothing is lost: run the thread again "
-                    "(resume it, or recover()) and its ledger reconciles it. A "
-                    "ConnectionPool replaces the broken connection.",
-                    thread_id=thread_id) from exc
+                raise _unavailable(exc, thread_id) from exc
             except BaseException:
                 self._deferred_rolled_back()
                 raise
             self._deferred_committed()
+
+    @contextmanager
+    def _one_trip(self, thread_id: str,
+                  config: RunnableConfig | None) -> Iterator[Cursor[Any]]:
+        """A fenced write of a thread whose flow pin is known, in one round trip: `BEGIN`,
+        the fence checked on the server (`FENCE`, after the thread's lock), the thread's
+        deferred receipts (`carried_transition`), the block's statements and `COMMIT` are
+        sent together in pipeline mode. A refused fence aborts the transaction, so
+        nothing sent after it commits; the refusal is then explained from the lease row.
+        Results the block asks for are read after the block (the commit): give each
+        its own cursor."""
+        self.setup()
+        with self._own_lock(), _internal.get_connection(self.conn) as conn, \
+                self._deferred_scope():
+            carried: list[tuple[Any, Cursor[Any]]] = []
+            try:
+                with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
+                    cur.execute(BEGIN_READ_COMMITTED)
+                    cur.execute(FENCE, (thread_id, actor_of(config)[1]))
+                    for write, statement in self._carry_deferred(thread_id):
+                        carried.append((write, conn.cursor(row_factory=tuple_row)))
+                        carried[-1][1].execute(*statement)
+                    yield cur
+                    cur.execute("COMMIT")
+                for write, outcome in carried:
+                    self._carried_outcome(write, outcome.fetchone())
+            except BaseException as exc:
+                self._deferred_rolled_back()
+                if not conn.closed and not conn.broken \
+                        and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                    conn.rollback()
+                if isinstance(exc, DatabaseError) and exc.sqlstate == FENCE_REFUSED:
+                    self._refused_by_fence(conn, thread_id, config)
+                if isinstance(exc, OperationalError) and conn.broken:
+                    raise _unavailable(exc, thread_id) from exc
+                raise
+            finally:
+                for _, outcome in carried:
+                    outcome.close()
+            self._deferred_committed()
+
+    def _refused_by_fence(self, conn: Connection[Any], thread_id: str,
+                          config: RunnableConfig | None) -> None:
+        """Raise what the server's fence refused a write for (`check_fence`'s error)."""
+        with conn.cursor(row_factory=tuple_row) as cur:
+            row, now = _lease_and_clock(
+                cur.execute(SELECT_LEASE_WITH_CLOCK, (thread_id,)).fetchone())
+        token = actor_of(config)[1]
+        check_fence(row, thread_id, token, now)
+        raise LeaseLost(  # the lease changed again since: the fence refused the old one
+            f"Write to thread {thread_id!r} with fencing token {token} was refused: the "
+            "thread's lease was taken or ended meanwhile. Its write was rejected; stop this "
+            "run.", thread_id=thread_id, token=token)
 
     def _own_lock(self) -> Any:
         """What a ledger transaction holds while it runs: the saver's lock on a single
@@ -317,19 +376,25 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
             with super()._cursor(pipeline=pipeline) as cur:
                 yield cur
             return
-        thread_id, config, after = fenced
-        with self._txn(thread_id, config) as ledger_cur:
+        thread_id, config, after, may_trip = fenced
+        one_trip = may_trip and self._one_trip_possible(thread_id)
+        with (self._one_trip(thread_id, config) if one_trip
+              else self._txn(thread_id, config)) as ledger_cur:
             with ledger_cur.connection.cursor(binary=True, row_factory=dict_row) as cur:
                 yield cur
             for statement in after():
                 _run(ledger_cur, *statement)
 
     @contextmanager
-    def _fenced(self, config: RunnableConfig,
-                after: Callable[[], list[Any]] = list) -> Iterator[None]:
-        """Run LangGraph's writes in a fenced transaction, then `after()`'s statements."""
+    def _fenced(self, config: RunnableConfig, after: Callable[[], list[Any]] = list,
+                *, one_trip: bool = True) -> Iterator[None]:
+        """Run LangGraph's writes in a fenced transaction, then `after()`'s statements.
+
+        `one_trip=False` when `after()` must be asked once the thread's lock is held
+        (see `AsyncDurablePostgresSaver._fenced`)."""
         self.setup()
-        token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config, after))
+        token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config, after,
+                                   one_trip))
         try:
             yield
         finally:
@@ -383,7 +448,9 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
             return [(DELETE_NULL_RESUME, params)
                     for _, params in self._late_resume(config, writes, task_id)]
 
-        with self._fenced(config, late):
+        carries_resume = task_id == _sql.NULL_TASK_ID and any(
+            channel == _sql.RESUME_CHANNEL for channel, _ in writes)
+        with self._fenced(config, late, one_trip=not carries_resume):
             super().put_writes(config, writes, task_id, task_path)
         fault_point("after_put_writes")
 
@@ -600,6 +667,8 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         if any(intent.thread_id != thread_id for intent in intents):
             raise ValueError("claim_many claims intents of one thread")
         actor = actor_of(config)
+        if self._one_trip_possible(thread_id):
+            return self._claim_in_one_trip(thread_id, intents, config)
         claimed: list[tuple[EffectRecord, bool]] = []
         with self._txn(thread_id, config) as cur:
             for intent in intents:
@@ -609,3 +678,15 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
                     # Nothing of this intent was written: its key was already known.
                     claimed.append((exists.record, False))
         return claimed
+
+    def _claim_in_one_trip(
+        self, thread_id: str, intents: Sequence[IntentWrite], config: RunnableConfig | None
+    ) -> list[tuple[EffectRecord, bool]]:
+        """`claim_many` as one `CLAIM` call in a one-round-trip fenced write."""
+        actor = actor_of(config)
+        planned = [self._plan_intent(intent, actor)[1:] for intent in intents]
+        with self._one_trip(thread_id, config) as fenced:
+            cur = fenced.connection.cursor(row_factory=tuple_row)
+            cur.execute(*claim_call(thread_id, planned, actor))
+        with cur:
+            return self._claimed_rows(planned, cur.fetchall())

@@ -291,3 +291,58 @@ def test_a_rolled_back_write_keeps_its_deferred_receipt_while_another_commits(
         saver.put_writes({"configurable": {**config["configurable"], "thread_id": "t2"}},
                          [("x", 1)], "task")
         assert saver.effect("k1", "t2").status is S.APPLIED
+
+
+def test_a_steps_claim_and_a_write_carrying_receipts_are_one_round_trip_each(saver) -> None:
+    """BEGIN, the server's fence, the statements and COMMIT go out together: a claim of
+    several intents (one of them known), and a checkpoint carrying two deferred receipts."""
+    from graph_durable.testing.pg_trace import round_trips
+
+    known, _ = saver.claim(intent(key="k0"))
+    with round_trips(saver.conn) as claim:
+        claimed = saver.claim_many([intent(key="k1"), intent(key="k0"), intent(key="k2")])
+    assert claim.count == 1
+    assert [(record.key, created) for record, created in claimed] == [
+        ("k1", True), ("k0", False), ("k2", True)]
+    assert claimed[1][0] == saver.effect("k0", "t") and claimed[1][0].created_at == known.created_at
+    for key in ("k1", "k2"):
+        saver.apply(TransitionWrite(thread_id="t", key=key, to=S.APPLIED, kind="receipt",
+                                    receipt={"id": key}, result="ok", defer=True))
+    with round_trips(saver.conn) as put:
+        put_checkpoint(saver, "t")
+    assert put.count == 1
+    assert {r.key: r.status for r in saver.effects("t")} == {
+        "k0": S.IN_FLIGHT, "k1": S.APPLIED, "k2": S.APPLIED}
+    assert [(e.key, e.kind) for e in saver.events("t")] == [
+        ("k0", "intent"), ("k1", "intent"), ("k2", "intent"), ("k1", "receipt"),
+        ("k2", "receipt")]
+
+
+def test_a_deferred_receipt_the_lifecycle_no_longer_allows_is_dropped(
+        saver, postgres_conninfo, caplog: pytest.LogCaptureFixture) -> None:
+    saver.claim(intent())
+    saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.APPLIED, kind="receipt",
+                                receipt={"id": 1}, result="ok", defer=True))
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
+        other.apply(TransitionWrite(thread_id="t", key="k1", to=S.FAILED, kind="failure",
+                                    error="declined"))
+    before = (saver.effects(), saver.events())
+    with caplog.at_level("WARNING", logger="graph_durable"):
+        put_checkpoint(saver, "t")
+    assert (saver.effects(), saver.events()) == before
+    assert len(list(saver.list({"configurable": {"thread_id": "t"}}))) == 1
+    assert "Deferred receipt of effect 'k1' in thread 't' dropped" in caplog.text
+    assert "failed; it cannot become applied" in caplog.text
+
+
+def test_a_fence_refused_on_the_server_commits_nothing_and_says_why(
+        saver, postgres_conninfo) -> None:
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
+        lease = other.acquire_lease("t", "worker-b", ttl=30)
+        with pytest.raises(LeaseLost, match="worker-b"):
+            saver.claim_many([intent(key="k1"), intent(key="k2")])
+        with pytest.raises(LeaseLost, match="worker-b"):
+            put_checkpoint(saver, "t")
+        other.release_lease(lease)
+    assert saver.effects("t") == [] and saver.events("t") == []
+    assert list(saver.list({"configurable": {"thread_id": "t"}})) == []

@@ -216,3 +216,54 @@ async def test_open_read_only_reads_and_refuses_to_write(pooled, postgres_connin
             await reader.aclaim(intent(key="k2"))
     finally:
         await reader.conn.close()
+
+
+async def test_a_steps_claim_and_a_write_carrying_receipts_are_one_round_trip_each(
+        postgres_conninfo) -> None:
+    """As for the sync saver: BEGIN, the server's fence, the statements and COMMIT go
+    out together, for a claim through the group commit and a write carrying receipts."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from graph_durable.testing.pg_trace import round_trips
+
+    async with AsyncDurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+        known, _ = await saver.aclaim(intent(key="k0"))
+        with round_trips(saver.conn) as claim:
+            claimed = await saver.aclaim_many([intent(key=k) for k in ("k1", "k0", "k2")])
+        assert claim.count == 1
+        assert [(record.key, created) for record, created in claimed] == [
+            ("k1", True), ("k0", False), ("k2", True)]
+        assert claimed[1][0] == await saver.aeffect("k0", "t")
+        for key in ("k1", "k2"):
+            await saver.aapply(receipt("t", key, defer=True))
+        with round_trips(saver.conn) as put:
+            await saver.aput({"configurable": {"thread_id": "t", "checkpoint_ns": ""}},
+                             empty_checkpoint(), {"step": 0}, {})
+        assert put.count == 1
+        assert {r.key: r.status for r in await saver.aeffects("t")} == {
+            "k0": S.IN_FLIGHT, "k1": S.APPLIED, "k2": S.APPLIED}
+        assert [e.kind for e in await saver.aevents("t")] == ["intent"] * 3 + ["receipt"] * 2
+
+
+async def test_a_claim_refused_by_the_servers_fence_claims_nothing(pooled) -> None:
+    lease = await pooled.aacquire_lease("t", "worker-b", ttl=30)
+    with pytest.raises(LeaseLost, match="worker-b"):
+        await pooled.aclaim_many([intent(key="k1"), intent(key="k2")])
+    await pooled.arelease_lease(lease)
+    assert await pooled.aeffects("t") == [] and await pooled.aevents("t") == []
+
+
+async def test_a_deferred_receipt_the_lifecycle_no_longer_allows_is_dropped(
+        pooled, postgres_conninfo, caplog: pytest.LogCaptureFixture) -> None:
+    await pooled.aclaim(intent())
+    await pooled.aapply(receipt("t", "k1", defer=True))
+    # Meanwhile another worker settles the effect (say, a reviewer says it failed).
+    async with AsyncDurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
+        await other.aapply(TransitionWrite(thread_id="t", key="k1", to=S.FAILED,
+                                           kind="failure", error="declined"))
+    before = (await pooled.aeffects(), await pooled.aevents())
+    with caplog.at_level("WARNING", logger="graph_durable"):
+        await pooled.aput_writes(writes_config("t"), [("x", 1)], "task")
+    assert (await pooled.aeffects(), await pooled.aevents()) == before
+    assert "Deferred receipt of effect 'k1' in thread 't' dropped" in caplog.text
+    assert "failed; it cannot become applied" in caplog.text
