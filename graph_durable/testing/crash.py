@@ -76,7 +76,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from graph_durable.faults import FaultPlan
-from graph_durable.testing.child import ChildResult, child_spec, run_child
+from graph_durable.testing.child import PRELOAD, ChildResult, child_spec, run_child
 from graph_durable.testing.forkserver import ForkServer
 from graph_durable.testing.crash_report import (
     CrashPoint,
@@ -209,7 +209,7 @@ def _fork_servers(scenario: str, count: int) -> Iterator[queue.Queue[ForkServer 
     or `None`s where forking is not possible (the scenario's import starts threads, or
     the platform cannot fork): those children start a new interpreter each."""
     servers: queue.Queue[ForkServer | None] = queue.Queue()
-    preload = ["graph_durable.testing.child", scenario.partition(":")[0]]
+    preload = ["graph_durable.testing.child", *PRELOAD, scenario.partition(":")[0]]
 
     def start() -> ForkServer | None:
         try:
