@@ -23,6 +23,7 @@ MODULES: tuple[str, ...] = (
     "recovery",
     "ledger_scale",
     "fault_points",
+    "crash_matrix",
     "memory",
 )
 """Benchmark modules of this package, in the order `python -m benchmarks` runs them."""

@@ -29,10 +29,17 @@ from typing import Any, Literal
 
 from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE, FaultPlan
 
-__all__ = ["Child", "ChildResult", "child_spec", "load_factory", "run_child", "run_spec",
-           "start_child", "summarize"]
+__all__ = ["PRELOAD", "Child", "ChildResult", "child_spec", "load_factory", "run_child",
+           "run_spec", "start_child", "summarize"]
 
 Action = Literal["start", "resume", "decide", "review", "recover"]
+
+PRELOAD = ("graph_durable.audit", "graph_durable.checkpointers._base", "graph_durable.errors",
+           "graph_durable.faults", "graph_durable.recovery", "graph_durable.review",
+           "langgraph.types")
+"""Modules a child run imports only once it runs (this module imports them lazily, so
+that the package stays cheap to import): a fork server imports them before it forks, or
+every child would import them again, and compile them where bytecode is not cached."""
 
 
 @dataclass

@@ -13,7 +13,11 @@ children resume until the thread finishes or pauses, and the resolver answers pa
 A crash before the input's first checkpoint starts the thread again, as a client whose
 request was never acknowledged sends it again. With `pairs`, each crash is also
 followed by a second one at each point the first resuming process reaches: a crash
-during recovery. Every run is compared with the fault-free one:
+during recovery. The first crash of a pair runs once for all its pairs: once its
+process is killed and gone, the point's run copies the database and provider files it
+left, and each pair resumes a copy in new processes, killed at its second point, then
+resumed to the end. A point's pairs start as soon as the point's run is done. Every run
+is compared with the fault-free one:
 
 - final graph state: messages as `child.summarize` shows them, JSON contents with
   sorted keys, effect keys (`gd-...`) and receipt ids renamed by order of appearance
@@ -59,7 +63,6 @@ A slow answer, a permanent failure and a timeout thus end `applied`, `failed` an
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import queue
@@ -70,13 +73,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from graph_durable.faults import FaultPlan
-from graph_durable.testing.child import ChildResult, child_spec, run_child
+from graph_durable.testing.child import PRELOAD, ChildResult, child_spec, run_child
 from graph_durable.testing.forkserver import ForkServer
 from graph_durable.testing.crash_report import (
     CrashPoint,
@@ -161,15 +164,26 @@ class _Run:
     questions: list[Any] = field(default_factory=list)
     fired: int = 0
     processes: list[tuple[bool, list[CrashPoint]]] = field(default_factory=list)
+    first_crash: _FirstCrash | None = None
+
+
+@dataclass(frozen=True)
+class _FirstCrash:
+    """A run right after its first crash, the killed process gone: a copy of its
+    database and provider files, and how far it had come. Every pair that begins with
+    this crash resumes from a copy of it, so the crash runs once, not once per pair."""
+
+    directory: str
+    phase: int
+    questions: tuple[Any, ...]
+    processes: tuple[tuple[bool, tuple[CrashPoint, ...]], ...]
 
 
 def _case(scenario: str, kwargs: Mapping[str, Any] | None, directory: str, thread_id: str,
           resolver: Resolver, timeout: float, max_runs: int) -> _Case:
     os.makedirs(directory, exist_ok=True)
-    paths = {"db_path": os.path.join(directory, "agent.sqlite"),
-             "provider_dir": os.path.join(directory, "providers")}
-    return _Case(scenario, {**(kwargs or {}), **paths}, directory, thread_id, resolver,
-                 timeout, max_runs)
+    return _Case(scenario, {**(kwargs or {}), **_paths(directory)}, directory, thread_id,
+                 resolver, timeout, max_runs)
 
 
 def _providers(provider_dir: str) -> dict[str, FakeProvider]:
@@ -209,7 +223,7 @@ def _fork_servers(scenario: str, count: int) -> Iterator[queue.Queue[ForkServer 
     or `None`s where forking is not possible (the scenario's import starts threads, or
     the platform cannot fork): those children start a new interpreter each."""
     servers: queue.Queue[ForkServer | None] = queue.Queue()
-    preload = ["graph_durable.testing.child", scenario.partition(":")[0]]
+    preload = ["graph_durable.testing.child", *PRELOAD, scenario.partition(":")[0]]
 
     def start() -> ForkServer | None:
         try:
@@ -272,15 +286,24 @@ def _run_child(case: _Case, action: str, decisions: Any, fault: FaultPlan | None
     return ChildResult(outcome.exitcode, False, outcome.result, outcome.stderr)
 
 
-def _drive(case: _Case, schedule: Sequence[CrashPoint], run: _Run) -> None:
+def _drive(case: _Case, schedule: Sequence[CrashPoint], run: _Run, *,
+           keep: bool = False, after: _FirstCrash | None = None) -> None:
     """Run the scenario to its end, crashing as scheduled and answering every pause.
 
     The head of `schedule` is armed in every process from its phase on until it fires;
-    the next crash is then armed from the first resuming process on.
+    the next crash is then armed from the first resuming process on. With `keep`, the
+    files left by the first crash are copied aside (`run.first_crash`); with `after`,
+    the run starts from such a copy, its first crash (the head of `schedule`) done.
     """
     pending = list(schedule)
     action, decisions, phase = "start", None, 0
-    for n in range(case.max_runs):
+    if after is not None:
+        _copy_files(_paths(after.directory), case.kwargs)
+        pending.pop(0)
+        run.processes = [(killed, list(points)) for killed, points in after.processes]
+        run.questions, run.fired, phase = list(after.questions), 1, after.phase
+        action = _next_after_crash(case)
+    for n in range(len(run.processes), case.max_runs):
         armed = pending[0] if pending and phase >= pending[0].phase else None
         trace = os.path.join(case.directory, f"trace-{n}.jsonl")
         result = _run_child(case, action, decisions, armed.plan() if armed else None, trace)
@@ -290,6 +313,8 @@ def _drive(case: _Case, schedule: Sequence[CrashPoint], run: _Run) -> None:
                 raise RuntimeError(f"child {n} was SIGKILLed, but no crash was armed")
             pending.pop(0)
             run.fired += 1
+            if keep and run.fired == 1:
+                run.first_crash = _keep_first_crash(case, run, phase)
             action, decisions = _next_after_crash(case), None
         elif result.interrupts:
             providers = _providers(case.provider_dir)
@@ -303,6 +328,35 @@ def _drive(case: _Case, schedule: Sequence[CrashPoint], run: _Run) -> None:
     raise RuntimeError(
         f"thread {case.thread_id!r} of {case.scenario} did not finish within {case.max_runs} "
         f"processes (questions answered: {run.questions}); check the resolver's decisions")
+
+
+def _paths(directory: str) -> dict[str, str]:
+    return {"db_path": os.path.join(directory, "agent.sqlite"),
+            "provider_dir": os.path.join(directory, "providers")}
+
+
+def _copy_files(source: Mapping[str, str], target: Mapping[str, str]) -> None:
+    """Copy a run's database (with its `-wal`, `-shm` or `-journal`) and provider folder.
+
+    Only between processes: no connection has the files open, so a plain copy is the
+    database as the next process would find it.
+    """
+    db, to_db = source["db_path"], target["db_path"]
+    folder, stem = os.path.split(db)
+    os.makedirs(os.path.dirname(to_db) or ".", exist_ok=True)
+    for name in os.listdir(folder or "."):
+        if name == stem or (name.startswith(stem + "-")
+                            and name.removeprefix(stem) in ("-wal", "-shm", "-journal")):
+            shutil.copyfile(os.path.join(folder, name), to_db + name.removeprefix(stem))
+    if os.path.isdir(source["provider_dir"]):
+        shutil.copytree(source["provider_dir"], target["provider_dir"], dirs_exist_ok=True)
+
+
+def _keep_first_crash(case: _Case, run: _Run, phase: int) -> _FirstCrash:
+    directory = os.path.join(case.directory, "first-crash")
+    _copy_files(case.kwargs, _paths(directory))
+    return _FirstCrash(directory, phase, tuple(run.questions),
+                       tuple((killed, tuple(points)) for killed, points in run.processes))
 
 
 @contextmanager
@@ -384,12 +438,24 @@ def run_schedule(scenario: str, schedule: Sequence[CrashPoint],
     the process that resumes after the previous one. Never raises for a failing run: the
     row's outcome is `error` and `diff` says why.
     """
-    started = time.monotonic()
     case = _case(scenario, kwargs, directory, thread_id, resolver, timeout, max_runs)
+    return _run_schedule(case, schedule, reference).row
+
+
+@dataclass
+class _Ran:
+    row: CrashRow
+    first_crash: _FirstCrash | None = None
+
+
+def _run_schedule(case: _Case, schedule: Sequence[CrashPoint], reference: Reference, *,
+                  keep: bool = False, after: _FirstCrash | None = None) -> _Ran:
+    """`run_schedule` on `case`; `keep` and `after` as `_drive` takes them."""
+    started = time.monotonic()
     run = _Run()
     row = CrashRow(tuple(schedule), "ok")
     try:
-        _drive(case, schedule, run)
+        _drive(case, schedule, run, keep=keep, after=after)
         snapshot = _snapshot(case, run.summary)
     except Exception as exc:  # a failing run is a row of the report, not an abort
         row.outcome, row.diff = "error", f"{type(exc).__name__}: {exc}"
@@ -407,7 +473,7 @@ def run_schedule(scenario: str, schedule: Sequence[CrashPoint],
     row.questions, row.runs, row.fired = run.questions, len(run.processes), run.fired
     row.audit = _resume_costs(case)
     row.duration = time.monotonic() - started
-    return row
+    return _Ran(row, run.first_crash)
 
 
 def _resume_costs(case: _Case) -> dict[str, int]:
@@ -461,7 +527,8 @@ def crash_matrix(
         pairs: Also crash a second time, at each point the first resuming process
             reaches: `True` for every such pair, or a predicate `(first, second) ->
             bool`; the second point must pass `points` too. Pairs multiply the cost
-            (a resumed run reaches about as many points as the rest of the run).
+            (a resumed run reaches about as many points as the rest of the run), though
+            each costs only the processes after its first crash.
         resolver: Answers pauses (see `default_resolver`).
         thread_id: Thread the scenario runs in.
         directory: Where each run gets its own folder; a temporary folder, removed if
@@ -480,7 +547,6 @@ def crash_matrix(
     options = {"thread_id": thread_id, "resolver": resolver, "timeout": timeout,
                "max_runs": max_runs}
     bar = Progress(0, progress)
-    numbered = itertools.count(1)
     # Children fork from servers that imported LangGraph and the scenario once, so a
     # child starts in milliseconds instead of a new interpreter's second or two.
     with _fork_servers(scenario, max(1, workers)) as servers:
@@ -488,29 +554,46 @@ def crash_matrix(
             scenario, kwargs, directory=os.path.join(base, "reference"),
             **options))  # type: ignore[arg-type]
 
-        def one(schedule: tuple[CrashPoint, ...], directory: str) -> CrashRow:
-            return _with_server(servers, lambda: run_schedule(
-                scenario, schedule, kwargs, reference=reference, directory=directory,
-                **options))  # type: ignore[arg-type]
+        def one(schedule: tuple[CrashPoint, ...], directory: str,
+                after: _FirstCrash | None = None) -> _Ran:
+            case = _case(scenario, kwargs, directory, **options)  # type: ignore[arg-type]
+            return _with_server(servers, lambda: _run_schedule(
+                case, schedule, reference, keep=bool(pairs) and after is None, after=after))
 
-        def sweep(schedules: list[tuple[CrashPoint, ...]]) -> list[CrashRow]:
-            bar.total += len(schedules)
-            with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-                futures = {pool.submit(one, schedule,
-                                       os.path.join(base, f"{next(numbered):04d}")): i
-                           for i, schedule in enumerate(schedules)}
-                rows: list[CrashRow | None] = [None] * len(schedules)
-                for future in as_completed(futures):
-                    rows[futures[future]] = row = future.result()
-                    bar.step(row)
-            return [row for row in rows if row is not None]
+        def pairs_of(row: CrashRow) -> list[tuple[CrashPoint, ...]]:
+            first = row.schedule[0]
+            return [(first, second) for second in row.recovery if _wanted(second, points)
+                    and (pairs is True or pairs(first, second))]  # type: ignore[operator]
 
-        rows = sweep([(p,) for p in reference.points if _wanted(p, points)])
-        if pairs:
-            rows += sweep([
-                (row.schedule[0], second) for row in list(rows) for second in row.recovery
-                if _wanted(second, points) and (pairs is True or pairs(row.schedule[0], second))
-            ])
+        singles = [(p,) for p in reference.points if _wanted(p, points)]
+        firsts: list[CrashRow | None] = [None] * len(singles)
+        seconds: dict[int, list[CrashRow | None]] = {}
+        bar.total = len(singles)
+        # One queue for points and pairs: a point's pairs start as soon as it is done
+        # (from the copy its first crash left), so no worker waits for the others.
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            running = {pool.submit(one, schedule, os.path.join(base, f"{i + 1:04d}")): (i, -1)
+                       for i, schedule in enumerate(singles)}
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    i, j = running.pop(future)
+                    ran = future.result()
+                    bar.step(ran.row)
+                    if j >= 0:
+                        seconds[i][j] = ran.row
+                        continue
+                    firsts[i] = ran.row
+                    if not pairs:
+                        continue
+                    schedules = pairs_of(ran.row)
+                    seconds[i] = [None] * len(schedules)
+                    bar.total += len(schedules)
+                    for j, schedule in enumerate(schedules):
+                        folder = os.path.join(base, f"{i + 1:04d}-{j + 1:03d}")
+                        running[pool.submit(one, schedule, folder, ran.first_crash)] = (i, j)
+        rows = [row for row in firsts if row is not None] + [
+            row for i in sorted(seconds) for row in seconds[i] if row is not None]
     bar.close()
     report = CrashReport(scenario, reference, rows, time.monotonic() - started, base)
     if directory is None and report.ok:

@@ -96,7 +96,8 @@ class CrashRow:
     questions: list[Any] = field(default_factory=list)
     """Interrupt values the resolver answered, in order."""
     runs: int = 0
-    """Child processes started."""
+    """Child processes the schedule ran through (a pair's, up to its first crash, are
+    its first point's: it resumes from a copy of the files they left)."""
     fired: int = 0
     """Crashes of the schedule that happened (a point may not be reached)."""
     duration: float = 0.0

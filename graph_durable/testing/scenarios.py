@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,15 +71,18 @@ def script_of(turns: list[list[list[str]]]) -> list[AIMessage]:
     return [*script, AIMessage(content="All done.")]
 
 
-def react_graph(model: Any, tools: list[Any], effects: dict[str, Effect], saver: Any) -> Any:
+def react_graph(model: Any, tools: list[Any], effects: dict[str, Effect], saver: Any, *,
+                tools_node: Callable[[list[Any]], Any] | None = None) -> Any:
     """A ReAct-style graph, model -> `EffectGuardNode(tools, effects)` -> model, compiled
-    on `saver` (a sync model node)."""
+    on `saver` (a sync model node); `tools_node(tools)` builds another tools node (a
+    stock `ToolNode`, which takes no `effects`)."""
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
-    builder.add_node("tools", EffectGuardNode(tools, effects=effects))
+    builder.add_node("tools", tools_node(tools) if tools_node is not None
+                     else EffectGuardNode(tools, effects=effects))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")

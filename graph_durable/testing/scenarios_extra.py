@@ -1,10 +1,12 @@
-"""More scenarios for crash sweeps: LangChain's `create_agent` guarded by the middleware.
+"""More scenarios for crash sweeps: LangChain's `create_agent` guarded by the middleware,
+and a stock `ToolNode` with no guard at all.
 
 `build_effects_agent` (in `scenarios`) dispatches every call of a step in one
 `ToolNode` task. `create_agent` dispatches one `Send` per tool call, so each call is its
 own task, with its own checkpoint namespace, pending writes and interrupt. A sweep over
-both shows the guard holds under either dispatch. Arguments are JSON, as for every
-scenario factory (see `graph_durable.testing.crash`).
+both shows the guard holds under either dispatch. `build_stock_agent` is the control: a
+sweep must find its duplicates. Arguments are JSON, as for every scenario factory (see
+`graph_durable.testing.crash`).
 """
 
 from __future__ import annotations
@@ -15,14 +17,20 @@ from typing import Any
 
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import StructuredTool
+from langgraph.prebuilt import ToolNode
 
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.nodes import current_effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
-from graph_durable.testing.scenarios import EffectsAgent, policy_for_mode, script_of
+from graph_durable.testing.scenarios import (
+    EffectsAgent,
+    policy_for_mode,
+    react_graph,
+    script_of,
+)
 
-__all__ = ["build_create_agent"]
+__all__ = ["build_create_agent", "build_stock_agent"]
 
 
 def _provider_tool(provider: FakeProvider) -> StructuredTool:
@@ -72,5 +80,36 @@ def build_create_agent(
         middleware=[EffectGuardMiddleware(effects)],
         checkpointer=saver,
     )
+    return EffectsAgent(graph=graph, saver=saver, providers=providers,
+                        inputs={"messages": [HumanMessage("Go.")]})
+
+
+def build_stock_agent(db_path: str, provider_dir: str,
+                      turns: list[list[list[str]]]) -> EffectsAgent:
+    """model -> LangGraph's stock `ToolNode` -> model on a durable saver, no guard: each
+    tool writes `item` to a blind `FakeProvider` under the key `item`, so a tools step
+    that runs again after a crash applies its effects again.
+
+    Args:
+        db_path: The agent's SQLite database (checkpoints, and a ledger nothing uses).
+        provider_dir: Folder of the providers' own databases (`<tool>.sqlite`).
+        turns: Per model turn, the `[tool, item]` calls of its AIMessage.
+    """
+    os.makedirs(provider_dir, exist_ok=True)
+    names = sorted({tool for calls in turns for tool, _ in calls})
+    providers = {name: FakeProvider(os.path.join(provider_dir, f"{name}.sqlite"), "blind",
+                                    name=name) for name in names}
+
+    def stock_tool(provider: FakeProvider) -> StructuredTool:
+        def write(item: str) -> dict[str, Any]:
+            return provider.apply(item, {"item": item})
+
+        return StructuredTool.from_function(
+            write, name=provider.name, description=f"Write one item to {provider.name}.")
+
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    graph = react_graph(ScriptedChatModel(script=script_of(turns)),
+                        [stock_tool(p) for p in providers.values()], {}, saver,
+                        tools_node=ToolNode)
     return EffectsAgent(graph=graph, saver=saver, providers=providers,
                         inputs={"messages": [HumanMessage("Go.")]})

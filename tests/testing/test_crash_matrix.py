@@ -15,7 +15,10 @@ Which sweeps, since a child process costs about a second:
   point it leads to would be 568);
 - three parallel calls, one needing approval: every point, before and after approval;
 - `create_agent` with the middleware (one task per call): every point; approvals are
-  the same protocol as in the parallel scenario, so it runs without one.
+  the same protocol as in the parallel scenario, so it runs without one;
+- a stock `ToolNode`, no guard, pairs of `before_put_writes`: a pair resumes from a copy
+  of the files its first crash left, and must still find the duplicates a crash during
+  recovery adds.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from collections.abc import Callable
 import pytest
 
 from graph_durable.testing.crash import GUARD_POINTS, CrashPoint, CrashReport, crash_matrix
+from graph_durable.testing.forkserver import ForkServer
 
 pytestmark = pytest.mark.crash
 
 TICKET = "graph_durable.demo.ticket:build_ticket_agent"
 EFFECTS = "graph_durable.testing.scenarios:build_effects_agent"
 CREATE_AGENT = "graph_durable.testing.scenarios_extra:build_create_agent"
+STOCK = "graph_durable.testing.scenarios_extra:build_stock_agent"
 WORKERS = 2
 
 
@@ -126,3 +131,36 @@ def test_create_agent_with_the_middleware_one_task_per_call() -> None:
     assert {q["name"] for row in report.rows for q in row.questions} == {"beta"}
     paused = {row.label for row in report.rows if row.pauses}
     assert {"after_intent(beta)#1", "after_effect(beta)#1"} <= paused
+
+
+def test_pairs_on_a_stock_tool_node_find_the_duplicates_of_a_crash_during_recovery(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    forks = []
+    run = ForkServer.run
+
+    def counted(self: ForkServer, target: str, kwargs: dict, **options: object) -> object:
+        forks.append(kwargs["spec"]["action"])
+        return run(self, target, kwargs, **options)
+
+    monkeypatch.setattr(ForkServer, "run", counted)
+    report = crash_matrix(STOCK, {"turns": [[["pay", "42"]]]}, points=["before_put_writes"],
+                          pairs=True, workers=WORKERS, progress=False)
+    print(report)
+    singles = [row for row in report.rows if len(row.schedule) == 1]
+    pairs = [row for row in report.rows if len(row.schedule) == 2]
+    assert len(singles) == 4 and len(pairs) >= 8
+    assert all(row.fired == len(row.schedule) for row in report.rows)
+    # Killed after the tool ran and before the tools step saved its writes, the resume
+    # runs the tool again: one duplicate...
+    tools_step = CrashPoint("before_put_writes", occurrence=3)
+    duplicates = {row.schedule: row.duplicates for row in report.rows}
+    assert duplicates[(tools_step,)] == 1
+    # ...and killed there again while it recovers, a third effect, which only the copy
+    # of the first crash's provider file still counts.
+    assert duplicates[(tools_step, CrashPoint("before_put_writes", occurrence=1))] == 2
+    assert report.duplicates == sum(duplicates.values()) >= 6
+    # A pair's first crash ran once, in its point's run: the fault-free run, every
+    # point's processes, and each pair's processes after its first crash.
+    assert len(forks) == 1 + sum(row.runs for row in singles) + sum(
+        row.runs - 1 for row in pairs)
+    assert forks.count("start") == 1 + len(singles)
