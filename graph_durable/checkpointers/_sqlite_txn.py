@@ -28,7 +28,6 @@ from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
     EffectRecord,
-    EffectStatus,
     IntentWrite,
     LedgerWrite,
     TransitionWrite,
@@ -82,14 +81,6 @@ def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any], alone: bool = 
         error = exc
     cur.execute("RELEASE ledger_write")
     return error
-
-
-def _journaled_part(row: Sequence[Any]) -> EffectRecord:
-    """The fields of an updated effect row (`_sql.EFFECT_COLUMNS`) that its journal entry
-    reads (`_sql.transition_event`): key, thread, status and attempts."""
-    return EffectRecord.model_construct(key=row[0], thread_id=row[1], checkpoint_ns=row[2],
-                                        tool_call_id=row[3], tool=row[4],
-                                        status=EffectStatus(row[6]), attempts=row[9])
 
 
 class SqliteTransactions:
@@ -148,17 +139,35 @@ class SqliteTransactions:
     def _flush_deferred_txn(self, cur: sqlite3.Cursor, thread_id: str) -> None:
         for write, write_config in self._take_deferred(thread_id):  # type: ignore[attr-defined]
             try:
-                self._apply_one_txn(cur, write, actor_of(write_config), decode=False)
+                self._apply_deferred_txn(cur, write, actor_of(write_config))
             except IllegalTransition as refused:
                 self._refused_deferred(write, refused)  # type: ignore[attr-defined]
 
+    def _apply_deferred_txn(
+        self, cur: sqlite3.Cursor, one: TransitionWrite, actor: tuple[str | None, int | None],
+    ) -> None:
+        """Carry out a deferred transition (a receipt). No caller reads its record, and
+        its journal entry needs only what the write says (and the attempt count, when it
+        counts one more), so the update returns no row unless then, and none is decoded."""
+        now = time.time()
+        returning = "attempts" if one.bump_attempts else None
+        cur.execute(*self._plan_update(one, now, returning))  # type: ignore[attr-defined]
+        if returning is None:
+            moved, attempts = cur.rowcount == 1, 0
+        else:
+            rows = cur.fetchall()
+            moved, attempts = bool(rows), rows[0][0] if rows else 0
+        if not moved:
+            row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+            raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
+        journaled = _sql.Journaled(one.key, one.thread_id, one.to, attempts)
+        cur.execute(*self._transition_event(journaled, one, now, actor))  # type: ignore[attr-defined]
+
     def _apply_one_txn(
         self, cur: sqlite3.Cursor, one: IntentWrite | TransitionWrite,
-        actor: tuple[str | None, int | None], *, decode: bool = True,
+        actor: tuple[str | None, int | None],
     ) -> EffectRecord:
-        """Carry out one intent or transition; the record it leaves. `decode=False`: no
-        caller reads the record (a deferred receipt), so a transition's record holds only
-        what its journal entry needs, and args, receipt and decision are not decoded."""
+        """Carry out one intent or transition; the record it leaves."""
         if isinstance(one, IntentWrite):
             (inherit, inherited), (insert, *after), record = self._plan_intent(  # type: ignore[attr-defined]
                 one, actor)
@@ -178,7 +187,7 @@ class SqliteTransactions:
         if not rows:
             row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
             raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
-        record = self._record(rows[0]) if decode else _journaled_part(rows[0])  # type: ignore[attr-defined]
+        record = self._record(rows[0])  # type: ignore[attr-defined]
         cur.execute(*self._transition_event(record, one, now, actor))  # type: ignore[attr-defined]
         return record  # type: ignore[no-any-return]
 
