@@ -62,16 +62,8 @@ class QueuedWrite:
         self.done = False
 
 
-def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any], alone: bool = False
-                  ) -> BaseException | None:
-    """Run `action` in a savepoint; undo only its own writes and return its error.
-
-    `alone`: the transaction holds nothing else, so an error rolls all of it back and is
-    raised (the savepoint's two statements are saved).
-    """
-    if alone:
-        action()
-        return None
+def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any]) -> BaseException | None:
+    """Run `action` in a savepoint; undo only its own writes and return its error."""
     cur.execute("SAVEPOINT ledger_write")
     error: BaseException | None = None
     try:
@@ -260,39 +252,23 @@ class SqliteTransactions:
     def _commit_queue(self, conn: sqlite3.Connection) -> None:
         """Commit every queued write in one transaction (the caller holds the lock).
 
-        Each thread is fenced and pinned once per transaction, for every write made with
-        the same fencing token. A refused write must not undo its neighbours, so each
-        write runs in a savepoint, except an intent: it is inserted whole or not at all.
+        A write alone in its transaction (the common case) runs as it is: its error rolls
+        the transaction back. Of several, each thread is fenced and pinned once, for every
+        write made with the same fencing token, and a refused write must not undo its
+        neighbours, so each write runs in a savepoint, except an intent: it is inserted
+        whole or not at all.
         """
         with self._queue_lock:
             batch, self._queue = self._queue, []
         if not batch:
             return
         cur = conn.cursor()
-        checked: dict[tuple[str, int | None], BaseException | None] = {}
-        alone = len(batch) == 1
         try:
             cur.execute("BEGIN IMMEDIATE")
-            for item in batch:
-                write, config = item.write, item.config
-                actor = actor_of(config)
-                fenced = (write.thread_id, actor[1])
-                if fenced not in checked:
-                    checked[fenced] = _in_savepoint(
-                        cur, lambda: self._check_write_txn(cur, write.thread_id, config),
-                        alone)
-                if checked[fenced] is not None:
-                    item.error = checked[fenced]
-                elif isinstance(write, CheckpointWrite):
-                    item.error = _in_savepoint(cur, lambda: write.body(cur), alone)
-                elif isinstance(write, IntentWrite):
-                    try:
-                        item.result = [self._apply_one_txn(cur, write, actor)]
-                    except IntentExists as exists:
-                        item.error = exists
-                else:
-                    item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor),
-                                               alone)
+            if len(batch) == 1:
+                self._write_alone_txn(cur, batch[0])
+            else:
+                self._write_batch_txn(cur, batch)
             conn.commit()
             self._deferred_committed()  # type: ignore[attr-defined]
         except BaseException as exc:
@@ -304,6 +280,40 @@ class SqliteTransactions:
             cur.close()
             for item in batch:
                 item.done = True
+
+    def _write_alone_txn(self, cur: sqlite3.Cursor, item: QueuedWrite) -> None:
+        write, config = item.write, item.config
+        self._check_write_txn(cur, write.thread_id, config)
+        if isinstance(write, CheckpointWrite):
+            write.body(cur)
+        elif isinstance(write, IntentWrite):
+            try:
+                item.result = [self._apply_one_txn(cur, write, actor_of(config))]
+            except IntentExists as exists:
+                item.error = exists
+        else:
+            self._apply_txn(cur, item, actor_of(config))
+
+    def _write_batch_txn(self, cur: sqlite3.Cursor, batch: Sequence[QueuedWrite]) -> None:
+        checked: dict[tuple[str, int | None], BaseException | None] = {}
+        for item in batch:
+            write, config = item.write, item.config
+            actor = actor_of(config)
+            fenced = (write.thread_id, actor[1])
+            if fenced not in checked:
+                checked[fenced] = _in_savepoint(
+                    cur, lambda: self._check_write_txn(cur, write.thread_id, config))
+            if checked[fenced] is not None:
+                item.error = checked[fenced]
+            elif isinstance(write, CheckpointWrite):
+                item.error = _in_savepoint(cur, lambda: write.body(cur))
+            elif isinstance(write, IntentWrite):
+                try:
+                    item.result = [self._apply_one_txn(cur, write, actor)]
+                except IntentExists as exists:
+                    item.error = exists
+            else:
+                item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor))
 
     def _apply_txn(
         self, cur: sqlite3.Cursor, item: QueuedWrite, actor: tuple[str | None, int | None]
