@@ -451,15 +451,17 @@ class DurableSaverMixin:
             columns["checkpoint_ns"] = write.checkpoint_ns
         return columns
 
-    def _plan_update(self, write: TransitionWrite, now: float) -> _sql.Statement:
+    def _plan_update(self, write: TransitionWrite, now: float,
+                     returning: str | None = _sql.EFFECT_COLUMNS) -> _sql.Statement:
         """The conditional `UPDATE ... RETURNING` that carries out `write`."""
         return _sql.plan_update(
             thread_id=write.thread_id, key=write.key, to=write.to, now=now,
             columns=self._transition_columns(write), bump_attempts=write.bump_attempts,
+            returning=returning,
         )
 
     def _transition_event(
-        self, record: EffectRecord, write: TransitionWrite, now: float,
+        self, record: EffectRecord | _sql.Journaled, write: TransitionWrite, now: float,
         actor: tuple[str | None, int | None],
     ) -> _sql.Statement:
         data = write.data if write.redact is None else write.redact(write.data)

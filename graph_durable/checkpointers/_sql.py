@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from graph_durable.errors import IllegalTransition
 from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
@@ -17,6 +17,7 @@ from graph_durable.secrets import LedgerCodec
 
 __all__ = [
     "EFFECT_COLUMNS",
+    "Journaled",
     "Statement",
     "effect_from_row",
     "event_from_row",
@@ -375,13 +376,15 @@ def plan_update(
     now: float,
     columns: dict[str, Any],
     bump_attempts: bool = False,
+    returning: str | None = EFFECT_COLUMNS,
 ) -> Statement:
     """Move an effect to `to`, setting `columns`, if its current status allows it.
 
-    One conditional `UPDATE ... RETURNING` the updated row (`EFFECT_COLUMNS`), so the
-    lifecycle is checked without reading the row first; no row back means no such
-    effect or a forbidden move (`refusal` says which). `bump_attempts` counts one more
-    call of the tool (a new attempt with the same key).
+    One conditional `UPDATE ... RETURNING` the updated row (`EFFECT_COLUMNS`, or the
+    columns `returning` names), so the lifecycle is checked without reading the row
+    first; no row back means no such effect or a forbidden move (`refusal` says which).
+    With `returning=None` nothing comes back, and the row count says whether it moved.
+    `bump_attempts` counts one more call of the tool (a new attempt with the same key).
     """
     sources = _SOURCES[to]
     assignments = {"status": to.value, "updated_at": now, **columns}
@@ -389,15 +392,26 @@ def plan_update(
     if bump_attempts:
         sets.append("attempts = attempts + 1")
     marks = ", ".join("?" for _ in sources)
+    tail = f" RETURNING {returning}" if returning else ""
     return (
         f"UPDATE effects SET {', '.join(sets)} WHERE thread_id = ? AND key = ? "
-        f"AND status IN ({marks}) RETURNING {EFFECT_COLUMNS}",
+        f"AND status IN ({marks}){tail}",
         (*assignments.values(), thread_id, key, *sources),
     )
 
 
+class Journaled(NamedTuple):
+    """What a transition's journal entry (`transition_event`) reads of the effect it
+    left, when the caller has no record of it: the write says all but `attempts`."""
+
+    key: str
+    thread_id: str
+    status: EffectStatus
+    attempts: int
+
+
 def transition_event(
-    record: EffectRecord, *, kind: str, data: dict[str, Any], now: float,
+    record: EffectRecord | Journaled, *, kind: str, data: dict[str, Any], now: float,
     actor: tuple[str | None, int | None], bump_attempts: bool = False,
     codec: LedgerCodec = PLAIN,
 ) -> Statement:

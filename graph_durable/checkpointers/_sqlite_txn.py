@@ -28,7 +28,6 @@ from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
     EffectRecord,
-    EffectStatus,
     IntentWrite,
     LedgerWrite,
     TransitionWrite,
@@ -63,16 +62,8 @@ class QueuedWrite:
         self.done = False
 
 
-def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any], alone: bool = False
-                  ) -> BaseException | None:
-    """Run `action` in a savepoint; undo only its own writes and return its error.
-
-    `alone`: the transaction holds nothing else, so an error rolls all of it back and is
-    raised (the savepoint's two statements are saved).
-    """
-    if alone:
-        action()
-        return None
+def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any]) -> BaseException | None:
+    """Run `action` in a savepoint; undo only its own writes and return its error."""
     cur.execute("SAVEPOINT ledger_write")
     error: BaseException | None = None
     try:
@@ -82,14 +73,6 @@ def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any], alone: bool = 
         error = exc
     cur.execute("RELEASE ledger_write")
     return error
-
-
-def _journaled_part(row: Sequence[Any]) -> EffectRecord:
-    """The fields of an updated effect row (`_sql.EFFECT_COLUMNS`) that its journal entry
-    reads (`_sql.transition_event`): key, thread, status and attempts."""
-    return EffectRecord.model_construct(key=row[0], thread_id=row[1], checkpoint_ns=row[2],
-                                        tool_call_id=row[3], tool=row[4],
-                                        status=EffectStatus(row[6]), attempts=row[9])
 
 
 class SqliteTransactions:
@@ -148,17 +131,35 @@ class SqliteTransactions:
     def _flush_deferred_txn(self, cur: sqlite3.Cursor, thread_id: str) -> None:
         for write, write_config in self._take_deferred(thread_id):  # type: ignore[attr-defined]
             try:
-                self._apply_one_txn(cur, write, actor_of(write_config), decode=False)
+                self._apply_deferred_txn(cur, write, actor_of(write_config))
             except IllegalTransition as refused:
                 self._refused_deferred(write, refused)  # type: ignore[attr-defined]
 
+    def _apply_deferred_txn(
+        self, cur: sqlite3.Cursor, one: TransitionWrite, actor: tuple[str | None, int | None],
+    ) -> None:
+        """Carry out a deferred transition (a receipt). No caller reads its record, and
+        its journal entry needs only what the write says (and the attempt count, when it
+        counts one more), so the update returns no row unless then, and none is decoded."""
+        now = time.time()
+        returning = "attempts" if one.bump_attempts else None
+        cur.execute(*self._plan_update(one, now, returning))  # type: ignore[attr-defined]
+        if returning is None:
+            moved, attempts = cur.rowcount == 1, 0
+        else:
+            rows = cur.fetchall()
+            moved, attempts = bool(rows), rows[0][0] if rows else 0
+        if not moved:
+            row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+            raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
+        journaled = _sql.Journaled(one.key, one.thread_id, one.to, attempts)
+        cur.execute(*self._transition_event(journaled, one, now, actor))  # type: ignore[attr-defined]
+
     def _apply_one_txn(
         self, cur: sqlite3.Cursor, one: IntentWrite | TransitionWrite,
-        actor: tuple[str | None, int | None], *, decode: bool = True,
+        actor: tuple[str | None, int | None],
     ) -> EffectRecord:
-        """Carry out one intent or transition; the record it leaves. `decode=False`: no
-        caller reads the record (a deferred receipt), so a transition's record holds only
-        what its journal entry needs, and args, receipt and decision are not decoded."""
+        """Carry out one intent or transition; the record it leaves."""
         if isinstance(one, IntentWrite):
             (inherit, inherited), (insert, *after), record = self._plan_intent(  # type: ignore[attr-defined]
                 one, actor)
@@ -178,7 +179,7 @@ class SqliteTransactions:
         if not rows:
             row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
             raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
-        record = self._record(rows[0]) if decode else _journaled_part(rows[0])  # type: ignore[attr-defined]
+        record = self._record(rows[0])  # type: ignore[attr-defined]
         cur.execute(*self._transition_event(record, one, now, actor))  # type: ignore[attr-defined]
         return record  # type: ignore[no-any-return]
 
@@ -251,39 +252,23 @@ class SqliteTransactions:
     def _commit_queue(self, conn: sqlite3.Connection) -> None:
         """Commit every queued write in one transaction (the caller holds the lock).
 
-        Each thread is fenced and pinned once per transaction, for every write made with
-        the same fencing token. A refused write must not undo its neighbours, so each
-        write runs in a savepoint, except an intent: it is inserted whole or not at all.
+        A write alone in its transaction (the common case) runs as it is: its error rolls
+        the transaction back. Of several, each thread is fenced and pinned once, for every
+        write made with the same fencing token, and a refused write must not undo its
+        neighbours, so each write runs in a savepoint, except an intent: it is inserted
+        whole or not at all.
         """
         with self._queue_lock:
             batch, self._queue = self._queue, []
         if not batch:
             return
         cur = conn.cursor()
-        checked: dict[tuple[str, int | None], BaseException | None] = {}
-        alone = len(batch) == 1
         try:
             cur.execute("BEGIN IMMEDIATE")
-            for item in batch:
-                write, config = item.write, item.config
-                actor = actor_of(config)
-                fenced = (write.thread_id, actor[1])
-                if fenced not in checked:
-                    checked[fenced] = _in_savepoint(
-                        cur, lambda: self._check_write_txn(cur, write.thread_id, config),
-                        alone)
-                if checked[fenced] is not None:
-                    item.error = checked[fenced]
-                elif isinstance(write, CheckpointWrite):
-                    item.error = _in_savepoint(cur, lambda: write.body(cur), alone)
-                elif isinstance(write, IntentWrite):
-                    try:
-                        item.result = [self._apply_one_txn(cur, write, actor)]
-                    except IntentExists as exists:
-                        item.error = exists
-                else:
-                    item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor),
-                                               alone)
+            if len(batch) == 1:
+                self._write_alone_txn(cur, batch[0])
+            else:
+                self._write_batch_txn(cur, batch)
             conn.commit()
             self._deferred_committed()  # type: ignore[attr-defined]
         except BaseException as exc:
@@ -295,6 +280,40 @@ class SqliteTransactions:
             cur.close()
             for item in batch:
                 item.done = True
+
+    def _write_alone_txn(self, cur: sqlite3.Cursor, item: QueuedWrite) -> None:
+        write, config = item.write, item.config
+        self._check_write_txn(cur, write.thread_id, config)
+        if isinstance(write, CheckpointWrite):
+            write.body(cur)
+        elif isinstance(write, IntentWrite):
+            try:
+                item.result = [self._apply_one_txn(cur, write, actor_of(config))]
+            except IntentExists as exists:
+                item.error = exists
+        else:
+            self._apply_txn(cur, item, actor_of(config))
+
+    def _write_batch_txn(self, cur: sqlite3.Cursor, batch: Sequence[QueuedWrite]) -> None:
+        checked: dict[tuple[str, int | None], BaseException | None] = {}
+        for item in batch:
+            write, config = item.write, item.config
+            actor = actor_of(config)
+            fenced = (write.thread_id, actor[1])
+            if fenced not in checked:
+                checked[fenced] = _in_savepoint(
+                    cur, lambda: self._check_write_txn(cur, write.thread_id, config))
+            if checked[fenced] is not None:
+                item.error = checked[fenced]
+            elif isinstance(write, CheckpointWrite):
+                item.error = _in_savepoint(cur, lambda: write.body(cur))
+            elif isinstance(write, IntentWrite):
+                try:
+                    item.result = [self._apply_one_txn(cur, write, actor)]
+                except IntentExists as exists:
+                    item.error = exists
+            else:
+                item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor))
 
     def _apply_txn(
         self, cur: sqlite3.Cursor, item: QueuedWrite, actor: tuple[str | None, int | None]

@@ -198,11 +198,16 @@ class CallContext:
 Protocol = Generator[Any, Any, Any]
 
 
+_JSON_STARTS = frozenset('{["-0123456789tfnNI')
+"""The first characters of every text `json.loads` accepts (after JSON whitespace)."""
+
+
 def receipt_of(result: Any) -> Any:
     """What to keep as the receipt of a tool's result (JSON-friendly, for people)."""
     if isinstance(result, ToolMessage):
         content: Any = result.content
-        if isinstance(content, str):
+        # Plain text, a common answer, is not parsed: a failed parse costs an exception.
+        if isinstance(content, str) and content.lstrip(" \t\n\r")[:1] in _JSON_STARTS:
             try:
                 content = json.loads(content)
             except ValueError:

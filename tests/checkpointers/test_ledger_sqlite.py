@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import threading
 from pathlib import Path
@@ -177,6 +178,36 @@ def test_a_deferred_receipt_commits_with_the_threads_next_write(tmp_path: Path) 
     assert record.status is S.APPLIED and record.receipt == {"id": 7} and record.error is None
     assert saver.stored_result("t", "k1") == "ok"
     assert [e.kind for e in saver.events("t")] == ["intent", "receipt"]
+
+
+def test_a_deferred_write_is_journaled_as_one_committed_at_once(tmp_path: Path) -> None:
+    saver = open_saver(tmp_path / "a.sqlite")
+    for thread_id in ("now", "deferred"):
+        key = f"k-{thread_id}"
+        with saver.lease(thread_id, "worker", ttl=60) as lease:
+            saver.claim(intent(thread_id, key), lease.config)
+            for write in (
+                TransitionWrite(thread_id=thread_id, key=key, to=S.IN_FLIGHT, kind="attempt",
+                                bump_attempts=True, data={"reason": "again"}),
+                receipt(thread_id, key),
+            ):
+                saver.apply(dataclasses.replace(write, defer=thread_id == "deferred"),
+                            lease.config)
+            put_checkpoint(saver, thread_id, {"configurable": {
+                "checkpoint_ns": "", **lease.config["configurable"]}})
+
+    def journal(thread_id: str) -> list[tuple]:
+        return [(e.kind, e.data, e.owner, e.fencing_token) for e in saver.events(thread_id)]
+
+    def effect(thread_id: str) -> dict:
+        return saver.effect(f"k-{thread_id}", thread_id).model_dump(
+            exclude={"key", "thread_id", "created_at", "updated_at"})
+
+    assert journal("deferred") == journal("now")
+    assert [data for _, data, _, _ in journal("deferred")][1:] == [
+        {"status": "in_flight", "reason": "again", "attempt": 2}, {"status": "applied"}]
+    assert effect("deferred") == effect("now")
+    assert effect("deferred")["attempts"] == 2
 
 
 def test_a_deferred_receipt_the_lifecycle_no_longer_allows_is_dropped(
