@@ -666,9 +666,9 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         thread_id = intents[0].thread_id
         if any(intent.thread_id != thread_id for intent in intents):
             raise ValueError("claim_many claims intents of one thread")
-        actor = actor_of(config)
         if self._one_trip_possible(thread_id):
             return self._claim_in_one_trip(thread_id, intents, config)
+        actor = actor_of(config)
         claimed: list[tuple[EffectRecord, bool]] = []
         with self._txn(thread_id, config) as cur:
             for intent in intents:
