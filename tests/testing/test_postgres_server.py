@@ -41,6 +41,19 @@ def test_created_databases_are_isolated(postgres_server: PostgresServer) -> None
         assert found == (None,)
 
 
+def test_drop_database_closes_its_sessions_and_frees_it(postgres_server: PostgresServer) -> None:
+    conninfo = postgres_server.create_database("gd_dropped")
+    left_open = psycopg.connect(conninfo)  # a session a killed test would leave behind
+    postgres_server.drop_database("gd_dropped")
+    with psycopg.connect(postgres_server.conninfo) as conn:
+        found = conn.execute("SELECT count(*) FROM pg_database WHERE datname = 'gd_dropped'")
+        assert found.fetchone() == (0,)
+    with pytest.raises(psycopg.OperationalError):
+        left_open.execute("SELECT 1")
+    left_open.close()
+    postgres_server.drop_database("gd_dropped")  # a missing database is not an error
+
+
 def test_stop_stops_the_server_and_removes_its_folder() -> None:
     server = PostgresServer()
     server.stop()  # stopping a server never started is a no-op
