@@ -74,14 +74,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from langchain_core.messages import AIMessage, ToolMessage
 
+from benchmarks._parallel import check_outputs, run_threads
 from benchmarks._runner import (
     BenchmarkSkipped,
     Comparison,
@@ -188,63 +187,9 @@ def build_guarded(conninfo: str) -> Agent:
     return _compile("guarded", _guarded_node(), saver, pool, 1)
 
 
-def _check_outputs(agent: Agent, outputs: dict[str, dict[str, Any]], expected: int) -> None:
-    """Every turn of a run ended with one successful tool message and the final answer;
-    for the guarded variant, a sample of threads has its one effect applied."""
-    if len(outputs) != expected:
-        raise RuntimeError(f"{agent.name}: {len(outputs)} turns finished, expected {expected}")
-    for thread_id, out in outputs.items():
-        messages = out["messages"]
-        tools = [m for m in messages if isinstance(m, ToolMessage)]
-        if (len(tools) != 1 or tools[0].status != "success"
-                or not isinstance(messages[-1], AIMessage) or messages[-1].tool_calls):
-            raise RuntimeError(f"{agent.name}: turn on {thread_id} is not as expected: "
-                               f"{messages!r}")
-    if agent.name == "guarded":
-        for thread_id in list(outputs)[:: max(1, expected // 16)]:
-            applied = agent.saver.effects(thread_id, status="applied")  # type: ignore[attr-defined]
-            if len(applied) != 1:
-                raise RuntimeError(f"guarded: {thread_id} has {len(applied)} applied "
-                                   f"effects, expected 1")
-
-
 def _run_parallel(agent: Agent, tag: str, turns: int) -> float:
-    """Run `turns` turns in each of `PARALLEL` threads at once; return the wall seconds.
-
-    Thread ids are `{tag}-w{i}-{n}`: a tag of its own makes every run's threads new.
-    """
-    barrier = threading.Barrier(PARALLEL + 1)
-    outputs: dict[str, dict[str, Any]] = {}
-    errors: list[BaseException] = []
-
-    def work(i: int) -> None:
-        ids = [f"{tag}-w{i}-{n}" for n in range(turns)]
-        mine: dict[str, dict[str, Any]] = {}
-        barrier.wait()
-        try:
-            for thread_id in ids:
-                mine[thread_id] = agent.graph.invoke(
-                    agent.inputs, {"configurable": {"thread_id": thread_id}},
-                    durability="sync")
-        except BaseException as exc:  # reported by the caller
-            errors.append(exc)
-        outputs.update(mine)
-
-    threads = [threading.Thread(target=work, args=(i,), name=f"{tag}-w{i}")
-               for i in range(PARALLEL)]
-    for thread in threads:
-        thread.start()
-    gc.collect()
-    barrier.wait()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - start
-    if errors:
-        raise RuntimeError(f"{agent.name}: a turn failed in run {tag}") from errors[0]
-    _check_outputs(agent, outputs, PARALLEL * turns)
-    return elapsed
-
+    """Run `turns` turns in each of `PARALLEL` Python threads at once; the wall seconds."""
+    return run_threads(agent, tag, turns, PARALLEL)
 
 def measure_parallel(
     server: PostgresServer,
@@ -316,7 +261,7 @@ def _run_parallel_async(agent: Any, tag: str, turns: int) -> float:
         elapsed = agent.runner.run(run_all())
     except BaseException as exc:
         raise RuntimeError(f"{agent.name}: a turn failed in run {tag}") from exc
-    _check_outputs(agent, outputs, PARALLEL * turns)
+    check_outputs(agent, outputs, PARALLEL * turns)
     return elapsed
 
 

@@ -35,15 +35,13 @@ import os
 import sqlite3
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
-from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+from benchmarks._parallel import check_outputs, run_threads
 from benchmarks._runner import Comparison, report, run_main
 from benchmarks.turn_overhead import (
     Agent,
@@ -93,59 +91,9 @@ def _build_threads(name: str, db_path: str) -> Agent:
     return _compile(name, node, saver, conn, 1)
 
 
-def _check_outputs(agent: Agent, outputs: dict[str, dict[str, Any]], expected: int) -> None:
-    """Every turn ended with one successful tool message and the final answer; for the
-    guarded variant, a sample of threads has its one effect applied."""
-    if len(outputs) != expected:
-        raise RuntimeError(f"{agent.name}: {len(outputs)} turns finished, expected {expected}")
-    for thread_id, out in outputs.items():
-        messages = out["messages"]
-        tools = [m for m in messages if isinstance(m, ToolMessage)]
-        if (len(tools) != 1 or tools[0].status != "success"
-                or not isinstance(messages[-1], AIMessage) or messages[-1].tool_calls):
-            raise RuntimeError(f"{agent.name}: turn on {thread_id} is not as expected: "
-                               f"{messages!r}")
-    if agent.name == "guarded":
-        for thread_id in list(outputs)[:: max(1, expected // 16)]:
-            agent.last_thread_id = thread_id
-            if agent.applied() != 1:
-                raise RuntimeError(f"guarded: {thread_id} does not hold 1 applied effect")
-
-
 def _run_threads(agent: Agent, tag: str, turns: int) -> float:
     """Run `turns` turns in each of `PARALLEL` Python threads at once; the wall seconds."""
-    barrier = threading.Barrier(PARALLEL + 1)
-    outputs: dict[str, dict[str, Any]] = {}
-    errors: list[BaseException] = []
-
-    def work(i: int) -> None:
-        ids = [f"{tag}-w{i}-{n}" for n in range(turns)]
-        mine: dict[str, dict[str, Any]] = {}
-        barrier.wait()
-        try:
-            for thread_id in ids:
-                mine[thread_id] = agent.graph.invoke(
-                    agent.inputs, {"configurable": {"thread_id": thread_id}},
-                    durability="sync")
-        except BaseException as exc:  # reported by the caller
-            errors.append(exc)
-        outputs.update(mine)
-
-    threads = [threading.Thread(target=work, args=(i,), name=f"{tag}-w{i}")
-               for i in range(PARALLEL)]
-    for thread in threads:
-        thread.start()
-    gc.collect()
-    barrier.wait()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - start
-    if errors:
-        raise RuntimeError(f"{agent.name}: a turn failed in run {tag}") from errors[0]
-    _check_outputs(agent, outputs, PARALLEL * turns)
-    return elapsed
-
+    return run_threads(agent, tag, turns, PARALLEL)
 
 def _run_tasks(agent: Agent, tag: str, turns: int) -> float:
     """Run `turns` turns in each of `PARALLEL` asyncio tasks at once; the wall seconds."""
@@ -165,7 +113,7 @@ def _run_tasks(agent: Agent, tag: str, turns: int) -> float:
 
     gc.collect()
     elapsed = agent.loop.run_until_complete(run_all())
-    _check_outputs(agent, outputs, PARALLEL * turns)
+    check_outputs(agent, outputs, PARALLEL * turns)
     return elapsed
 
 
