@@ -29,6 +29,7 @@ __all__ = [
     "carried_transition",
     "claim_call",
     "lease_and_clock",
+    "lock_keys",
     "pg_sql",
 ]
 
@@ -65,6 +66,14 @@ FENCE_REFUSED = "GD001"
 CLAIM = "SELECT * FROM graph_durable_claim(" + ", ".join(["%s"] * 13) + ")"
 """Claim a step's intents in one statement (PostgreSQL migration 8): one row per intent,
 in order, `(claimed, *EFFECT_COLUMNS)`; see `claim_call`."""
+KEY_LOCKS = 1735680001
+"""The class id (first half) of the advisory locks on effect keys: a space of their own,
+apart from the threads' one-number locks."""
+LOCK_KEYS = (
+    "SELECT pg_advisory_xact_lock(%s, hashtext(k)) "
+    "FROM (SELECT DISTINCT unnest(%s::text[]) AS k ORDER BY k) AS keys"
+)
+"""Lock effect keys until the transaction ends, in one order (see `lock_keys`)."""
 SELECT_LEASE_WITH_CLOCK = (
     "SELECT l.owner, l.token, l.expires_at, n.now_at FROM (SELECT "
     "extract(epoch FROM clock_timestamp())::DOUBLE PRECISION AS now_at) n "
@@ -122,6 +131,21 @@ def pg_sql(sql: str) -> str:
     if out.startswith("INSERT OR IGNORE INTO"):
         out = "INSERT INTO" + out[len("INSERT OR IGNORE INTO"):] + " ON CONFLICT DO NOTHING"
     return out
+
+
+def lock_keys(keys: Sequence[str]) -> _sql.Statement:
+    """`LOCK_KEYS` for the keys a claim is about to look up and insert.
+
+    A key embeds its key thread, so the same key in another thread (a copy, a fork) is
+    the same requested call, and a claim takes it over from there (`_sql.plan_inherit`).
+    Each claim holds only its own thread's lock, so two threads of one family claiming a
+    key at once could each look for the other's row before either committed, find none,
+    and both insert it: the call sent twice. Locking the key first makes the second
+    claim wait for the first to commit; its statements then see the first's row (each
+    statement of a READ COMMITTED transaction reads what was committed when it began).
+    Keys are locked in sorted order, so two claims of several keys cannot deadlock.
+    """
+    return LOCK_KEYS, (KEY_LOCKS, sorted(set(keys)))
 
 
 def claim_call(

@@ -496,6 +496,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
 
         if isinstance(one, IntentWrite):
             (inherit, inherited), (insert, *after), record = self._plan_intent(one, actor)
+            await _run(cur, *_pg.lock_keys([one.key]))
             if await _pg.arun_counted(cur, *inherit) == 1:
                 await _run(cur, *inherited)
                 raise IntentExists(await recorded())

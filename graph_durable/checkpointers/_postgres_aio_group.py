@@ -171,6 +171,7 @@ class AsyncGroupCommit:
         planned = [self._plan_intent(item.write, actor)[1:] for item in batch]
         try:
             async with self._one_trip(thread_id, config) as fenced:
+                await fenced.execute(*_pg.lock_keys([item.write.key for item in batch]))
                 cur = fenced.connection.cursor(row_factory=tuple_row)
                 await cur.execute(*_pg.claim_call(thread_id, planned, actor))
             async with cur:

@@ -73,6 +73,7 @@ from graph_durable.checkpointers._pg import (
     TransactionDeferred,
     broke_under_write,
     claim_call,
+    lock_keys,
     pg_sql,
 )
 from graph_durable.checkpointers._pg import lease_and_clock as _lease_and_clock
@@ -523,6 +524,7 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
     ) -> EffectRecord:
         if isinstance(one, IntentWrite):
             (inherit, inherited), (insert, *after), record = self._plan_intent(one, actor)
+            _run(cur, *lock_keys([one.key]))
             if _run(cur, *inherit).rowcount == 1:
                 _run(cur, *inherited)
                 row = _run(cur, _sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
@@ -671,6 +673,7 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         actor = actor_of(config)
         claimed: list[tuple[EffectRecord, bool]] = []
         with self._txn(thread_id, config) as cur:
+            _run(cur, *lock_keys([intent.key for intent in intents]))
             for intent in intents:
                 try:
                     claimed.append((self._apply_one_txn(cur, intent, actor), True))
@@ -686,6 +689,7 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         actor = actor_of(config)
         planned = [self._plan_intent(intent, actor)[1:] for intent in intents]
         with self._one_trip(thread_id, config) as fenced:
+            fenced.execute(*lock_keys([intent.key for intent in intents]))
             cur = fenced.connection.cursor(row_factory=tuple_row)
             cur.execute(*claim_call(thread_id, planned, actor))
         with cur:
