@@ -6,7 +6,9 @@ A turn is model -> tools -> model on a fresh thread, run with `durability="sync"
 - guarded: `graph_durable.EffectGuardNode` + `graph_durable.DurableSqliteSaver`,
            the tool declared `Effect(idempotent=True)` and reading `current_effect().key`
 
-The `encrypted` rows give both savers LangGraph's `EncryptedSerializer` (AES), which
+The `durable saver + ToolNode` rows run stock's `ToolNode` on `DurableSqliteSaver`:
+what the saver alone costs (its fence, flow pin and group commit), apart from the
+guard's ledger work. The `encrypted` rows give both savers LangGraph's `EncryptedSerializer` (AES), which
 also seals everything the ledger keeps about a call. The `async` rows run the same turn
 with `ainvoke`, an async model node and an async tool, on LangGraph's `AsyncSqliteSaver`
 (stock) and `graph_durable.AsyncDurableSqliteSaver` (guarded), both on aiosqlite; they
@@ -67,6 +69,7 @@ __all__ = [
     "compare",
     "main",
     "measure_async_scenario",
+    "measure_saver_alone",
     "measure_scenario",
 ]
 
@@ -329,7 +332,7 @@ def _check(agent: Agent, n_calls: int) -> None:
                            f"got {tool_messages!r}")
     if not (isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls):
         raise RuntimeError(f"{agent.name}: the turn did not end with the final answer")
-    if isinstance(agent.saver, DurableSaverMixin):
+    if isinstance(agent.saver, DurableSaverMixin) and agent.name == "guarded":
         applied = agent.applied()
         if applied != n_calls:
             raise RuntimeError(f"guarded: expected {n_calls} applied effects, got {applied}")
@@ -399,6 +402,29 @@ def measure_scenario(
                    progress=progress)
 
 
+def measure_saver_alone(
+    workdir: str,
+    n_calls: int,
+    *,
+    repetitions: int = REPETITIONS,
+    turns: int = TURNS,
+    warmup: int = WARMUP,
+    progress: Callable[[str], None] | None = print,
+) -> Comparison:
+    """Time stock turns against the same `ToolNode` on `DurableSqliteSaver`: what the
+    saver alone costs (fence, flow pin, group commit), apart from the guard's ledger."""
+    stock = build_stock(os.path.join(workdir, f"stock-{n_calls}-alone.sqlite"), n_calls)
+    conn = sqlite3.connect(os.path.join(workdir, f"saver-{n_calls}-alone.sqlite"),
+                           check_same_thread=False)
+    saver = DurableSqliteSaver(conn)
+    saver.setup()
+    alone = _compile("durable saver", _stock_node(), saver, conn, n_calls)
+    return compare(stock, alone, n_calls,
+                   scenario=f"turn, {_tool_calls(n_calls)}, durable saver + ToolNode (no guard)",
+                   target=None, repetitions=repetitions, turns=turns, warmup=warmup,
+                   progress=progress)
+
+
 def measure_async_scenario(
     workdir: str,
     n_calls: int,
@@ -439,6 +465,9 @@ def main() -> list[Comparison]:
         for n_calls, target in SCENARIOS.items():
             _announce(n_calls)
             comparisons.append(measure_scenario(workdir, n_calls, target=target))
+        for n_calls in SCENARIOS:
+            _announce(n_calls)
+            comparisons.append(measure_saver_alone(workdir, n_calls))
         for n_calls, target in SCENARIOS.items():
             _announce(n_calls)
             comparisons.append(measure_async_scenario(workdir, n_calls, target=target))
