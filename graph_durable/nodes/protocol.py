@@ -276,6 +276,14 @@ def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
     if record.decision is not None:
         return (yield from _act_on_decision(ctx, record))
     if record.status is S.IN_FLIGHT:
+        # An open intent that another thread of the family (a copy, or the thread this
+        # one was copied from) also holds may be on its way there right now, where this
+        # thread's lease says nothing: a lookup that finds nothing yet proves nothing,
+        # so the call is not sent again from here unless the provider dedupes. What
+        # became of it there is taken over (a receipt), else reconciled without a send.
+        sent = yield Read("sent_in_family", (record.key, ctx.thread_id))
+        if sent is not None and (sent.status in SENT_STATUSES or not ctx.policy.idempotent):
+            return (yield from _adopt_family_send(ctx, record, sent, {}))
         return (yield from _reconcile(ctx, record, may_resend=True))
     # awaiting_approval or unknown, and no decision yet: ask (again).
     return (yield from _ask(ctx, record))

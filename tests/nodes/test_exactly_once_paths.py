@@ -100,6 +100,54 @@ def test_a_copy_taken_before_the_tools_step_sends_a_blind_call_once(db, tmp_path
     assert second_intent.data["inherited"] is True
 
 
+@pytest.mark.parametrize("copy_when", ["mid_call", "before_claim"])
+def test_a_copy_run_while_its_source_has_the_call_on_its_way_does_not_send_it(
+        db, tmp_path, copy_when) -> None:
+    """The source thread claimed a call and is still waiting for the provider when its
+    copy runs the same call (copied with the source's open intent, or copied before and
+    claiming it then, taking that intent over). A lookup finds nothing yet, but the
+    attempt is alive elsewhere: the copy must not send it too. It asks a human, and once
+    the source's call landed, the copy gets the source's receipt."""
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup")
+    entered, release = threading.Event(), threading.Event()
+
+    @tool
+    def charge(cents: int) -> str:
+        """Charge; the source's call waits for the test before the provider applies it."""
+        if current_effect().thread_id == "t":
+            entered.set()
+            assert release.wait(30)
+        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
+
+    saver = open_saver(db)
+    graph = build(saver, [charge], {"charge": Effect(lookup=provider.find)},
+                  call("charge", {"cents": 5}))
+    if copy_when == "before_claim":
+        crash_at("before_intent", graph)
+        saver.copy_thread("t", "fork")
+    source = threading.Thread(target=lambda: graph.invoke(
+        {"messages": [HumanMessage("go")]} if copy_when == "mid_call" else None, CONFIG,
+        durability="sync"))
+    source.start()
+    try:
+        assert entered.wait(30)
+        if copy_when == "mid_call":
+            saver.copy_thread("t", "fork")
+        fork = {"configurable": {"thread_id": "fork"}}
+        result = graph.invoke(None, fork, durability="sync")
+        [question] = result["__interrupt__"]
+        assert question.value["type"] == "effect_unknown"
+        assert provider.count() == 0
+    finally:
+        release.set()
+        source.join(30)
+    assert provider.count() == 1
+    result = graph.invoke(Command(resume={"type": "retry"}), fork, durability="sync")
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1 and len(provider.requests()) == 1
+    assert [r.status for r in saver.effects("t") + saver.effects("fork")] == ["applied"] * 2
+
+
 def test_a_worker_that_ran_a_thread_sees_it_replaced_by_a_copy(db, tmp_path) -> None:
     """Worker 1 ran `dst`; worker 2 deleted it and copied into it a thread that crashed
     after an idempotent charge. Worker 1 resumes `dst` under the source's keys."""
