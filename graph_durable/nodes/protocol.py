@@ -344,8 +344,10 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
             ctx, record, may_resend=may_resend and not (outcome.timed_out or outcome.outstanding)))
 
 
-def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protocol:
-    """An effect that may or may not exist: ask the provider, re-send, or ask a human."""
+def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
+               why: str | None = None) -> Protocol:
+    """An effect that may or may not exist: ask the provider, re-send, or ask a human
+    (told `why` the outcome is unknown, when the record does not say)."""
     policy = ctx.policy
     if policy.lookup is not None:
         found = yield Lookup(record.key)
@@ -371,7 +373,7 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> P
     if record.status is not S.UNKNOWN:
         [record] = yield Write(ctx.transition(
             record, S.UNKNOWN, "unknown",
-            error=record.error or "the process stopped while the call was in flight"))
+            error=why or record.error or "the process stopped while the call was in flight"))
     return (yield from _ask(ctx, record))
 
 
@@ -402,7 +404,10 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
                                    receipt=sent.receipt, result=result,
                                    data={"source": "family", "thread": sent.thread_id}))
         return result
-    return (yield from _reconcile(ctx, record, may_resend=False))
+    return (yield from _reconcile(
+        ctx, record, may_resend=False,
+        why=f"thread {sent.thread_id!r} of the same family has this call {sent.status.value} "
+            "(it may be on its way there), so it is not sent again from here"))
 
 
 def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:

@@ -137,6 +137,7 @@ def test_a_copy_run_while_its_source_has_the_call_on_its_way_does_not_send_it(
         result = graph.invoke(None, fork, durability="sync")
         [question] = result["__interrupt__"]
         assert question.value["type"] == "effect_unknown"
+        assert "thread 't' of the same family has this call in_flight" in question.value["error"]
         assert provider.count() == 0
     finally:
         release.set()
