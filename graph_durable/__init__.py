@@ -44,6 +44,8 @@ __all__ = [
     "SecretUnavailable",
     "ThreadCancelled",
     "ThreadStatus",
+    "ainbox",
+    "arecord_decisions",
     "areview",
     "cancel",
     "compensate",
@@ -79,6 +81,8 @@ _HOMES = {
     "flow_version_of": "graph_durable.flow",
     "InboxItem": "graph_durable.inbox",
     "inbox": "graph_durable.inbox",
+    "ainbox": "graph_durable.inbox",
+    "arecord_decisions": "graph_durable.inbox",
     "record_decisions": "graph_durable.inbox",
     "recover": "graph_durable.recovery",
     "review": "graph_durable.review",
@@ -101,17 +105,23 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+_SHADOWED = frozenset({"inbox", "review"})
+"""Exported functions named as the submodule they live in."""
+
+
 class _Package(types.ModuleType):
-    """The package module: `review` names the function, whatever was imported first.
+    """The package module: `inbox` and `review` name the functions, whatever was imported
+    first.
 
     Importing the submodule `graph_durable.review` (the CLI and the test kit do) makes
     Python set the package attribute `review` to that module, which would shadow the
-    exported function of the same name; the module stays reachable in `sys.modules`.
+    exported function of the same name (and `graph_durable.inbox` likewise, which
+    `ainbox` imports); the modules stay reachable in `sys.modules`.
     """
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "review" and isinstance(value, types.ModuleType):
-            value = value.review
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
         super().__setattr__(name, value)
 
 

@@ -5,6 +5,9 @@
     record_decisions(saver, "t1", {"call_1": {"type": "approve"}}, reviewer="ana")
     # the next resume of t1 (recover(), or any invoke) carries the decision out
 
+From async code (an async saver on the running loop, a web handler), await `ainbox(saver)`
+and `arecord_decisions(...)`, which take the same arguments.
+
 `review(graph, config)` answers one thread from a process that has its graph. An
 operator's shell or an inbox page often has only the database: `inbox(saver)` reads the
 pending questions from the checkpoints and the ledger alone, and `record_decisions`
@@ -17,6 +20,7 @@ them does not fit.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,8 +32,7 @@ from graph_durable.nodes.decisions import check_decision
 from graph_durable.recovery import open_interrupts
 from graph_durable.review import _KINDS
 
-__all__ = ["InboxItem", "inbox", "record_decisions"]
-
+__all__ = ["InboxItem", "ainbox", "arecord_decisions", "inbox", "record_decisions"]
 
 
 @dataclass(frozen=True)
@@ -223,3 +226,27 @@ def record_decisions(
                 redact=None if policy is None else policy.redact))
         return saver.apply(WriteBatch(thread_id, tuple(writes)), lease.config)
 
+
+async def ainbox(saver: Any, thread_id: str | None = None) -> list[InboxItem]:
+    """`inbox` for async code: awaitable on the event loop an async saver runs on.
+
+    The reads run on a worker thread, from where an async saver's sync methods run its
+    async ones on this loop, which the await leaves free; a sync saver is read there too.
+    """
+    return await asyncio.to_thread(inbox, saver, thread_id)
+
+
+async def arecord_decisions(
+    saver: Any,
+    thread_id: str,
+    decisions: Mapping[str, Mapping[str, Any]],
+    *,
+    reviewer: str | None = None,
+    owner: str | None = None,
+    graph: Any = None,
+    ttl: float = 30.0,
+) -> list[EffectRecord]:
+    """`record_decisions` for async code (see `ainbox`): the same checks, the same
+    writes under the thread's lease, and the same errors."""
+    return await asyncio.to_thread(record_decisions, saver, thread_id, decisions,
+                                   reviewer=reviewer, owner=owner, graph=graph, ttl=ttl)

@@ -27,6 +27,8 @@ EXPECTED = [
     "SecretUnavailable",
     "ThreadCancelled",
     "ThreadStatus",
+    "ainbox",
+    "arecord_decisions",
     "areview",
     "cancel",
     "compensate",
@@ -63,11 +65,12 @@ def test_importing_the_package_does_not_load_langgraph() -> None:
     assert out.stdout.strip() == "False", out.stderr
 
 
-def test_review_is_the_function_whatever_is_imported_first() -> None:
+def test_review_and_inbox_are_the_functions_whatever_is_imported_first() -> None:
     import subprocess
     import sys
 
     code = ("import graph_durable.cli\n"
-            "from graph_durable import areview, review\n"
-            "assert callable(review) and review.__name__ == 'review', review\n")
+            "from graph_durable import areview, review, ainbox, inbox\n"
+            "assert callable(review) and review.__name__ == 'review', review\n"
+            "assert callable(inbox) and inbox.__name__ == 'inbox', inbox\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,59 @@
+"""`ainbox` and `arecord_decisions` from async code, on every durable saver: on the async
+savers they run on the saver's own running loop, where the sync `inbox` refuses."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from langchain_core.tools import tool
+
+from graph_durable import (
+    Effect,
+    InvalidDecision,
+    ainbox,
+    arecord_decisions,
+    current_effect,
+    inbox,
+)
+from graph_durable.testing import FakeProvider
+from tests.nodes.test_guard_async import build, run
+
+CONFIG = {"configurable": {"thread_id": "t"}}
+
+
+@pytest.fixture
+async def saver(amake_saver: Callable[..., Any]) -> Any:
+    return await amake_saver()
+
+
+async def test_a_pending_approval_is_listed_decided_and_sent_once_from_async_code(
+        saver: Any, tmp_path: Any) -> None:
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "dedupe")
+
+    @tool
+    async def pay(cents: int) -> str:
+        """Pay."""
+        return f"paid {provider.apply(current_effect().key, {'cents': cents})['id']}"
+
+    graph = build(saver, [pay], {"pay": Effect(idempotent=True, approval=True)},
+                  {"name": "pay", "args": {"cents": 5}, "id": "c1"})
+    result = await run(graph)
+    assert result["__interrupt__"] and provider.count() == 0
+    [item] = await ainbox(saver)
+    assert (item.thread_id, item.tool_call_id, item.kind) == ("t", "c1", "approval")
+    assert [i.key for i in await ainbox(saver, "t")] == [item.key]
+    if getattr(saver, "loop", None) is asyncio.get_running_loop():
+        with pytest.raises(asyncio.InvalidStateError, match="await the `a`-prefixed"):
+            inbox(saver)  # the sync call on the saver's own loop cannot work
+    with pytest.raises(InvalidDecision, match="Nothing was recorded"):
+        await arecord_decisions(saver, "t", {"c9": {"type": "approve"}})
+    [record] = await arecord_decisions(saver, "t", {"c1": {"type": "approve"}},
+                                       reviewer="ana")
+    assert record.decision["type"] == "approve" and not record.asked
+    assert await ainbox(saver) == []
+    result = await run(graph, None)
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1
