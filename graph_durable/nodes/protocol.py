@@ -391,7 +391,8 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
                        data: dict[str, Any]) -> Protocol:
     """A decision to send a call that a copy of this thread (or its source) already sent:
     replay its receipt, or reconcile its outcome; never send it a second time."""
-    why = {**data, "reason": f"already sent by thread {sent.thread_id!r} of the same family"}
+    how = "already sent" if sent.status in SENT_STATUSES else f"{sent.status.value}"
+    why = {**data, "reason": f"{how} in thread {sent.thread_id!r} of the same family"}
     [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt", decision=None,
                                           data=why))
     edited_key = (sent.decision or {}).get("edited_key")

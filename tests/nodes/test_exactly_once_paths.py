@@ -147,6 +147,8 @@ def test_a_copy_run_while_its_source_has_the_call_on_its_way_does_not_send_it(
     assert result["messages"][-1].content == "done"
     assert provider.count() == 1 and len(provider.requests()) == 1
     assert [r.status for r in saver.effects("t") + saver.effects("fork")] == ["applied"] * 2
+    taken = [e for e in saver.events("fork") if e.kind == "attempt"][0]
+    assert taken.data["reason"] == "in_flight in thread 't' of the same family"
 
 
 def test_a_worker_that_ran_a_thread_sees_it_replaced_by_a_copy(db, tmp_path) -> None:
