@@ -12,13 +12,15 @@ Every assertion is on the provider's side: how many effects it applied, which ke
 from __future__ import annotations
 
 import json
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
-from graph_durable import AsyncDurableSqliteSaver
+from graph_durable import AsyncDurableSqliteSaver, DurableSqliteSaver
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.child import run_child
 from graph_durable.testing.scenarios_forks import (
@@ -199,3 +201,36 @@ async def test_async_time_travel_replays_the_receipt(tmp_path: Path) -> None:
         [answer] = tool_answers(state.values["messages"])
         assert answer.tool_call_id == CHARGE_CALL_ID
         assert json.loads(answer.content)["id"] == "charge-1"
+
+
+# -- 6. SIGKILL with the call on its way, then the thread is copied ----------------------
+
+
+@pytest.mark.crash
+def test_a_copy_of_a_thread_killed_mid_call_pauses_and_the_call_is_sent_once(
+        tmp_path: Path) -> None:
+    """Killed after its intent was durable, before the charge went out, thread `t` is
+    copied. Each of the two then holds the intent open, and neither can tell whether the
+    other's attempt is out: a lookup that finds nothing proves nothing while one may be.
+    So each pauses instead of sending; a human's retry in one sends the call, and the
+    other's retry finds it by lookup."""
+    kwargs = charge_kwargs(tmp_path, "lookup")
+    provider = charge_provider(tmp_path, "lookup")
+    crashed = run_child(CHARGE, kwargs, thread_id="t",
+                        fault=FaultPlan("after_intent", tool="charge"))
+    assert crashed.killed and provider.count() == 0
+    with closing(sqlite3.connect(kwargs["db_path"])) as conn:
+        DurableSqliteSaver(conn).copy_thread("t", "fork")
+    for thread in ("fork", "t"):
+        paused = run_child(CHARGE, kwargs, thread_id=thread, action="resume")
+        [question] = paused.interrupts
+        assert question["type"] == "effect_unknown", paused.stderr[-2000:]
+        assert "of the same family has this call" in question["error"]
+        assert provider.count() == 0, provider_report(provider)
+    retry = {CHARGE_CALL_ID: {"type": "retry"}}
+    sent = run_child(CHARGE, kwargs, thread_id="t", action="review", resume=retry)
+    assert sent.done, sent.stderr[-2000:]
+    assert provider.count() == 1
+    found = run_child(CHARGE, kwargs, thread_id="fork", action="review", resume=retry)
+    assert found.done, found.stderr[-2000:]
+    assert provider.count() == 1 and len(provider.requests()) == 1, provider_report(provider)

@@ -69,12 +69,14 @@ def charge_script() -> list[AIMessage]:
     ]
 
 
-def _policy(mode: str) -> Effect:
+def _policy(mode: str, provider: FakeProvider) -> Effect:
     if mode == "dedupe":
         return Effect(idempotent=True)
     if mode == "blind":
         return Effect()
-    raise ValueError(f"charge agent mode is 'dedupe' or 'blind', not {mode!r}")
+    if mode == "lookup":
+        return Effect(lookup=provider.find)
+    raise ValueError(f"charge agent mode is 'dedupe', 'blind' or 'lookup', not {mode!r}")
 
 
 def assemble_charge_agent(saver: Any, provider_dir: str, mode: str) -> EffectsAgent:
@@ -102,7 +104,7 @@ def assemble_charge_agent(saver: Any, provider_dir: str, mode: str) -> EffectsAg
     is_async = isinstance(saver, AsyncDurableSqliteSaver)
     builder = StateGraph(MessagesState)
     builder.add_node("agent", aagent if is_async else agent)
-    builder.add_node("tools", EffectGuardNode([tool], effects={"charge": _policy(mode)}))
+    builder.add_node("tools", EffectGuardNode([tool], effects={"charge": _policy(mode, provider)}))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
@@ -117,7 +119,8 @@ def build_charge_agent(db_path: str, provider_dir: str, mode: str = "blind") -> 
     Args:
         db_path: The agent's SQLite database (checkpoints and ledger).
         provider_dir: Folder of the provider's database (`charge.sqlite`).
-        mode: `blind` (`Effect()`, no dedupe, no lookup) or `dedupe` (`Effect(idempotent=True)`).
+        mode: `blind` (`Effect()`, no dedupe, no lookup), `dedupe` (`Effect(idempotent=True)`)
+            or `lookup` (`Effect(lookup=...)`, the provider found by key, no dedupe).
     """
     saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
     return assemble_charge_agent(saver, provider_dir, mode)
