@@ -34,7 +34,13 @@ from graph_durable._langgraph import interrupt_id as _interrupt_id
 from graph_durable.checkpointers._base import actor_of, durable_saver
 from graph_durable.errors import DurabilityError, GraphDurableError, NotDurableCheckpointer
 from graph_durable.leases import active_lease, check_fence
-from graph_durable.ledger import EffectRecord, Keying, TransitionWrite, WriteBatch
+from graph_durable.ledger import (
+    EffectRecord,
+    EffectStatus,
+    Keying,
+    TransitionWrite,
+    WriteBatch,
+)
 from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
@@ -808,10 +814,32 @@ class GuardCore:
             return Outcome(paused=self._inner_pause(task, ctx, paused))
         except GraphBubbleUp:
             raise
+        except asyncio.CancelledError:
+            await self._acancelled_in_flight(task, ctx, op)
+            raise
         except Exception as exc:
             return Outcome(error=exc)
         finally:
             _CURRENT.reset(token)
+
+    @staticmethod
+    async def _acancelled_in_flight(task: _Task, ctx: CallContext, op: CallTool) -> None:
+        """The run was cancelled with the call on its way: the Agent Server's `interrupt`
+        or `rollback` multitask strategy, a client gone with `on_disconnect="cancel"`. The
+        request may have left, and a sync tool even runs on in its thread, so the effect
+        may land after the next run's lookup found nothing. Unless the provider dedupes
+        (then the next run re-sends under the same key), the effect becomes `unknown`
+        and the next run asks a human instead of sending it again. Best effort: if this
+        write fails too, the next run reconciles the open intent as after a crash."""
+        if ctx.policy.idempotent:
+            return
+        write = ctx.transition(
+            op.record, EffectStatus.UNKNOWN, "unknown",
+            error="the run was cancelled while the call was in flight; it may still land")
+        try:
+            await asyncio.shield(task.saver.aapply(write, task.config))
+        except BaseException:  # noqa: BLE001 - the cancellation is what propagates
+            pass
 
     async def _alookup(self, ctx: CallContext, op: Lookup) -> Outcome:
         lookup = ctx.policy.lookup

@@ -169,3 +169,53 @@ async def test_async_timeout_is_unknown(saver) -> None:
     graph = build(saver, [send], {"send": Effect(timeout=0.1)}, call("send", {"to": "x"}))
     result = await run(graph)
     assert "timeout" in result["__interrupt__"][0].value["error"]
+
+
+async def test_a_run_cancelled_with_the_call_on_its_way_pauses_instead_of_sending_again(
+        saver: Any, tmp_path: Any) -> None:
+    """The Agent Server cancels a run (multitask `interrupt` or `rollback`, or a client
+    gone with `on_disconnect="cancel"`) while its call is on its way: the request left,
+    and the provider applies it a moment later. The next run must not take a lookup that
+    finds nothing yet for the truth and send it again: it asks a human, whose retry then
+    finds the effect."""
+    import asyncio
+    import threading
+    import time
+
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup")
+    started, land = asyncio.Event(), threading.Event()
+
+    def apply_when_told(key: str) -> None:
+        assert land.wait(30)
+        provider.apply(key, {})
+
+    @tool
+    async def charge(cents: int) -> str:
+        """Charge; the first request is applied by the provider after its caller is gone."""
+        effect = current_effect()
+        if effect.attempt > 1:
+            provider.apply(effect.key, {})
+            return "charged again"
+        started.set()
+        await asyncio.shield(asyncio.to_thread(apply_when_told, effect.key))
+        return "charged"
+
+    graph = build(saver, [charge], {"charge": Effect(lookup=provider.find)},
+                  {"name": "charge", "args": {"cents": 5}, "id": "c1"})
+    running = asyncio.create_task(run(graph))
+    await asyncio.wait_for(started.wait(), 30)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    result = await run(graph, None)
+    land.set()
+    assert "__interrupt__" in result, f"sent again: {provider.count()} applied"
+    [question] = result["__interrupt__"]
+    assert question.value["type"] == "effect_unknown"
+    assert "cancelled while the call was in flight" in question.value["error"]
+    deadline = time.monotonic() + 30
+    while provider.count() == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    result = await run(graph, Command(resume={"type": "retry"}))
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1 and len(provider.requests()) == 1
