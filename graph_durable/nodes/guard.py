@@ -842,15 +842,27 @@ class GuardCore:
             pass
 
     async def _alookup(self, ctx: CallContext, op: Lookup) -> Outcome:
+        """Ask the provider; a sync lookup (a blocking HTTP or database call) runs on a
+        worker thread, never on the event loop, which the Agent Server refuses."""
         lookup = ctx.policy.lookup
         assert lookup is not None
         try:
-            found = lookup(op.key)
-            if inspect.isawaitable(found):
-                found = await found
+            if _is_async_callable(lookup):
+                found = await lookup(op.key)
+            else:
+                found = await asyncio.to_thread(lookup, op.key)
+                if inspect.isawaitable(found):
+                    found = await found
         except Exception as exc:
             return Outcome(error=exc)
         return Outcome(value=found)
+
+
+def _is_async_callable(fn: Any) -> bool:
+    """Whether calling `fn` returns a coroutine (a coroutine function, or an object whose
+    `__call__` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None))
 
 
 def withdrawal(asks: list[tuple[Ask, str]]) -> WriteBatch | None:

@@ -100,11 +100,27 @@ async def test_async_step_claims_every_intent_before_any_call_is_sent(saver, ama
     assert [r.status.value for r in await saver.aeffects("t")] == ["applied"] * 3
 
 
-async def test_async_lookup_recovers_an_in_flight_effect(saver, tmp_path) -> None:
-    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+@pytest.mark.parametrize("lookup", ["async", "sync"])
+async def test_async_lookup_recovers_an_in_flight_effect(saver, tmp_path, lookup) -> None:
+    """A sync lookup (a blocking HTTP or database call) runs on a worker thread: on the
+    event loop it would stall every other run, and the Agent Server refuses it."""
+    import asyncio
 
-    async def find(key: str) -> dict | None:
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+    on_loop: list[bool] = []
+
+    def sync_find(key: str) -> dict | None:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
         return provider.find(key)
+
+    async def async_find(key: str) -> dict | None:
+        return provider.find(key)
+
+    find = async_find if lookup == "async" else sync_find
 
     @tool
     async def send(to: str) -> dict:
@@ -122,6 +138,7 @@ async def test_async_lookup_recovers_an_in_flight_effect(saver, tmp_path) -> Non
     assert provider.count() == 1
     sources = [e.data.get("source") for e in await saver.aevents("t") if e.kind == "receipt"]
     assert sources == ["lookup"]
+    assert on_loop == ([] if lookup == "async" else [False])
 
 
 async def test_async_unknown_then_invalid_then_valid_decision(saver) -> None:
