@@ -1,19 +1,23 @@
 """A billing agent for the LangGraph Agent Server: a refund needs a human's approval;
-a receipt email is sent to a provider that neither dedupes nor can be looked up.
+a receipt email is sent to a provider that neither dedupes nor can be looked up; a card
+is charged at a provider that does not dedupe but can be asked, by key, what it did.
 
 The chat model is a small keyword router so the example runs offline: a message that
 mentions "refund" asks for `refund`, one that mentions "receipt" asks for
-`send_receipt`, and after a tool's answer it replies. Replace `KeywordModel()` with a
+`send_receipt`, one that mentions "charge" asks for `charge_card`, and after a tool's
+answer it replies. Replace `KeywordModel()` with a
 real model (e.g. `init_chat_model("openai:gpt-4.1")`) and nothing else changes.
 
 The providers are graph_durable's fake ones, kept in SQLite files
-(`BILLING_PROVIDER_DIR`), so a test can count what reached them.
+(`BILLING_PROVIDER_DIR`), so a test can count what reached them. The card provider
+answers after `BILLING_CARD_LATENCY` seconds (default 0), as a slow network would.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -31,6 +35,8 @@ os.makedirs(PROVIDER_DIR, exist_ok=True)
 payments = FakeProvider(os.path.join(PROVIDER_DIR, "payments.sqlite"), "dedupe",
                         name="payments")
 mail = FakeProvider(os.path.join(PROVIDER_DIR, "mail.sqlite"), "blind", name="mail")
+cards = FakeProvider(os.path.join(PROVIDER_DIR, "cards.sqlite"), "lookup", name="cards")
+CARD_LATENCY = float(os.environ.get("BILLING_CARD_LATENCY", "0"))
 
 
 class KeywordModel(BaseChatModel):
@@ -52,6 +58,8 @@ class KeywordModel(BaseChatModel):
                 call = {"name": "refund", "args": {"order": order, "cents": 1500}}
             elif "receipt" in text:
                 call = {"name": "send_receipt", "args": {"order": order}}
+            elif "charge" in text:
+                call = {"name": "charge_card", "args": {"order": order, "cents": 900}}
             else:
                 call = None
             answer = (AIMessage(content="", tool_calls=[{**call, "id": f"call_{call['name']}"}])
@@ -74,6 +82,14 @@ def send_receipt(order: str) -> dict[str, Any]:
     return mail.apply(current_effect().key, {"order": order})
 
 
+@tool
+def charge_card(order: str, cents: int) -> dict[str, Any]:
+    """Charge the customer's card for an order."""
+    key = current_effect().key
+    time.sleep(CARD_LATENCY)  # the request is out; the provider applies it, then answers
+    return cards.apply(key, {"order": order, "cents": cents})
+
+
 model = KeywordModel()
 
 
@@ -84,11 +100,12 @@ def agent(state: MessagesState) -> dict[str, Any]:
 builder = StateGraph(MessagesState)
 builder.add_node("agent", agent)
 builder.add_node("tools", EffectGuardNode(
-    [refund, send_receipt],
+    [refund, send_receipt, charge_card],
     effects={
         "refund": Effect(idempotent=True, approval=True,
                          description="Refunds money to the customer's card"),
         "send_receipt": Effect(),  # blind: neither dedupes nor can be looked up
+        "charge_card": Effect(lookup=cards.find),  # no dedupe, but found by key
     },
 ))
 builder.add_edge(START, "agent")

@@ -5,7 +5,11 @@
 - the server is SIGKILLed (a fault plan in its environment) after the provider applied
   a blind email and before its receipt; a new server on the same files resumes the run,
   which pauses on `effect_unknown` instead of sending again; answered, the provider's
-  count stays 1.
+  count stays 1;
+- a run is cancelled (`runs.cancel`) while a card charge is on its way to a provider
+  that can be looked up but does not dedupe; the next run pauses on `effect_unknown`
+  instead of charging again after a lookup that finds nothing yet, and a human's retry
+  finds the charge once it landed.
 
 Only the server processes this test started are stopped.
 """
@@ -26,6 +30,7 @@ from typing import Any
 import pytest
 
 from graph_durable import DurableSqliteSaver, EffectStatus
+from graph_durable.errors import GraphDurableError
 from graph_durable.testing import FakeProvider, FaultPlan
 
 pytest.importorskip("langgraph_api", reason="needs the 'server' extra (langgraph-cli[inmem])")
@@ -180,3 +185,55 @@ async def _resume_the_receipt(url: str, thread_id: str) -> None:
         command={"resume": {question["id"]: {"type": "applied", "receipt": {"checked": True}}}})
     assert await _interrupts(client, thread_id) == []
     assert result["messages"][-1]["content"].startswith("Done:")
+
+
+@pytest.mark.long
+def test_a_run_cancelled_with_a_charge_on_its_way_does_not_charge_again(app: Path) -> None:
+    server = Server(app, env={"BILLING_CARD_LATENCY": "3"})
+    try:
+        asyncio.run(_cancel_a_charge(server.url, app))
+    finally:
+        server.stop()
+    assert _count(app, "cards", "lookup") == 1
+
+
+async def _cancel_a_charge(url: str, app: Path) -> None:
+    client = get_client(url=url)
+    thread_id = (await client.threads.create())["thread_id"]
+    run = await client.runs.create(
+        thread_id, "billing", durability="sync",
+        input={"messages": [{"role": "user", "content": "charge order 9"}]})
+    _wait_for_the_intent(app, thread_id)  # the charge is on its way: 3 s to answer
+    await client.runs.cancel(thread_id, run["run_id"], wait=True)
+    assert _count(app, "cards", "lookup") == 0
+    await client.runs.wait(thread_id, "billing", input=None, durability="sync")
+    [question] = await _interrupts(client, thread_id)
+    assert question["value"]["type"] == "effect_unknown", question
+    assert "cancelled while the call was in flight" in question["value"]["error"]
+    deadline = time.monotonic() + 30
+    while _count(app, "cards", "lookup") == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)  # the cancelled run's request lands at the provider
+    result = await client.runs.wait(
+        thread_id, "billing", durability="sync",
+        command={"resume": {question["id"]: {"type": "retry"}}})
+    assert await _interrupts(client, thread_id) == []
+    assert result["messages"][-1]["content"].startswith("Done:")
+
+
+def _wait_for_the_intent(app: Path, thread_id: str, timeout: float = 30.0) -> None:
+    """Wait until the ledger holds the thread's charge in flight (read-only, as the
+    server writes the file)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            saver = DurableSqliteSaver.open_read_only(str(app / "agent.sqlite"))
+        except GraphDurableError:
+            saver = None  # the server has not created its tables yet
+        if saver is not None:
+            try:
+                if any(r.status is EffectStatus.IN_FLIGHT for r in saver.effects(thread_id)):
+                    return
+            finally:
+                saver.conn.close()
+        time.sleep(0.1)
+    raise AssertionError(f"no charge in flight in thread {thread_id!r} within {timeout} s")
