@@ -216,13 +216,18 @@ _LOCAL = threading.local()
 """`server`: the `ForkServer` this sweep thread forks its children from, if any."""
 
 
+def _preload(scenario: str) -> list[str]:
+    """What a sweep's fork servers import: everything a child run of `scenario` uses."""
+    return ["graph_durable.testing.child", *PRELOAD, scenario.partition(":")[0]]
+
+
 @contextmanager
 def _fork_servers(scenario: str, count: int) -> Iterator[queue.Queue[ForkServer | None]]:
     """`count` fork servers with the scenario's module imported (one per sweep thread),
     or `None`s where forking is not possible (the scenario's import starts threads, or
     the platform cannot fork): those children start a new interpreter each."""
     servers: queue.Queue[ForkServer | None] = queue.Queue()
-    preload = ["graph_durable.testing.child", *PRELOAD, scenario.partition(":")[0]]
+    preload = _preload(scenario)
 
     def start() -> ForkServer | None:
         try:
