@@ -86,3 +86,20 @@ def test_demo_refuses_to_wipe_a_directory_it_did_not_create(tmp_path: Path) -> N
     assert proc.returncode != 0
     assert "refusing to wipe" in proc.stderr
     assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_the_demo_tools_take_the_arguments_their_signatures_name(tmp_path: Path) -> None:
+    # Their argument models are written out (built once at import, not inferred at each
+    # build); they must say what inferring them from the signatures would.
+    from langchain_core.tools import tool
+
+    from graph_durable.demo.ticket import build_ticket_agent
+
+    agent = build_ticket_agent(str(tmp_path / "agent.sqlite"), str(tmp_path / "providers"))
+    tools = agent.graph.nodes["tools"].bound.tools_by_name
+    assert sorted(tools) == ["create_ticket", "send_email"]
+    for name, built in tools.items():
+        inferred = tool(built.func)
+        assert built.tool_call_schema.model_json_schema() == \
+            inferred.tool_call_schema.model_json_schema(), name
+        assert built.args == inferred.args and built.description == inferred.description

@@ -17,6 +17,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
+from pydantic import BaseModel
 
 from graph_durable import (
     Compensation,
@@ -52,6 +53,19 @@ SCRIPT = [
     ),
     AIMessage(content="Ticket opened and customer informed."),
 ]
+
+
+# The tools' argument schemas, built once at import: `@tool` would otherwise infer a
+# pydantic model from each signature every time the agent is built, nearly half of
+# the cost of building it, and a crash sweep builds it in every process it starts.
+class _TicketArgs(BaseModel):
+    title: str
+    body: str
+
+
+class _EmailArgs(BaseModel):
+    to: str
+    subject: str
 
 
 def policy_for(provider: FakeProvider) -> Effect:
@@ -122,12 +136,12 @@ def _assemble(saver: Any, provider_dir: str, ticket_mode: ProviderMode,
                            name="ticket")
     mail = FakeProvider(os.path.join(provider_dir, "mail.sqlite"), email_mode, name="email")
 
-    @tool
+    @tool(args_schema=_TicketArgs)
     def create_ticket(title: str, body: str) -> dict:
         """Open a support ticket."""
         return tickets.apply(current_effect().key, {"title": title, "body": body})
 
-    @tool
+    @tool(args_schema=_EmailArgs)
     def send_email(to: str, subject: str) -> dict:
         """Email a customer."""
         return mail.apply(current_effect().key, {"to": to, "subject": subject})

@@ -36,10 +36,16 @@ Action = Literal["start", "resume", "decide", "review", "recover"]
 
 PRELOAD = ("graph_durable.audit", "graph_durable.checkpointers._base", "graph_durable.errors",
            "graph_durable.faults", "graph_durable.recovery", "graph_durable.review",
-           "langgraph.types")
+           "langgraph.types",
+           # What langchain_core imports on a graph's first invoke (callback managers,
+           # tracers, the translation of v0 message content).
+           "langchain_core.messages.block_translators.langchain_v0",
+           "langchain_core.tracers.context", "langchain_core.tracers.run_collector",
+           "langchain_core.tracers.stdout")
 """Modules a child run imports only once it runs (this module imports them lazily, so
-that the package stays cheap to import): a fork server imports them before it forks, or
-every child would import them again, and compile them where bytecode is not cached."""
+that the package stays cheap to import, and so do the libraries under it): a fork server
+imports them before it forks, or every child would import them again, and compile them
+where bytecode is not cached."""
 
 
 @dataclass

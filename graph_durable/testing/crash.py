@@ -68,13 +68,12 @@ import os
 import queue
 import shutil
 import signal
-import sqlite3
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from contextlib import closing, contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -217,13 +216,18 @@ _LOCAL = threading.local()
 """`server`: the `ForkServer` this sweep thread forks its children from, if any."""
 
 
+def _preload(scenario: str) -> list[str]:
+    """What a sweep's fork servers import: everything a child run of `scenario` uses."""
+    return ["graph_durable.testing.child", *PRELOAD, scenario.partition(":")[0]]
+
+
 @contextmanager
 def _fork_servers(scenario: str, count: int) -> Iterator[queue.Queue[ForkServer | None]]:
     """`count` fork servers with the scenario's module imported (one per sweep thread),
     or `None`s where forking is not possible (the scenario's import starts threads, or
     the platform cannot fork): those children start a new interpreter each."""
     servers: queue.Queue[ForkServer | None] = queue.Queue()
-    preload = ["graph_durable.testing.child", *PRELOAD, scenario.partition(":")[0]]
+    preload = _preload(scenario)
 
     def start() -> ForkServer | None:
         try:
@@ -360,13 +364,24 @@ def _keep_first_crash(case: _Case, run: _Run, phase: int) -> _FirstCrash:
 
 
 @contextmanager
-def _saver(db_path: str) -> Iterator[Any]:
+def _reader(db_path: str) -> Iterator[Any]:
+    """The run's database, opened to read only (`None` if no process created it yet).
+
+    Between two processes the parent only looks: it never creates, migrates or writes
+    the database, so the next process finds the files as the last one left them.
+    """
     # Imported here: the saver module imports graph_durable.testing.faults, which loads
     # this package, so a module-level import would be circular.
     from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 
-    with closing(sqlite3.connect(db_path, check_same_thread=False)) as conn:
-        yield DurableSqliteSaver(conn)
+    if not os.path.exists(db_path):
+        yield None
+        return
+    saver = DurableSqliteSaver.open_read_only(db_path)
+    try:
+        yield saver
+    finally:
+        saver.conn.close()
 
 
 def _next_after_crash(case: _Case) -> str:
@@ -375,16 +390,16 @@ def _next_after_crash(case: _Case) -> str:
     A client whose request was never acknowledged sends it again; resuming a thread
     with no checkpoint has nothing to resume.
     """
-    with _saver(case.kwargs["db_path"]) as saver:
+    with _reader(case.kwargs["db_path"]) as saver:
         config = {"configurable": {"thread_id": case.thread_id}}
-        return "resume" if saver.get_tuple(config) is not None else "start"
+        found = saver is not None and saver.get_tuple(config) is not None
+    return "resume" if found else "start"
 
 
-def _ledger(db_path: str, thread_id: str) -> dict[str, str]:
+def _ledger(saver: Any, thread_id: str) -> dict[str, str]:
     statuses: dict[str, list[str]] = {}
-    with _saver(db_path) as saver:
-        for record in saver.effects(thread_id):
-            statuses.setdefault(record.tool_call_id, []).append(record.status.value)
+    for record in saver.effects(thread_id) if saver is not None else ():
+        statuses.setdefault(record.tool_call_id, []).append(record.status.value)
     return {call: "/".join(found) for call, found in sorted(statuses.items())}
 
 
@@ -403,11 +418,10 @@ def _effects(provider_dir: str) -> tuple[dict[str, dict[str, dict[str, int]]], l
     return counts, receipt_ids
 
 
-def _snapshot(case: _Case, summary: Mapping[str, Any]) -> Snapshot:
+def _snapshot(case: _Case, summary: Mapping[str, Any], saver: Any) -> Snapshot:
     counts, receipt_ids = _effects(case.provider_dir)
     state = {k: summary.get(k) for k in ("messages", "next", "interrupts")}
-    return Snapshot(normalize(state, receipt_ids),
-                    _ledger(case.kwargs["db_path"], case.thread_id), counts)
+    return Snapshot(normalize(state, receipt_ids), _ledger(saver, case.thread_id), counts)
 
 
 def reference_run(scenario: str, kwargs: Mapping[str, Any] | None = None, *, directory: str,
@@ -424,8 +438,9 @@ def reference_run(scenario: str, kwargs: Mapping[str, Any] | None = None, *, dir
     _drive(case, (), run)
     points = tuple(p for _, reached in run.processes for p in reached)
     pauses = tuple(q.get("type", "?") if isinstance(q, dict) else "?" for q in run.questions)
-    return Reference(_snapshot(case, run.summary), points, pauses,
-                     time.monotonic() - started)
+    with _reader(case.kwargs["db_path"]) as saver:
+        snapshot = _snapshot(case, run.summary, saver)
+    return Reference(snapshot, points, pauses, time.monotonic() - started)
 
 
 def run_schedule(scenario: str, schedule: Sequence[CrashPoint],
@@ -454,13 +469,19 @@ def _run_schedule(case: _Case, schedule: Sequence[CrashPoint], reference: Refere
     started = time.monotonic()
     run = _Run()
     row = CrashRow(tuple(schedule), "ok")
-    try:
-        _drive(case, schedule, run, keep=keep, after=after)
-        snapshot = _snapshot(case, run.summary)
-    except Exception as exc:  # a failing run is a row of the report, not an abort
-        row.outcome, row.diff = "error", f"{type(exc).__name__}: {exc}"
-        # Still count duplicates: a run may fail after having repeated an effect.
-        snapshot = replace(reference.snapshot, counts=_effects(case.provider_dir)[0])
+    with ExitStack() as stack:
+        saver = None
+        try:
+            _drive(case, schedule, run, keep=keep, after=after)
+            # One reader for the ledger and the audit: a sweep opens one per run, and
+            # opening a database costs more than these reads.
+            saver = stack.enter_context(_reader(case.kwargs["db_path"]))
+            snapshot = _snapshot(case, run.summary, saver)
+        except Exception as exc:  # a failing run is a row of the report, not an abort
+            row.outcome, row.diff = "error", f"{type(exc).__name__}: {exc}"
+            # Still count duplicates: a run may fail after having repeated an effect.
+            snapshot = replace(reference.snapshot, counts=_effects(case.provider_dir)[0])
+        row.audit = _resume_costs(case, saver)
     lines, row.duplicates = compare(reference.snapshot, snapshot)
     if row.outcome == "ok" and lines:
         row.outcome, row.diff = "mismatch", "\n".join(lines)
@@ -471,17 +492,19 @@ def _run_schedule(case: _Case, schedule: Sequence[CrashPoint], reference: Refere
     if killed and killed[0] + 1 < len(run.processes):
         row.recovery = tuple(run.processes[killed[0] + 1][1])
     row.questions, row.runs, row.fired = run.questions, len(run.processes), run.fired
-    row.audit = _resume_costs(case)
     row.duration = time.monotonic() - started
     return _Ran(row, run.first_crash)
 
 
-def _resume_costs(case: _Case) -> dict[str, int]:
-    """What the resumes of the row's thread cost (`saver.audit`, as `CrashRow.audit`)."""
-    if not os.path.exists(case.kwargs["db_path"]):
-        return {}
+def _resume_costs(case: _Case, saver: Any) -> dict[str, int]:
+    """What the resumes of the row's thread cost (`saver.audit`, as `CrashRow.audit`),
+    read through `saver`, or a reader of its own if the run failed before it had one."""
     try:
-        with _saver(case.kwargs["db_path"]) as saver:
+        with ExitStack() as stack:
+            if saver is None:
+                saver = stack.enter_context(_reader(case.kwargs["db_path"]))
+            if saver is None:
+                return {}
             runs = saver.audit(case.thread_id).runs
     except Exception:  # a database the failed run left unreadable: no costs to show
         return {}
