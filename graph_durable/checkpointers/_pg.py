@@ -16,12 +16,15 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
+
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import actor_of
 from graph_durable.errors import DatabaseUnavailable
 from graph_durable.ledger import EffectRecord, TransitionWrite
 
 __all__ = [
+    "ImplicitNotReadCommitted",
     "TransactionDeferred",
     "arun",
     "arun_counted",
@@ -62,6 +65,11 @@ FENCE = "SELECT graph_durable_fence(%s, %s)"
 """`LOCK_THREAD`, then the fence checked on the server: raises `FENCE_REFUSED` if the
 write must not commit (PostgreSQL migration 7)."""
 FENCE_REFUSED = "GD001"
+FENCE_READ_COMMITTED = "SELECT graph_durable_fence_read_committed(%s, %s)"
+"""`FENCE` for a write sent without `BEGIN` (its statements up to the pipeline's sync are
+one implicit transaction): refuses with `NOT_READ_COMMITTED` first unless that
+transaction is READ COMMITTED (PostgreSQL migration 9)."""
+NOT_READ_COMMITTED = "GD002"
 CLAIM = "SELECT * FROM graph_durable_claim(" + ", ".join(["%s"] * 13) + ")"
 """Claim a step's intents in one statement (PostgreSQL migration 8): one row per intent,
 in order, `(claimed, *EFFECT_COLUMNS)`; see `claim_call`."""
@@ -196,6 +204,13 @@ async def arun_counted(cur: Any, sql: str, params: Sequence[Any] = ()) -> int:
     return len(await cur.fetchall())
 
 
+class ImplicitNotReadCommitted(Exception):
+    """A fenced write sent without `BEGIN` ran in a transaction that is not READ
+    COMMITTED (the server's or the session's default isolation is another), and the
+    fence refused it before anything was written. The saver begins its writes
+    explicitly from then on; the caller sends the write again (`_fenced`)."""
+
+
 _TAKEN: ContextVar[list[Any] | None] = ContextVar("graph_durable_pg_deferred_taken",
                                                    default=None)
 
@@ -233,6 +248,31 @@ class TransactionDeferred:
 
     def _deferred_committed(self) -> None:
         (_TAKEN.get() or []).clear()
+
+    _begin_explicitly = False
+    """Set once a write sent without `BEGIN` found its transaction not READ COMMITTED."""
+
+    def _fence_statements(
+        self, autocommit: bool, thread_id: str, config: RunnableConfig | None
+    ) -> tuple[list[_sql.Statement], str | None]:
+        """How a one-round-trip write opens (its fence) and what closes it.
+
+        On an autocommit connection the fence is the first statement: up to the
+        pipeline's sync the statements are one implicit transaction, which the fence
+        checks is READ COMMITTED (`FENCE_READ_COMMITTED`). Otherwise, and once that check
+        refused, `BEGIN ISOLATION LEVEL READ COMMITTED`, `FENCE` and, last, `COMMIT`."""
+        fence = (thread_id, actor_of(config)[1])
+        if autocommit and not self._begin_explicitly:
+            return [(FENCE_READ_COMMITTED, fence)], None
+        return [(BEGIN_READ_COMMITTED, ()), (FENCE, fence)], "COMMIT"
+
+    def _not_read_committed(self, exc: BaseException) -> bool:
+        """Whether `exc` is the fence refusing an implicit transaction that is not READ
+        COMMITTED; if so, the saver's writes begin explicitly from now on."""
+        refused = getattr(exc, "sqlstate", None) == NOT_READ_COMMITTED
+        if refused:
+            self._begin_explicitly = True
+        return refused
 
     def _one_trip_possible(self, thread_id: str) -> bool:
         """Whether a fenced write of the thread may go in one round trip: its flow pin is

@@ -411,4 +411,24 @@ PG_MIGRATIONS: list[str] = [
     END
     $fn$
     """,
+    # 9: a fenced write without `BEGIN` and `COMMIT`: its statements, sent together up to
+    # one sync, are one implicit transaction. `graph_durable_fence`, after checking that
+    # this transaction is READ COMMITTED (the fence must see a lease committed while it
+    # waited for the lock); if it is not (the server's default isolation is another),
+    # SQLSTATE GD002 aborts the transaction and the writer sends the write again inside
+    # `BEGIN ISOLATION LEVEL READ COMMITTED`.
+    """
+    CREATE FUNCTION graph_durable_fence_read_committed(p_thread_id TEXT, p_token BIGINT)
+    RETURNS DOUBLE PRECISION
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'graph_durable writes thread % READ COMMITTED, not %',
+                p_thread_id, current_setting('transaction_isolation')
+                USING ERRCODE = 'GD002';
+        END IF;
+        RETURN graph_durable_fence(p_thread_id, p_token);
+    END
+    $fn$
+    """,
 ]
