@@ -70,9 +70,12 @@ FENCE_READ_COMMITTED = "SELECT graph_durable_fence_read_committed(%s, %s)"
 one implicit transaction): refuses with `NOT_READ_COMMITTED` first unless that
 transaction is READ COMMITTED (PostgreSQL migration 9)."""
 NOT_READ_COMMITTED = "GD002"
-CLAIM = "SELECT * FROM graph_durable_claim(" + ", ".join(["%s"] * 13) + ")"
-"""Claim a step's intents in one statement (PostgreSQL migration 8): one row per intent,
-in order, `(claimed, *EFFECT_COLUMNS)`; see `claim_call`."""
+FENCED_CLAIM = "SELECT * FROM graph_durable_fenced_claim(" + ", ".join(["%s"] * 13) + ")"
+"""Claim a step's intents in one statement that first fences its transaction, as
+`FENCE_READ_COMMITTED` does (PostgreSQL migration 10; migration 8's `graph_durable_claim`,
+which does not fence, stays for workers of the release before). One row per intent, in
+order: `(claimed, *EFFECT_COLUMNS)`, the columns NULL for an intent it inserted; see
+`claim_call`."""
 SELECT_LEASE_WITH_CLOCK = (
     "SELECT l.owner, l.token, l.expires_at, n.now_at FROM (SELECT "
     "extract(epoch FROM clock_timestamp())::DOUBLE PRECISION AS now_at) n "
@@ -136,9 +139,9 @@ def claim_call(
     thread_id: str, planned: Sequence[tuple[list[_sql.Statement], EffectRecord]],
     actor: tuple[str | None, int | None],
 ) -> _sql.Statement:
-    """`CLAIM` for intents planned by `_plan_intent` (their inherit statements left out:
-    the function applies the same rules). Each plan is the intent's insert, its journal
-    entry and maybe its key-scheme pin, in `_sql.plan_intent`'s order."""
+    """`FENCED_CLAIM` for intents planned by `_plan_intent` (their inherit statements left
+    out: the function applies the same rules). Each plan is the intent's insert, its
+    journal entry and maybe its key-scheme pin, in `_sql.plan_intent`'s order."""
     columns: list[list[Any]] = [[] for _ in range(10)]
     for plan, _record in planned:
         insert, event, *pin = plan
@@ -147,7 +150,7 @@ def claim_call(
         for column, value in zip(columns, (key, ns, tool_call_id, tool, args, status, attempts,
                                            event[1][3], scheme, now), strict=True):
             column.append(value)
-    return CLAIM, (thread_id, *columns, *actor)
+    return FENCED_CLAIM, (thread_id, *columns, *actor)
 
 
 def carried_transition(update: _sql.Statement, event: _sql.Statement) -> _sql.Statement:
@@ -253,18 +256,23 @@ class TransactionDeferred:
     """Set once a write sent without `BEGIN` found its transaction not READ COMMITTED."""
 
     def _fence_statements(
-        self, autocommit: bool, thread_id: str, config: RunnableConfig | None
+        self, autocommit: bool, thread_id: str, config: RunnableConfig | None, *,
+        fenced_by_block: bool = False,
     ) -> tuple[list[_sql.Statement], str | None]:
         """How a one-round-trip write opens (its fence) and what closes it.
 
         On an autocommit connection the fence is the first statement: up to the
         pipeline's sync the statements are one implicit transaction, which the fence
         checks is READ COMMITTED (`FENCE_READ_COMMITTED`). Otherwise, and once that check
-        refused, `BEGIN ISOLATION LEVEL READ COMMITTED`, `FENCE` and, last, `COMMIT`."""
+        refused, `BEGIN ISOLATION LEVEL READ COMMITTED`, `FENCE` and, last, `COMMIT`.
+        `fenced_by_block`: the block's first statement fences the transaction itself
+        (`FENCED_CLAIM`), so no fence is sent before it."""
         fence = (thread_id, actor_of(config)[1])
-        if autocommit and not self._begin_explicitly:
-            return [(FENCE_READ_COMMITTED, fence)], None
-        return [(BEGIN_READ_COMMITTED, ()), (FENCE, fence)], "COMMIT"
+        implicit = autocommit and not self._begin_explicitly
+        opening: list[_sql.Statement] = [] if implicit else [(BEGIN_READ_COMMITTED, ())]
+        if not fenced_by_block:
+            opening.append((FENCE_READ_COMMITTED, fence) if implicit else (FENCE, fence))
+        return opening, None if implicit else "COMMIT"
 
     def _not_read_committed(self, exc: BaseException) -> bool:
         """Whether `exc` is the fence refusing an implicit transaction that is not READ
@@ -312,7 +320,7 @@ class TransactionDeferred:
         self, planned: Sequence[tuple[list[_sql.Statement], EffectRecord]],
         rows: Sequence[Sequence[Any]],
     ) -> list[tuple[EffectRecord, bool]]:
-        """`claim_many`'s answer from `CLAIM`'s rows: the planned record of an intent
+        """`claim_many`'s answer from `FENCED_CLAIM`'s rows: the planned record of an intent
         this call inserted, else the effect as recorded (known, or inherited)."""
         return [(record, True) if row[0] else (self._record(row[1:]), False)  # type: ignore[attr-defined]
                 for (_plan, record), row in zip(planned, rows, strict=True)]

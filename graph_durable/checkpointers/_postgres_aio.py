@@ -272,7 +272,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
 
     @asynccontextmanager
     async def _one_trip(self, thread_id: str,
-                        config: RunnableConfig | None) -> AsyncIterator[AsyncCursor[Any]]:
+                        config: RunnableConfig | None, *,
+                        fenced_by_block: bool = False) -> AsyncIterator[AsyncCursor[Any]]:
         """A fenced write of a thread with a known flow pin, in one round trip: the fence
         checked on the server (after the thread's lock), the thread's deferred receipts
         (`_pg.carried_transition`) and the block's statements are sent together in
@@ -282,6 +283,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
         from the lease row. Results the block asks for are read after the block (the
         commit): give each its own cursor, and fetch nothing inside it (a fetch syncs
         the pipeline, which would end the implicit transaction there).
+        `fenced_by_block`: the block's first statement fences the transaction itself
+        (`FENCED_CLAIM`); the fence is sent anyway if deferred receipts go before it.
 
         Raises `_pg.ImplicitNotReadCommitted` if the implicit transaction was not READ
         COMMITTED (nothing was written; send the write again)."""
@@ -289,12 +292,15 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
             with self._deferred_scope():
                 carried: list[tuple[Any, AsyncCursor[Any]]] = []
-                opening, closing = self._fence_statements(conn.autocommit, thread_id, config)
                 try:
+                    carrying = self._carry_deferred(thread_id)
+                    opening, closing = self._fence_statements(
+                        conn.autocommit, thread_id, config,
+                        fenced_by_block=fenced_by_block and not carrying)
                     async with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
                         for statement in opening:
                             await cur.execute(*statement)
-                        for write, statement in self._carry_deferred(thread_id):
+                        for write, statement in carrying:
                             carried.append((write, conn.cursor(row_factory=tuple_row)))
                             await carried[-1][1].execute(*statement)
                         yield cur

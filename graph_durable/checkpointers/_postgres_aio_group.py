@@ -163,7 +163,7 @@ class AsyncGroupCommit:
                 item.done = True
 
     async def _claim_in_one_trip(self, thread_id: str, batch: list[_QueuedWrite]) -> None:
-        """Claim a group of intents made with one fencing token as one `_pg.CLAIM` call
+        """Claim a group of intents made with one fencing token as one `_pg.FENCED_CLAIM` call
         in a one-round-trip fenced write; a refused fence refuses them all, as it would
         each of them."""
         config = batch[0].config
@@ -192,8 +192,8 @@ class AsyncGroupCommit:
         self, thread_id: str, planned: list[tuple[list[Any], EffectRecord]],
         config: RunnableConfig | None,
     ) -> list[tuple[EffectRecord, bool]]:
-        async with self._one_trip(thread_id, config) as fenced:
-            cur = fenced.connection.cursor(row_factory=tuple_row)
+        async with self._one_trip(thread_id, config, fenced_by_block=True) as fenced:
+            cur = fenced.connection.cursor(row_factory=tuple_row, binary=True)
             await cur.execute(*_pg.claim_call(thread_id, planned, actor_of(config)))
         async with cur:
             return self._claimed_rows(planned, await cur.fetchall())

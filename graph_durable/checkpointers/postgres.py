@@ -9,7 +9,8 @@ flow pin is known, such a write is one round trip: the fence checked on the serv
 thread's deferred receipts and the write's statements go out together in pipeline mode,
 one implicit transaction up to the pipeline's sync, which the fence checks is READ
 COMMITTED (PostgreSQL migration 9; on a server whose default isolation is another, the
-writes are begun explicitly). A step's claim is one server-side call (migration 8).
+writes are begun explicitly). A step's claim is one server-side call that fences
+itself (migration 10).
 
 Install with `pip install 'graph-durable[postgres]'`. The connection must be opened
 with `autocommit=True` and `row_factory=dict_row`, as for LangGraph's `PostgresSaver`
@@ -306,7 +307,8 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
 
     @contextmanager
     def _one_trip(self, thread_id: str,
-                  config: RunnableConfig | None) -> Iterator[Cursor[Any]]:
+                  config: RunnableConfig | None, *,
+                  fenced_by_block: bool = False) -> Iterator[Cursor[Any]]:
         """A fenced write of a thread whose flow pin is known, in one round trip: the
         fence checked on the server (after the thread's lock), the thread's deferred
         receipts (`carried_transition`) and the block's statements are sent together in
@@ -316,6 +318,8 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         from the lease row. Results the block asks for are read after the block (the
         commit): give each its own cursor, and fetch nothing inside it (a fetch syncs
         the pipeline, which would end the implicit transaction there).
+        `fenced_by_block`: the block's first statement fences the transaction itself
+        (`FENCED_CLAIM`); the fence is sent anyway if deferred receipts go before it.
 
         Raises `ImplicitNotReadCommitted` if the implicit transaction was not READ
         COMMITTED (nothing was written; send the write again)."""
@@ -323,12 +327,15 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         with self._own_lock(), _internal.get_connection(self.conn) as conn, \
                 self._deferred_scope():
             carried: list[tuple[Any, Cursor[Any]]] = []
-            opening, closing = self._fence_statements(conn.autocommit, thread_id, config)
             try:
+                carrying = self._carry_deferred(thread_id)
+                opening, closing = self._fence_statements(
+                    conn.autocommit, thread_id, config,
+                    fenced_by_block=fenced_by_block and not carrying)
                 with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
                     for statement in opening:
                         cur.execute(*statement)
-                    for write, statement in self._carry_deferred(thread_id):
+                    for write, statement in carrying:
                         carried.append((write, conn.cursor(row_factory=tuple_row)))
                         carried[-1][1].execute(*statement)
                     yield cur
@@ -699,7 +706,7 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
     def _claim_in_one_trip(
         self, thread_id: str, intents: Sequence[IntentWrite], config: RunnableConfig | None
     ) -> list[tuple[EffectRecord, bool]]:
-        """`claim_many` as one `CLAIM` call in a one-round-trip fenced write."""
+        """`claim_many` as one `FENCED_CLAIM` call in a one-round-trip fenced write."""
         actor = actor_of(config)
         planned = [self._plan_intent(intent, actor)[1:] for intent in intents]
         try:
@@ -711,8 +718,8 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         self, thread_id: str, planned: Sequence[tuple[list[Any], EffectRecord]],
         config: RunnableConfig | None,
     ) -> list[tuple[EffectRecord, bool]]:
-        with self._one_trip(thread_id, config) as fenced:
-            cur = fenced.connection.cursor(row_factory=tuple_row)
+        with self._one_trip(thread_id, config, fenced_by_block=True) as fenced:
+            cur = fenced.connection.cursor(row_factory=tuple_row, binary=True)
             cur.execute(*claim_call(thread_id, planned, actor_of(config)))
         with cur:
             return self._claimed_rows(planned, cur.fetchall())
