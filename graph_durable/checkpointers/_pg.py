@@ -162,13 +162,21 @@ def carried_transition(update: _sql.Statement, event: _sql.Statement) -> _sql.St
     is none), which says why a refused one was refused."""
     update_sql, update_params = update
     _, (key, thread_id, *entry) = event
-    before = ", ".join(f"e.{column.strip()}" for column in _sql.EFFECT_COLUMNS.split(","))
+    return _carried_sql(update_sql), (*update_params, *entry, thread_id, key)
+
+
+_EFFECT_BEFORE = ", ".join(f"e.{column.strip()}" for column in _sql.EFFECT_COLUMNS.split(","))
+
+
+@functools.lru_cache(maxsize=64)
+def _carried_sql(update_sql: str) -> str:
+    """`carried_transition`'s statement around an update (one per set of columns)."""
     return (
         f"WITH changed AS ({pg_sql(update_sql)}), journal AS (INSERT INTO effect_events "
         "(key, thread_id, kind, data, at, owner, fencing_token) SELECT key, thread_id, "
-        f"%s, %s, %s, %s, %s FROM changed) SELECT (SELECT count(*) FROM changed), {before} "
-        "FROM (SELECT 1) AS one LEFT JOIN effects e ON e.thread_id = %s AND e.key = %s",
-        (*update_params, *entry, thread_id, key),
+        "%s, %s, %s, %s, %s FROM changed) SELECT (SELECT count(*) FROM changed), "
+        f"{_EFFECT_BEFORE} FROM (SELECT 1) AS one LEFT JOIN effects e ON e.thread_id = %s "
+        "AND e.key = %s"
     )
 
 
@@ -309,10 +317,9 @@ class TransactionDeferred:
         carried = []
         for write, config in taken:
             # The journal entry needs only what the transition sets (no attempt number).
-            after = EffectRecord.model_construct(key=write.key, thread_id=write.thread_id,
-                                                 status=write.to)
+            after = _sql.Journaled(write.key, write.thread_id, write.to, 0)
             carried.append((write, carried_transition(
-                self._plan_update(write, now),  # type: ignore[attr-defined]
+                self._plan_update(write, now, returning="key, thread_id"),  # type: ignore[attr-defined]
                 self._transition_event(after, write, now, actor_of(config)))))  # type: ignore[attr-defined]
         return carried
 
