@@ -16,12 +16,15 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
+
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import actor_of
 from graph_durable.errors import DatabaseUnavailable
 from graph_durable.ledger import EffectRecord, TransitionWrite
 
 __all__ = [
+    "ImplicitNotReadCommitted",
     "TransactionDeferred",
     "arun",
     "arun_counted",
@@ -63,17 +66,26 @@ FENCE = "SELECT graph_durable_fence(%s, %s)"
 """`LOCK_THREAD`, then the fence checked on the server: raises `FENCE_REFUSED` if the
 write must not commit (PostgreSQL migration 7)."""
 FENCE_REFUSED = "GD001"
-CLAIM = "SELECT * FROM graph_durable_claim(" + ", ".join(["%s"] * 13) + ")"
-"""Claim a step's intents in one statement (PostgreSQL migration 8): one row per intent,
-in order, `(claimed, *EFFECT_COLUMNS)`; see `claim_call`."""
 KEY_LOCKS = 1735680001
 """The class id (first half) of the advisory locks on effect keys: a space of their own,
-apart from the threads' one-number locks."""
+apart from the threads' one-number locks. The claim functions of PostgreSQL migrations 8
+and 10 take the same locks on the server."""
 LOCK_KEYS = (
     "SELECT pg_advisory_xact_lock(%s, hashtext(k)) "
     "FROM (SELECT DISTINCT unnest(%s::text[]) AS k ORDER BY k) AS keys"
 )
 """Lock effect keys until the transaction ends, in one order (see `lock_keys`)."""
+FENCE_READ_COMMITTED = "SELECT graph_durable_fence_read_committed(%s, %s)"
+"""`FENCE` for a write sent without `BEGIN` (its statements up to the pipeline's sync are
+one implicit transaction): refuses with `NOT_READ_COMMITTED` first unless that
+transaction is READ COMMITTED (PostgreSQL migration 9)."""
+NOT_READ_COMMITTED = "GD002"
+FENCED_CLAIM = "SELECT * FROM graph_durable_fenced_claim(" + ", ".join(["%s"] * 13) + ")"
+"""Claim a step's intents in one statement that first fences its transaction, as
+`FENCE_READ_COMMITTED` does (PostgreSQL migration 10; migration 8's `graph_durable_claim`,
+which does not fence, stays for workers of the release before). One row per intent, in
+order: `(claimed, *EFFECT_COLUMNS)`, the columns NULL for an intent it inserted; see
+`claim_call`."""
 SELECT_LEASE_WITH_CLOCK = (
     "SELECT l.owner, l.token, l.expires_at, n.now_at FROM (SELECT "
     "extract(epoch FROM clock_timestamp())::DOUBLE PRECISION AS now_at) n "
@@ -152,9 +164,9 @@ def claim_call(
     thread_id: str, planned: Sequence[tuple[list[_sql.Statement], EffectRecord]],
     actor: tuple[str | None, int | None],
 ) -> _sql.Statement:
-    """`CLAIM` for intents planned by `_plan_intent` (their inherit statements left out:
-    the function applies the same rules). Each plan is the intent's insert, its journal
-    entry and maybe its key-scheme pin, in `_sql.plan_intent`'s order."""
+    """`FENCED_CLAIM` for intents planned by `_plan_intent` (their inherit statements left
+    out: the function applies the same rules). Each plan is the intent's insert, its
+    journal entry and maybe its key-scheme pin, in `_sql.plan_intent`'s order."""
     columns: list[list[Any]] = [[] for _ in range(10)]
     for plan, _record in planned:
         insert, event, *pin = plan
@@ -163,7 +175,7 @@ def claim_call(
         for column, value in zip(columns, (key, ns, tool_call_id, tool, args, status, attempts,
                                            event[1][3], scheme, now), strict=True):
             column.append(value)
-    return CLAIM, (thread_id, *columns, *actor)
+    return FENCED_CLAIM, (thread_id, *columns, *actor)
 
 
 def carried_transition(update: _sql.Statement, event: _sql.Statement) -> _sql.Statement:
@@ -175,13 +187,21 @@ def carried_transition(update: _sql.Statement, event: _sql.Statement) -> _sql.St
     is none), which says why a refused one was refused."""
     update_sql, update_params = update
     _, (key, thread_id, *entry) = event
-    before = ", ".join(f"e.{column.strip()}" for column in _sql.EFFECT_COLUMNS.split(","))
+    return _carried_sql(update_sql), (*update_params, *entry, thread_id, key)
+
+
+_EFFECT_BEFORE = ", ".join(f"e.{column.strip()}" for column in _sql.EFFECT_COLUMNS.split(","))
+
+
+@functools.lru_cache(maxsize=64)
+def _carried_sql(update_sql: str) -> str:
+    """`carried_transition`'s statement around an update (one per set of columns)."""
     return (
         f"WITH changed AS ({pg_sql(update_sql)}), journal AS (INSERT INTO effect_events "
         "(key, thread_id, kind, data, at, owner, fencing_token) SELECT key, thread_id, "
-        f"%s, %s, %s, %s, %s FROM changed) SELECT (SELECT count(*) FROM changed), {before} "
-        "FROM (SELECT 1) AS one LEFT JOIN effects e ON e.thread_id = %s AND e.key = %s",
-        (*update_params, *entry, thread_id, key),
+        "%s, %s, %s, %s, %s FROM changed) SELECT (SELECT count(*) FROM changed), "
+        f"{_EFFECT_BEFORE} FROM (SELECT 1) AS one LEFT JOIN effects e ON e.thread_id = %s "
+        "AND e.key = %s"
     )
 
 
@@ -218,6 +238,13 @@ async def arun_counted(cur: Any, sql: str, params: Sequence[Any] = ()) -> int:
     after a sync; returned rows are fetched at once)."""
     await cur.execute(pg_sql(sql) + " RETURNING 1", tuple(params))
     return len(await cur.fetchall())
+
+
+class ImplicitNotReadCommitted(Exception):
+    """A fenced write sent without `BEGIN` ran in a transaction that is not READ
+    COMMITTED (the server's or the session's default isolation is another), and the
+    fence refused it before anything was written. The saver begins its writes
+    explicitly from then on; the caller sends the write again (`_fenced`)."""
 
 
 _TAKEN: ContextVar[list[Any] | None] = ContextVar("graph_durable_pg_deferred_taken",
@@ -258,6 +285,36 @@ class TransactionDeferred:
     def _deferred_committed(self) -> None:
         (_TAKEN.get() or []).clear()
 
+    _begin_explicitly = False
+    """Set once a write sent without `BEGIN` found its transaction not READ COMMITTED."""
+
+    def _fence_statements(
+        self, autocommit: bool, thread_id: str, config: RunnableConfig | None, *,
+        fenced_by_block: bool = False,
+    ) -> tuple[list[_sql.Statement], str | None]:
+        """How a one-round-trip write opens (its fence) and what closes it.
+
+        On an autocommit connection the fence is the first statement: up to the
+        pipeline's sync the statements are one implicit transaction, which the fence
+        checks is READ COMMITTED (`FENCE_READ_COMMITTED`). Otherwise, and once that check
+        refused, `BEGIN ISOLATION LEVEL READ COMMITTED`, `FENCE` and, last, `COMMIT`.
+        `fenced_by_block`: the block's first statement fences the transaction itself
+        (`FENCED_CLAIM`), so no fence is sent before it."""
+        fence = (thread_id, actor_of(config)[1])
+        implicit = autocommit and not self._begin_explicitly
+        opening: list[_sql.Statement] = [] if implicit else [(BEGIN_READ_COMMITTED, ())]
+        if not fenced_by_block:
+            opening.append((FENCE_READ_COMMITTED, fence) if implicit else (FENCE, fence))
+        return opening, None if implicit else "COMMIT"
+
+    def _not_read_committed(self, exc: BaseException) -> bool:
+        """Whether `exc` is the fence refusing an implicit transaction that is not READ
+        COMMITTED; if so, the saver's writes begin explicitly from now on."""
+        refused = getattr(exc, "sqlstate", None) == NOT_READ_COMMITTED
+        if refused:
+            self._begin_explicitly = True
+        return refused
+
     def _one_trip_possible(self, thread_id: str) -> bool:
         """Whether a fenced write of the thread may go in one round trip: its flow pin is
         known, and each deferred receipt it would carry is one `carried_transition`."""
@@ -285,10 +342,9 @@ class TransactionDeferred:
         carried = []
         for write, config in taken:
             # The journal entry needs only what the transition sets (no attempt number).
-            after = EffectRecord.model_construct(key=write.key, thread_id=write.thread_id,
-                                                 status=write.to)
+            after = _sql.Journaled(write.key, write.thread_id, write.to, 0)
             carried.append((write, carried_transition(
-                self._plan_update(write, now),  # type: ignore[attr-defined]
+                self._plan_update(write, now, returning="key, thread_id"),  # type: ignore[attr-defined]
                 self._transition_event(after, write, now, actor_of(config)))))  # type: ignore[attr-defined]
         return carried
 
@@ -296,7 +352,7 @@ class TransactionDeferred:
         self, planned: Sequence[tuple[list[_sql.Statement], EffectRecord]],
         rows: Sequence[Sequence[Any]],
     ) -> list[tuple[EffectRecord, bool]]:
-        """`claim_many`'s answer from `CLAIM`'s rows: the planned record of an intent
+        """`claim_many`'s answer from `FENCED_CLAIM`'s rows: the planned record of an intent
         this call inserted, else the effect as recorded (known, or inherited)."""
         return [(record, True) if row[0] else (self._record(row[1:]), False)  # type: ignore[attr-defined]
                 for (_plan, record), row in zip(planned, rows, strict=True)]

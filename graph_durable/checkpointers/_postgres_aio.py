@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -69,6 +69,8 @@ from graph_durable.leases import check_fence
 from graph_durable.ledger import EffectRecord, IntentWrite, TransitionWrite
 
 __all__ = ["AsyncDurablePostgresSaver"]
+
+T = TypeVar("T")
 
 _FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]], bool] | None] = (
     ContextVar("graph_durable_apg_fenced_write", default=None))
@@ -270,27 +272,40 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
 
     @asynccontextmanager
     async def _one_trip(self, thread_id: str,
-                        config: RunnableConfig | None) -> AsyncIterator[AsyncCursor[Any]]:
-        """A fenced write of a thread with a known flow pin, in one round trip: `BEGIN`,
-        the fence checked on the server (`_pg.FENCE`, after the thread's lock), the
-        thread's deferred receipts (`_pg.carried_transition`), the block's statements
-        and `COMMIT` are sent together in pipeline mode. A refused fence aborts the
+                        config: RunnableConfig | None, *,
+                        fenced_by_block: bool = False) -> AsyncIterator[AsyncCursor[Any]]:
+        """A fenced write of a thread with a known flow pin, in one round trip: the fence
+        checked on the server (after the thread's lock), the thread's deferred receipts
+        (`_pg.carried_transition`) and the block's statements are sent together in
+        pipeline mode, as one transaction (`_fence_statements`: implicit up to the
+        pipeline's sync, or between `BEGIN` and `COMMIT`). A refused fence aborts the
         transaction, so nothing sent after it commits; the refusal is then explained
         from the lease row. Results the block asks for are read after the block (the
-        commit): give each its own cursor."""
+        commit): give each its own cursor, and fetch nothing inside it (a fetch syncs
+        the pipeline, which would end the implicit transaction there).
+        `fenced_by_block`: the block's first statement fences the transaction itself
+        (`FENCED_CLAIM`); the fence is sent anyway if deferred receipts go before it.
+
+        Raises `_pg.ImplicitNotReadCommitted` if the implicit transaction was not READ
+        COMMITTED (nothing was written; send the write again)."""
         await self.setup()
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
             with self._deferred_scope():
                 carried: list[tuple[Any, AsyncCursor[Any]]] = []
                 try:
+                    carrying = self._carry_deferred(thread_id)
+                    opening, closing = self._fence_statements(
+                        conn.autocommit, thread_id, config,
+                        fenced_by_block=fenced_by_block and not carrying)
                     async with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
-                        await cur.execute(_pg.BEGIN_READ_COMMITTED)
-                        await cur.execute(_pg.FENCE, (thread_id, actor_of(config)[1]))
-                        for write, statement in self._carry_deferred(thread_id):
+                        for statement in opening:
+                            await cur.execute(*statement)
+                        for write, statement in carrying:
                             carried.append((write, conn.cursor(row_factory=tuple_row)))
                             await carried[-1][1].execute(*statement)
                         yield cur
-                        await cur.execute("COMMIT")
+                        if closing is not None:
+                            await cur.execute(closing)
                     for write, outcome in carried:
                         self._carried_outcome(write, await outcome.fetchone())
                 except BaseException as exc:
@@ -300,6 +315,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                         await conn.rollback()
                     if isinstance(exc, DatabaseError) and exc.sqlstate == _pg.FENCE_REFUSED:
                         await self._refused_by_fence(conn, thread_id, config)
+                    if self._not_read_committed(exc):
+                        raise _pg.ImplicitNotReadCommitted(str(exc)) from exc
                     if isinstance(exc, OperationalError) and conn.broken:
                         raise self._unavailable(exc, thread_id) from exc
                     raise
@@ -348,10 +365,11 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
             for statement in after():
                 await _run(ledger_cur, *statement)
 
-    @asynccontextmanager
-    async def _fenced(self, config: RunnableConfig, after: Callable[[], list[Any]] = list,
-                      *, one_trip: bool = True) -> AsyncIterator[None]:
-        """Run LangGraph's writes in a fenced transaction, then `after()`'s statements.
+    async def _fenced(self, config: RunnableConfig, write: Callable[[], Awaitable[T]],
+                      after: Callable[[], list[Any]] = list, *, one_trip: bool = True) -> T:
+        """Await `write()` (LangGraph's writes) in a fenced transaction, then `after()`'s
+        statements; once more, begun explicitly, if it went without `BEGIN` in a
+        transaction that was not READ COMMITTED (nothing of it was written).
 
         `one_trip=False` when `after()` must be asked once the thread's lock is held:
         a resume value's save asks whether a decision batch consumed it meanwhile (see
@@ -360,7 +378,10 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
         token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config, after,
                                    one_trip))
         try:
-            yield
+            try:
+                return await write()
+            except _pg.ImplicitNotReadCommitted:
+                return await write()
         finally:
             _FENCED_WRITE.reset(token)
 
@@ -395,8 +416,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     ) -> RunnableConfig:
         """Save a checkpoint, fenced and flow-pinned in the same transaction."""
         fault_point("before_put")
-        async with self._fenced(config):
-            stored = await super().aput(config, checkpoint, metadata, new_versions)
+        aput = super().aput
+        stored = await self._fenced(config,
+                                    lambda: aput(config, checkpoint, metadata, new_versions))
         self._remember_stored(stored)
         fault_point("after_put")
         return stored
@@ -417,8 +439,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
 
         carries_resume = task_id == _sql.NULL_TASK_ID and any(
             channel == _sql.RESUME_CHANNEL for channel, _ in writes)
-        async with self._fenced(config, late, one_trip=not carries_resume):
-            await super().aput_writes(config, writes, task_id, task_path)
+        aput_writes = super().aput_writes
+        await self._fenced(config, lambda: aput_writes(config, writes, task_id, task_path),
+                           late, one_trip=not carries_resume)
         fault_point("after_put_writes")
 
     async def adelete_thread(self, thread_id: str) -> None:

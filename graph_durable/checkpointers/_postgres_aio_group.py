@@ -163,19 +163,17 @@ class AsyncGroupCommit:
                 item.done = True
 
     async def _claim_in_one_trip(self, thread_id: str, batch: list[_QueuedWrite]) -> None:
-        """Claim a group of intents made with one fencing token as one `_pg.CLAIM` call
+        """Claim a group of intents made with one fencing token as one `_pg.FENCED_CLAIM` call
         in a one-round-trip fenced write; a refused fence refuses them all, as it would
         each of them."""
         config = batch[0].config
         actor = actor_of(config)
         planned = [self._plan_intent(item.write, actor)[1:] for item in batch]
         try:
-            async with self._one_trip(thread_id, config) as fenced:
-                await fenced.execute(*_pg.lock_keys([item.write.key for item in batch]))
-                cur = fenced.connection.cursor(row_factory=tuple_row)
-                await cur.execute(*_pg.claim_call(thread_id, planned, actor))
-            async with cur:
-                claimed = self._claimed_rows(planned, await cur.fetchall())
+            try:
+                claimed = await self._claim_planned(thread_id, planned, config)
+            except _pg.ImplicitNotReadCommitted:  # nothing was written: now begun explicitly
+                claimed = await self._claim_planned(thread_id, planned, config)
             for item, (record, created) in zip(batch, claimed, strict=True):
                 if created:
                     item.result = [record]
@@ -189,6 +187,16 @@ class AsyncGroupCommit:
         finally:
             for item in batch:
                 item.done = True
+
+    async def _claim_planned(
+        self, thread_id: str, planned: list[tuple[list[Any], EffectRecord]],
+        config: RunnableConfig | None,
+    ) -> list[tuple[EffectRecord, bool]]:
+        async with self._one_trip(thread_id, config, fenced_by_block=True) as fenced:
+            cur = fenced.connection.cursor(row_factory=tuple_row, binary=True)
+            await cur.execute(*_pg.claim_call(thread_id, planned, actor_of(config)))
+        async with cur:
+            return self._claimed_rows(planned, await cur.fetchall())
 
     async def _apply_txn(self, cur: AsyncCursor[Any], item: _QueuedWrite,
                          actor: tuple[str | None, int | None]) -> None:

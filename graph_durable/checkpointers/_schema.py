@@ -411,4 +411,103 @@ PG_MIGRATIONS: list[str] = [
     END
     $fn$
     """,
+    # 9: a fenced write without `BEGIN` and `COMMIT`: its statements, sent together up to
+    # one sync, are one implicit transaction. `graph_durable_fence`, after checking that
+    # this transaction is READ COMMITTED (the fence must see a lease committed while it
+    # waited for the lock); if it is not (the server's default isolation is another),
+    # SQLSTATE GD002 aborts the transaction and the writer sends the write again inside
+    # `BEGIN ISOLATION LEVEL READ COMMITTED`.
+    """
+    CREATE FUNCTION graph_durable_fence_read_committed(p_thread_id TEXT, p_token BIGINT)
+    RETURNS DOUBLE PRECISION
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'graph_durable writes thread % READ COMMITTED, not %',
+                p_thread_id, current_setting('transaction_isolation')
+                USING ERRCODE = 'GD002';
+        END IF;
+        RETURN graph_durable_fence(p_thread_id, p_token);
+    END
+    $fn$
+    """,
+    # 10: a step's claim that fences its transaction itself (`graph_durable_fence_read_
+    # committed`), so a claim with no deferred receipt to carry is one statement. The
+    # same rules as `graph_durable_claim`, in fewer statements per intent: the insert and
+    # its journal entry in one, the key scheme pinned once per scheme, and no row read
+    # back for an intent this call inserted (the caller has its record; the row returned
+    # is the flag and NULLs).
+    """
+    CREATE FUNCTION graph_durable_fenced_claim(
+        p_thread_id TEXT, p_keys TEXT[], p_namespaces TEXT[], p_tool_call_ids TEXT[],
+        p_tools TEXT[], p_args TEXT[], p_statuses TEXT[], p_attempts INTEGER[],
+        p_events TEXT[], p_schemes TEXT[], p_nows DOUBLE PRECISION[], p_owner TEXT,
+        p_token BIGINT)
+    RETURNS TABLE (e_claimed BOOLEAN, e_key TEXT, e_thread_id TEXT, e_checkpoint_ns TEXT,
+                   e_tool_call_id TEXT, e_tool TEXT, e_args TEXT, e_status TEXT,
+                   e_receipt TEXT, e_error TEXT, e_attempts INTEGER, e_decision TEXT,
+                   e_asked INTEGER, e_created_at DOUBLE PRECISION,
+                   e_updated_at DOUBLE PRECISION)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        i INTEGER;
+        pinned TEXT;
+    BEGIN
+        PERFORM graph_durable_fence_read_committed(p_thread_id, p_token);
+        FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
+            INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,
+                                 status, receipt, result_type, result, error, attempts,
+                                 asked, created_at, updated_at)
+                SELECT p_thread_id, f.key, p_namespaces[i], f.tool_call_id, f.tool, f.args,
+                    CASE WHEN f.status = 'skipped' THEN 'unknown' ELSE f.status END,
+                    f.receipt,
+                    CASE WHEN f.status = 'skipped' THEN NULL ELSE f.result_type END,
+                    CASE WHEN f.status = 'skipped' THEN NULL ELSE f.result END,
+                    f.error, f.attempts, 0, p_nows[i], p_nows[i]
+                FROM effects f WHERE f.key = p_keys[i] AND f.thread_id <> p_thread_id
+                    AND f.status <> 'rejected'
+                    AND NOT (f.status = 'skipped' AND f.edited_key IS NOT NULL)
+                ORDER BY f.created_at LIMIT 1
+                ON CONFLICT DO NOTHING;
+            IF FOUND THEN
+                INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token)
+                    SELECT e.key, e.thread_id, 'intent', '{"inherited": true, "status": "'
+                        || e.status || '", "tool": "' || e.tool || '"}', p_nows[i], p_owner,
+                        p_token
+                    FROM effects e WHERE e.thread_id = p_thread_id AND e.key = p_keys[i];
+                e_claimed := false;
+            ELSE
+                WITH inserted AS (
+                    INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,
+                                         status, attempts, created_at, updated_at)
+                    VALUES (p_thread_id, p_keys[i], p_namespaces[i], p_tool_call_ids[i],
+                            p_tools[i], p_args[i], p_statuses[i], p_attempts[i], p_nows[i],
+                            p_nows[i])
+                    ON CONFLICT DO NOTHING RETURNING key)
+                INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token)
+                    SELECT inserted.key, p_thread_id, 'intent', p_events[i], p_nows[i], p_owner,
+                           p_token FROM inserted;
+                e_claimed := FOUND;
+                IF e_claimed AND p_schemes[i] IS NOT NULL
+                        AND p_schemes[i] IS DISTINCT FROM pinned THEN
+                    INSERT INTO thread_key_schemes (thread_id, scheme, pinned_at)
+                        VALUES (COALESCE((SELECT o.origin_thread_id FROM thread_origins o
+                                          WHERE o.thread_id = p_thread_id), p_thread_id),
+                                p_schemes[i], p_nows[i])
+                        ON CONFLICT DO NOTHING;
+                    pinned := p_schemes[i];
+                END IF;
+            END IF;
+            IF e_claimed THEN
+                RETURN NEXT;
+            ELSE
+                RETURN QUERY SELECT false, e.key, e.thread_id, e.checkpoint_ns, e.tool_call_id,
+                    e.tool, e.args, e.status, e.receipt, e.error, e.attempts, e.decision, e.asked,
+                    e.created_at, e.updated_at
+                    FROM effects e WHERE e.thread_id = p_thread_id AND e.key = p_keys[i];
+            END IF;
+        END LOOP;
+    END
+    $fn$
+    """,
 ]

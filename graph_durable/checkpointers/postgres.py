@@ -5,9 +5,12 @@ For workers on several machines: every checkpoint and ledger write of a thread r
 one transaction that first takes a transaction-level advisory lock on the thread, then
 checks the lease's fencing token and the flow-version pin, so the same guarantees hold
 as with `DurableSqliteSaver` (whose file lock serializes all writers). Once the thread's
-flow pin is known, such a write is one round trip: `BEGIN`, the fence checked on the
-server, the thread's deferred receipts, the write's statements and `COMMIT` go out
-together in pipeline mode (a step's claim is one server-side call, PostgreSQL migration 8).
+flow pin is known, such a write is one round trip: the fence checked on the server, the
+thread's deferred receipts and the write's statements go out together in pipeline mode,
+one implicit transaction up to the pipeline's sync, which the fence checks is READ
+COMMITTED (PostgreSQL migration 9; on a server whose default isolation is another, the
+writes are begun explicitly). A step's claim is one server-side call that fences
+itself (migration 10).
 
 Install with `pip install 'graph-durable[postgres]'`. The connection must be opened
 with `autocommit=True` and `row_factory=dict_row`, as for LangGraph's `PostgresSaver`
@@ -28,7 +31,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -52,13 +55,11 @@ from psycopg.rows import dict_row, tuple_row
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._pg import (
-    BEGIN_READ_COMMITTED,
     COPY_THREAD_CHECKPOINTS,
     DELETE_CHECKPOINT,
     DELETE_CHECKPOINT_WRITES,
     DELETE_NULL_RESUME,
     DELETE_THREAD_CHECKPOINTS,
-    FENCE,
     FENCE_REFUSED,
     LOCK_THREAD,
     LOCK_THREAD_READ_LEASE,
@@ -70,6 +71,7 @@ from graph_durable.checkpointers._pg import (
     TRY_LOCK_SETUP,
     TRY_LOCK_THREAD,
     UNLOCK_SETUP,
+    ImplicitNotReadCommitted,
     TransactionDeferred,
     broke_under_write,
     claim_call,
@@ -100,6 +102,8 @@ from graph_durable.ledger import (
 from graph_durable.faults import fault_point
 
 __all__ = ["AsyncDurablePostgresSaver", "DurablePostgresSaver", "pg_sql"]
+
+T = TypeVar("T")
 
 # Set while `put`/`put_writes` run LangGraph's own statements, so that `_cursor` runs
 # them inside a fenced transaction of that thread (in one round trip if the flag allows).
@@ -304,27 +308,40 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
 
     @contextmanager
     def _one_trip(self, thread_id: str,
-                  config: RunnableConfig | None) -> Iterator[Cursor[Any]]:
-        """A fenced write of a thread whose flow pin is known, in one round trip: `BEGIN`,
-        the fence checked on the server (`FENCE`, after the thread's lock), the thread's
-        deferred receipts (`carried_transition`), the block's statements and `COMMIT` are
-        sent together in pipeline mode. A refused fence aborts the transaction, so
-        nothing sent after it commits; the refusal is then explained from the lease row.
-        Results the block asks for are read after the block (the commit): give each
-        its own cursor."""
+                  config: RunnableConfig | None, *,
+                  fenced_by_block: bool = False) -> Iterator[Cursor[Any]]:
+        """A fenced write of a thread whose flow pin is known, in one round trip: the
+        fence checked on the server (after the thread's lock), the thread's deferred
+        receipts (`carried_transition`) and the block's statements are sent together in
+        pipeline mode, as one transaction (`_fence_statements`: implicit up to the
+        pipeline's sync, or between `BEGIN` and `COMMIT`). A refused fence aborts the
+        transaction, so nothing sent after it commits; the refusal is then explained
+        from the lease row. Results the block asks for are read after the block (the
+        commit): give each its own cursor, and fetch nothing inside it (a fetch syncs
+        the pipeline, which would end the implicit transaction there).
+        `fenced_by_block`: the block's first statement fences the transaction itself
+        (`FENCED_CLAIM`); the fence is sent anyway if deferred receipts go before it.
+
+        Raises `ImplicitNotReadCommitted` if the implicit transaction was not READ
+        COMMITTED (nothing was written; send the write again)."""
         self.setup()
         with self._own_lock(), _internal.get_connection(self.conn) as conn, \
                 self._deferred_scope():
             carried: list[tuple[Any, Cursor[Any]]] = []
             try:
+                carrying = self._carry_deferred(thread_id)
+                opening, closing = self._fence_statements(
+                    conn.autocommit, thread_id, config,
+                    fenced_by_block=fenced_by_block and not carrying)
                 with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
-                    cur.execute(BEGIN_READ_COMMITTED)
-                    cur.execute(FENCE, (thread_id, actor_of(config)[1]))
-                    for write, statement in self._carry_deferred(thread_id):
+                    for statement in opening:
+                        cur.execute(*statement)
+                    for write, statement in carrying:
                         carried.append((write, conn.cursor(row_factory=tuple_row)))
                         carried[-1][1].execute(*statement)
                     yield cur
-                    cur.execute("COMMIT")
+                    if closing is not None:
+                        cur.execute(closing)
                 for write, outcome in carried:
                     self._carried_outcome(write, outcome.fetchone())
             except BaseException as exc:
@@ -334,6 +351,8 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
                     conn.rollback()
                 if isinstance(exc, DatabaseError) and exc.sqlstate == FENCE_REFUSED:
                     self._refused_by_fence(conn, thread_id, config)
+                if self._not_read_committed(exc):
+                    raise ImplicitNotReadCommitted(str(exc)) from exc
                 if isinstance(exc, OperationalError) and conn.broken:
                     raise _unavailable(exc, thread_id) from exc
                 raise
@@ -386,10 +405,11 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
             for statement in after():
                 _run(ledger_cur, *statement)
 
-    @contextmanager
-    def _fenced(self, config: RunnableConfig, after: Callable[[], list[Any]] = list,
-                *, one_trip: bool = True) -> Iterator[None]:
-        """Run LangGraph's writes in a fenced transaction, then `after()`'s statements.
+    def _fenced(self, config: RunnableConfig, write: Callable[[], T],
+                after: Callable[[], list[Any]] = list, *, one_trip: bool = True) -> T:
+        """Run `write()` (LangGraph's writes) in a fenced transaction, then `after()`'s
+        statements; once more, begun explicitly, if it went without `BEGIN` in a
+        transaction that was not READ COMMITTED (nothing of it was written).
 
         `one_trip=False` when `after()` must be asked once the thread's lock is held
         (see `AsyncDurablePostgresSaver._fenced`)."""
@@ -397,7 +417,10 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config, after,
                                    one_trip))
         try:
-            yield
+            try:
+                return write()
+            except ImplicitNotReadCommitted:
+                return write()
         finally:
             _FENCED_WRITE.reset(token)
 
@@ -430,8 +453,8 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
     ) -> RunnableConfig:
         """Save a checkpoint, fenced and flow-pinned in the same transaction."""
         fault_point("before_put")
-        with self._fenced(config):
-            stored = super().put(config, checkpoint, metadata, new_versions)
+        put = super().put
+        stored = self._fenced(config, lambda: put(config, checkpoint, metadata, new_versions))
         self._remember_stored(stored)
         fault_point("after_put")
         return stored
@@ -451,8 +474,9 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
 
         carries_resume = task_id == _sql.NULL_TASK_ID and any(
             channel == _sql.RESUME_CHANNEL for channel, _ in writes)
-        with self._fenced(config, late, one_trip=not carries_resume):
-            super().put_writes(config, writes, task_id, task_path)
+        put_writes = super().put_writes
+        self._fenced(config, lambda: put_writes(config, writes, task_id, task_path), late,
+                     one_trip=not carries_resume)
         fault_point("after_put_writes")
 
     def delete_thread(self, thread_id: str) -> None:
@@ -685,12 +709,20 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
     def _claim_in_one_trip(
         self, thread_id: str, intents: Sequence[IntentWrite], config: RunnableConfig | None
     ) -> list[tuple[EffectRecord, bool]]:
-        """`claim_many` as one `CLAIM` call in a one-round-trip fenced write."""
+        """`claim_many` as one `FENCED_CLAIM` call in a one-round-trip fenced write."""
         actor = actor_of(config)
         planned = [self._plan_intent(intent, actor)[1:] for intent in intents]
-        with self._one_trip(thread_id, config) as fenced:
-            fenced.execute(*lock_keys([intent.key for intent in intents]))
-            cur = fenced.connection.cursor(row_factory=tuple_row)
-            cur.execute(*claim_call(thread_id, planned, actor))
+        try:
+            return self._claim_planned(thread_id, planned, config)
+        except ImplicitNotReadCommitted:  # nothing was written: now begun explicitly
+            return self._claim_planned(thread_id, planned, config)
+
+    def _claim_planned(
+        self, thread_id: str, planned: Sequence[tuple[list[Any], EffectRecord]],
+        config: RunnableConfig | None,
+    ) -> list[tuple[EffectRecord, bool]]:
+        with self._one_trip(thread_id, config, fenced_by_block=True) as fenced:
+            cur = fenced.connection.cursor(row_factory=tuple_row, binary=True)
+            cur.execute(*claim_call(thread_id, planned, actor_of(config)))
         with cur:
             return self._claimed_rows(planned, cur.fetchall())

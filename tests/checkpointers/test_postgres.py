@@ -346,3 +346,87 @@ def test_a_fence_refused_on_the_server_commits_nothing_and_says_why(
         other.release_lease(lease)
     assert saver.effects("t") == [] and saver.events("t") == []
     assert list(saver.list({"configurable": {"thread_id": "t"}})) == []
+
+
+def test_the_fenced_claim_records_what_the_claim_before_it_recorded(saver) -> None:
+    """`graph_durable_fenced_claim` (migration 10) keeps `graph_durable_claim`'s rules
+    (migration 8): the same intents claimed on two copied threads, one through each,
+    leave the same effects, journal entries, answers and key-scheme pin. (Keys embed the
+    key thread, so each family has keys of its own here too.)"""
+    from psycopg.rows import tuple_row
+
+    from graph_durable.checkpointers import _pg
+
+    def family(name: str) -> list[IntentWrite]:
+        """A thread copied to `name`, which claims one intent of its own; the source then
+        records an applied, a rejected and a skipped effect. The intents `name` claims."""
+        src = f"src-{name}"
+        put_checkpoint(saver, src)
+        saver.copy_thread(src, name)
+        saver.claim(IntentWrite(key=f"{name}-known", thread_id=name, checkpoint_ns="tools:x",
+                                tool_call_id="c-known", tool="pay", args={"cents": 5},
+                                status=S.IN_FLIGHT))
+        asked = IntentWrite(key=f"{name}-rejected", thread_id=src, checkpoint_ns="tools:x",
+                            tool_call_id="c-rejected", tool="pay", args={"cents": 5},
+                            status=S.AWAITING_APPROVAL)
+        saver.claim_many([intent(src, f"{name}-applied"), asked,
+                          intent(src, f"{name}-skipped")])
+        for key, to, kind, extra in (
+                ("applied", S.APPLIED, "receipt", {"receipt": {"id": 1}, "result": "ok"}),
+                ("rejected", S.REJECTED, "decision", {"decision": {"type": "reject"}}),
+                ("skipped", S.UNKNOWN, "outcome", {"error": "timeout"}),
+                ("skipped", S.SKIPPED, "decision", {"decision": {"type": "skip"}})):
+            saver.apply(TransitionWrite(thread_id=src, key=f"{name}-{key}", to=to, kind=kind,
+                                        **extra))
+        return [IntentWrite(key=f"{name}-{key}", thread_id=name, checkpoint_ns="tools:y",
+                            tool_call_id=f"c-{key}", tool="pay", args={"cents": 5},
+                            status=S.IN_FLIGHT, key_scheme="hmac-sha256")
+                for key in ("known", "applied", "rejected", "skipped", "new", "new")]
+
+    before_fencing = "SELECT * FROM graph_durable_claim(" + ", ".join(["%s"] * 13) + ")"
+    answers = {}
+    for name, sql in (("a", _pg.FENCED_CLAIM), ("b", before_fencing)):
+        planned = [saver._plan_intent(one, (None, None))[1:] for one in family(name)]
+        _, params = _pg.claim_call(name, planned, (None, None))
+        with saver.conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute("SELECT graph_durable_fence(%s, NULL)", (name,))
+            rows = cur.execute(sql, params).fetchall()
+        answers[name] = [(record.key[2:], record.status, created) for record, created
+                         in saver._claimed_rows(planned, rows)]
+
+    def stored(name: str) -> tuple[Any, ...]:
+        effects = [(r.key[2:], r.status, r.receipt, r.attempts, r.checkpoint_ns)
+                   for r in saver.effects(name)]
+        events = [(e.key[2:], e.kind, e.data) for e in saver.events(name)]
+        with saver.conn.cursor(row_factory=tuple_row) as cur:
+            pin = cur.execute("SELECT scheme FROM thread_key_schemes WHERE thread_id = %s",
+                              (f"src-{name}",)).fetchall()
+        return effects, events, pin
+
+    assert answers["a"] == answers["b"]
+    assert [(key, created) for key, _, created in answers["a"]] == [
+        ("known", False), ("applied", False), ("rejected", True), ("skipped", False),
+        ("new", True), ("new", False)]
+    assert [status for _, status, _ in answers["a"]][1:4] == [S.APPLIED, S.IN_FLIGHT,
+                                                             S.UNKNOWN]
+    assert stored("a") == stored("b")
+    assert stored("a")[2] == [("hmac-sha256",)]
+
+
+def test_a_claim_carrying_a_deferred_receipt_fences_before_the_receipt(saver) -> None:
+    """The fenced claim fences its own transaction, but a deferred receipt goes before
+    it: with a stale token the fence refuses both, and the receipt is kept."""
+    lease = saver.acquire_lease("t", "worker-1", ttl=60)
+    saver.claim(intent(key="k1"), lease.config)
+    saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.APPLIED, kind="receipt",
+                                receipt={"id": 1}, result="ok", defer=True), lease.config)
+    saver.release_lease(lease)
+    with pytest.raises(LeaseLost):
+        saver.claim_many([intent(key="k2")], lease.config)
+    assert [(r.key, r.status) for r in saver.effects("t")] == [("k1", S.IN_FLIGHT)]
+    later = saver.acquire_lease("t", "worker-2", ttl=60)
+    saver.claim_many([intent(key="k2")], later.config)
+    assert [(r.key, r.status) for r in saver.effects("t")] == [
+        ("k1", S.APPLIED), ("k2", S.IN_FLIGHT)]
+    assert [(e.key, e.kind) for e in saver.events("t")] == [
+        ("k1", "intent"), ("k1", "receipt"), ("k2", "intent")]

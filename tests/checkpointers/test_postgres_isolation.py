@@ -177,3 +177,84 @@ def test_a_broken_pooled_connection_is_a_clear_error_for_a_write_and_a_retry_for
             saver.claim(intent("gd-2"))
         saver.claim(intent("gd-3"))  # the pool replaced the broken connection
         assert [r.key for r in saver.effects("t")] == ["gd-1", "gd-3"]
+
+
+def test_the_implicit_fence_refuses_a_transaction_that_is_not_read_committed(
+        postgres_conninfo: str) -> None:
+    """A write sent without `BEGIN` is fenced by `graph_durable_fence_read_committed`,
+    which refuses (GD002) in any other isolation, before the thread's fence is read."""
+    saver_on(postgres_conninfo)  # migrates
+    with psycopg.connect(postgres_conninfo, autocommit=True) as conn:
+        assert conn.execute("SELECT graph_durable_fence_read_committed('t', NULL)"
+                            ).fetchone()[0] > 0
+        for level in ("REPEATABLE READ", "SERIALIZABLE"):
+            with pytest.raises(psycopg.DatabaseError, match="READ COMMITTED") as refused:
+                with conn.transaction():
+                    conn.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+                    conn.execute("SELECT graph_durable_fence_read_committed('t', NULL)")
+            assert refused.value.sqlstate == "GD002"
+
+
+def test_writes_on_a_repeatable_read_database_are_sent_again_read_committed(
+        repeatable_read_db: str) -> None:
+    """The first write sent without `BEGIN` is refused whole (nothing committed) and sent
+    again inside `BEGIN ISOLATION LEVEL READ COMMITTED`: a claim, then a checkpoint that
+    carries a deferred receipt, each stored once."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from graph_durable.ledger import TransitionWrite
+
+    saver = saver_on(repeatable_read_db)
+    [(record, created)] = saver.claim_many([intent("gd-k1")])
+    assert created and record.status is EffectStatus.IN_FLIGHT
+    saver.apply(TransitionWrite(thread_id="t", key="gd-k1", to=EffectStatus.APPLIED,
+                                kind="receipt", receipt={"id": 1}, result="ok", defer=True))
+    saver.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, empty_checkpoint(),
+              {"step": 0}, {})
+    assert [(r.key, r.status) for r in saver.effects("t")] == [
+        ("gd-k1", EffectStatus.APPLIED)]
+    assert [e.kind for e in saver.events("t")] == ["intent", "receipt"]
+    assert len(list(saver.list({"configurable": {"thread_id": "t"}}))) == 1
+
+
+def test_a_session_whose_default_isolation_changes_later_still_writes_read_committed(
+        postgres_conninfo: str) -> None:
+    """Writes go without `BEGIN` while the session's default is READ COMMITTED; once the
+    session's default changes, the fence refuses the implicit transaction and the write
+    is sent again, begun READ COMMITTED, and still fenced: a stale token is refused."""
+    saver = saver_on(postgres_conninfo)
+    lease = saver.acquire_lease("t", "worker-1", ttl=60)
+    saver.claim(intent("gd-k1"), lease.config)
+    saver.conn.execute("SET default_transaction_isolation = 'serializable'")
+    saver.claim(intent("gd-k2"), lease.config)
+    assert [r.key for r in saver.effects("t")] == ["gd-k1", "gd-k2"]
+    saver.release_lease(lease)
+    saver.acquire_lease("t", "worker-2", ttl=60)
+    with pytest.raises(LeaseLost):
+        saver.claim(intent("gd-k3"), lease.config)
+    assert [r.key for r in saver.effects("t")] == ["gd-k1", "gd-k2"]
+
+
+async def test_the_async_saver_sends_writes_again_read_committed_on_a_repeatable_read_database(
+        repeatable_read_db: str) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+    from psycopg.rows import dict_row
+
+    from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
+    from graph_durable.ledger import TransitionWrite
+
+    async with await psycopg.AsyncConnection.connect(
+            repeatable_read_db, autocommit=True, prepare_threshold=0,
+            row_factory=dict_row) as conn:
+        saver = AsyncDurablePostgresSaver(conn)
+        await saver.setup()
+        [(_, created)] = await saver.aclaim_many([intent("gd-k1")])
+        assert created
+        await saver.aapply(TransitionWrite(thread_id="t", key="gd-k1", to=EffectStatus.APPLIED,
+                                           kind="receipt", receipt={"id": 1}, result="ok",
+                                           defer=True))
+        await saver.aput({"configurable": {"thread_id": "t", "checkpoint_ns": ""}},
+                         empty_checkpoint(), {"step": 0}, {})
+        assert [(r.key, r.status) for r in await saver.aeffects("t")] == [
+            ("gd-k1", EffectStatus.APPLIED)]
+        assert [e.kind for e in await saver.aevents("t")] == ["intent", "receipt"]
