@@ -358,6 +358,11 @@ PG_MIGRATIONS: list[str] = [
         i INTEGER;
         claimed BOOLEAN;
     BEGIN
+        -- Lock the keys first, in one order (`_pg.lock_keys`, class id `_pg.KEY_LOCKS`):
+        -- a thread of the family claiming one of them at once waits for this
+        -- transaction, and its statements then see the rows this one inserts.
+        PERFORM pg_advisory_xact_lock(1735680001, hashtext(k))
+            FROM (SELECT DISTINCT unnest(p_keys) AS k ORDER BY k) AS keys;
         FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
             claimed := false;
             INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,
@@ -454,6 +459,11 @@ PG_MIGRATIONS: list[str] = [
         pinned TEXT;
     BEGIN
         PERFORM graph_durable_fence_read_committed(p_thread_id, p_token);
+        -- Lock the keys first, in one order (`_pg.lock_keys`, class id `_pg.KEY_LOCKS`):
+        -- a thread of the family claiming one of them at once waits for this
+        -- transaction, and its statements then see the rows this one inserts.
+        PERFORM pg_advisory_xact_lock(1735680001, hashtext(k))
+            FROM (SELECT DISTINCT unnest(p_keys) AS k ORDER BY k) AS keys;
         FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
             INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,
                                  status, receipt, result_type, result, error, attempts,
