@@ -294,8 +294,9 @@ def test_a_rolled_back_write_keeps_its_deferred_receipt_while_another_commits(
 
 
 def test_a_steps_claim_and_a_write_carrying_receipts_are_one_round_trip_each(saver) -> None:
-    """BEGIN, the server's fence, the statements and COMMIT go out together: a claim of
-    several intents (one of them known), and a checkpoint carrying two deferred receipts."""
+    """The server's fence and the statements go out together, as one transaction: a
+    claim of several intents (one of them known), and a checkpoint carrying two deferred
+    receipts."""
     from graph_durable.testing.pg_trace import round_trips
 
     known, _ = saver.claim(intent(key="k0"))

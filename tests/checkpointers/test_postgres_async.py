@@ -220,8 +220,8 @@ async def test_open_read_only_reads_and_refuses_to_write(pooled, postgres_connin
 
 async def test_a_steps_claim_and_a_write_carrying_receipts_are_one_round_trip_each(
         postgres_conninfo) -> None:
-    """As for the sync saver: BEGIN, the server's fence, the statements and COMMIT go
-    out together, for a claim through the group commit and a write carrying receipts."""
+    """As for the sync saver: the server's fence and the statements go out together, as
+    one transaction, for a claim through the group commit and a write carrying receipts."""
     from langgraph.checkpoint.base import empty_checkpoint
 
     from graph_durable.testing.pg_trace import round_trips
