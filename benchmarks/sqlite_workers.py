@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import sqlite3
 import statistics
 import tempfile
 import time
@@ -47,11 +46,11 @@ from benchmarks.turn_overhead import (
     Agent,
     AsyncAgent,
     _check,
-    _compile,
     _guarded_node,
     _stock_node,
     build_async_guarded,
     build_async_stock,
+    build_sqlite,
 )
 from graph_durable import DurableSqliteSaver
 
@@ -81,15 +80,9 @@ TARGET_THROUGHPUT = 0.85
 
 
 def _build_threads(name: str, db_path: str) -> Agent:
-    conn = sqlite3.connect(db_path, check_same_thread=False)
     if name == "guarded":
-        saver: SqliteSaver = DurableSqliteSaver(conn)
-        node = _guarded_node()
-    else:
-        saver, node = SqliteSaver(conn), _stock_node()
-    saver.setup()
-    return _compile(name, node, saver, conn, 1)
-
+        return build_sqlite(name, db_path, 1, DurableSqliteSaver, _guarded_node())
+    return build_sqlite(name, db_path, 1, SqliteSaver, _stock_node())
 
 def _run_threads(agent: Agent, tag: str, turns: int) -> float:
     """Run `turns` turns in each of `PARALLEL` Python threads at once; the wall seconds."""

@@ -65,6 +65,7 @@ __all__ = [
     "build_async_guarded",
     "build_async_stock",
     "build_guarded",
+    "build_sqlite",
     "build_stock",
     "compare",
     "main",
@@ -277,20 +278,24 @@ def _encrypted() -> Any:
     return EncryptedSerializer.from_pycryptodome_aes(key=b"benchmark-key-0123456789abcdef!!")
 
 
+def build_sqlite(name: str, db_path: str, n_calls: int, saver_type: type[SqliteSaver],
+                 tools_node: ToolNode, serde: Any = None) -> Agent:
+    """An agent named `name`: `tools_node` on a `saver_type` saver on `db_path`."""
+    conn = sqlite3.connect(db_path, check_same_thread=False)
+    saver = saver_type(conn, serde=serde)
+    saver.setup()
+    return _compile(name, tools_node, saver, conn, n_calls)
+
+
 def build_stock(db_path: str, n_calls: int, serde: Any = None) -> Agent:
     """LangGraph's `ToolNode` with LangGraph's `SqliteSaver` on `db_path`."""
-    conn = sqlite3.connect(db_path, check_same_thread=False)
-    saver = SqliteSaver(conn, serde=serde)
-    saver.setup()
-    return _compile("stock", _stock_node(), saver, conn, n_calls)
+    return build_sqlite("stock", db_path, n_calls, SqliteSaver, _stock_node(), serde)
 
 
 def build_guarded(db_path: str, n_calls: int, serde: Any = None) -> Agent:
     """graph_durable's `EffectGuardNode` with `DurableSqliteSaver` on `db_path`."""
-    conn = sqlite3.connect(db_path, check_same_thread=False)
-    saver = DurableSqliteSaver(conn, serde=serde)
-    saver.setup()
-    return _compile("guarded", _guarded_node(), saver, conn, n_calls)
+    return build_sqlite("guarded", db_path, n_calls, DurableSqliteSaver, _guarded_node(),
+                        serde)
 
 
 def _build_async(name: str, db_path: str, n_calls: int, loop: asyncio.AbstractEventLoop,
@@ -414,11 +419,8 @@ def measure_saver_alone(
     """Time stock turns against the same `ToolNode` on `DurableSqliteSaver`: what the
     saver alone costs (fence, flow pin, group commit), apart from the guard's ledger."""
     stock = build_stock(os.path.join(workdir, f"stock-{n_calls}-alone.sqlite"), n_calls)
-    conn = sqlite3.connect(os.path.join(workdir, f"saver-{n_calls}-alone.sqlite"),
-                           check_same_thread=False)
-    saver = DurableSqliteSaver(conn)
-    saver.setup()
-    alone = _compile("durable saver", _stock_node(), saver, conn, n_calls)
+    alone = build_sqlite("durable saver", os.path.join(workdir, f"saver-{n_calls}-alone.sqlite"),
+                         n_calls, DurableSqliteSaver, _stock_node())
     return compare(stock, alone, n_calls,
                    scenario=f"turn, {_tool_calls(n_calls)}, durable saver + ToolNode (no guard)",
                    target=None, repetitions=repetitions, turns=turns, warmup=warmup,
