@@ -191,6 +191,7 @@ def _run_parallel(agent: Agent, tag: str, turns: int) -> float:
     """Run `turns` turns in each of `PARALLEL` Python threads at once; the wall seconds."""
     return run_threads(agent, tag, turns, PARALLEL)
 
+
 def measure_parallel(
     server: PostgresServer,
     *,

@@ -88,6 +88,7 @@ def _run_threads(agent: Agent, tag: str, turns: int) -> float:
     """Run `turns` turns in each of `PARALLEL` Python threads at once; the wall seconds."""
     return run_threads(agent, tag, turns, PARALLEL)
 
+
 def _run_tasks(agent: Agent, tag: str, turns: int) -> float:
     """Run `turns` turns in each of `PARALLEL` asyncio tasks at once; the wall seconds."""
     assert isinstance(agent, AsyncAgent) and agent.loop is not None
