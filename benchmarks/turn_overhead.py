@@ -8,7 +8,10 @@ A turn is model -> tools -> model on a fresh thread, run with `durability="sync"
 
 The `durable saver + ToolNode` rows run stock's `ToolNode` on `DurableSqliteSaver`:
 what the saver alone costs (its fence, flow pin and group commit), apart from the
-guard's ledger work. The `encrypted` rows give both savers LangGraph's `EncryptedSerializer` (AES), which
+guard's ledger work. The `floor` rows add to them the one thing no design that records
+intent before the effect can skip: one more durable commit per tools step, holding a
+row per call, before the calls run (`FloorToolNode`). What the guard costs above the
+floor is its own work: keys, the ledger's rows and journal, receipts, the protocol. The `encrypted` rows give both savers LangGraph's `EncryptedSerializer` (AES), which
 also seals everything the ledger keeps about a call. The `async` rows run the same turn
 with `ainvoke`, an async model node and an async tool, on LangGraph's `AsyncSqliteSaver`
 (stock) and `graph_durable.AsyncDurableSqliteSaver` (guarded), both on aiosqlite; they
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -65,11 +69,13 @@ __all__ = [
     "build_async_guarded",
     "build_async_stock",
     "build_guarded",
+    "FloorToolNode",
     "build_sqlite",
     "build_stock",
     "compare",
     "main",
     "measure_async_scenario",
+    "measure_floor",
     "measure_saver_alone",
     "measure_scenario",
 ]
@@ -153,6 +159,37 @@ def _guarded_node(asynchronous: bool = False) -> EffectGuardNode:
     """graph_durable's `EffectGuardNode` with the guarded tool, declared idempotent."""
     return EffectGuardNode([_async_guarded_tool() if asynchronous else _guarded_tool()],
                            effects={TOOL_NAME: Effect(idempotent=True)})
+
+
+class FloorToolNode(ToolNode):
+    """Stock's `ToolNode` that first commits one row per tool call, in one durable
+    transaction on its saver's connection, before the calls run: the least a guard
+    that records intent before the effect must add to a turn (the floor)."""
+
+    FLOOR_TABLE = "benchmark_floor_intents"
+
+    def __init__(self, tools: list[BaseTool], saver: DurableSqliteSaver) -> None:
+        super().__init__(tools)
+        self._saver = saver
+        with saver.lock:
+            saver.conn.execute(f"CREATE TABLE IF NOT EXISTS {self.FLOOR_TABLE} "
+                               "(key TEXT PRIMARY KEY, tool_call_id TEXT NOT NULL)")
+            saver.conn.commit()
+
+    def _func(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
+        tool_calls, _ = self._parse_input(input)
+        thread_id = config["configurable"]["thread_id"]
+        with self._saver.lock:
+            cur = self._saver.conn.cursor()
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+                cur.executemany(
+                    f"INSERT INTO {self.FLOOR_TABLE} (key, tool_call_id) VALUES (?, ?)",
+                    [(f"{thread_id}|{call['id']}", call["id"]) for call in tool_calls])
+                self._saver.conn.commit()
+            finally:
+                cur.close()
+        return super()._func(input, config, runtime)
 
 
 def _tool_calls(n_calls: int) -> str:
@@ -427,6 +464,30 @@ def measure_saver_alone(
                    progress=progress)
 
 
+def measure_floor(
+    workdir: str,
+    n_calls: int,
+    *,
+    repetitions: int = REPETITIONS,
+    turns: int = TURNS,
+    warmup: int = WARMUP,
+    progress: Callable[[str], None] | None = print,
+) -> Comparison:
+    """Time stock turns against `FloorToolNode` on `DurableSqliteSaver`: the saver and
+    the one durable commit of intents that no guard can skip, without the guard."""
+    stock = build_stock(os.path.join(workdir, f"stock-{n_calls}-floor.sqlite"), n_calls)
+    conn = sqlite3.connect(os.path.join(workdir, f"floor-{n_calls}.sqlite"),
+                           check_same_thread=False)
+    saver = DurableSqliteSaver(conn)
+    saver.setup()
+    floor = _compile("floor", FloorToolNode([_stock_tool()], saver), saver, conn, n_calls)
+    return compare(stock, floor, n_calls,
+                   scenario=f"turn, {_tool_calls(n_calls)}, floor: durable saver + ToolNode "
+                            "+ one durable commit per tools step",
+                   target=None, repetitions=repetitions, turns=turns, warmup=warmup,
+                   progress=progress)
+
+
 def measure_async_scenario(
     workdir: str,
     n_calls: int,
@@ -470,6 +531,9 @@ def main() -> list[Comparison]:
         for n_calls in SCENARIOS:
             _announce(n_calls)
             comparisons.append(measure_saver_alone(workdir, n_calls))
+        for n_calls in SCENARIOS:
+            _announce(n_calls)
+            comparisons.append(measure_floor(workdir, n_calls))
         for n_calls, target in SCENARIOS.items():
             _announce(n_calls)
             comparisons.append(measure_async_scenario(workdir, n_calls, target=target))
