@@ -7,6 +7,9 @@ with `durability="sync"`), with PostgreSQL checkpointers instead of SQLite ones:
 - guarded: `graph_durable.EffectGuardNode` +
            `graph_durable.checkpointers.postgres.DurablePostgresSaver`,
            the tool declared `Effect(idempotent=True)` and reading `current_effect().key`
+- floor:   stock's `ToolNode` on `DurablePostgresSaver`, committing one row per call in
+           one statement before the calls run: the saver's fenced writes plus the one
+           durable commit of intents that no guard recording intent first can skip
 
 A throwaway PostgreSQL server is started from the machine's own binaries
 (`graph_durable.testing.postgres.PostgresServer`: a fresh cluster in a temporary folder,
@@ -49,6 +52,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from langchain_core.runnables import RunnableConfig
+from langgraph.prebuilt import ToolNode
+
 from benchmarks._runner import (
     BenchmarkSkipped,
     Comparison,
@@ -66,6 +72,7 @@ from benchmarks.turn_overhead import (
     _compile,
     _guarded_node,
     _stock_node,
+    _stock_tool,
     _tool_calls,
     compare,
 )
@@ -83,6 +90,7 @@ __all__ = [
     "build_stock_async",
     "main",
     "measure_async_scenario",
+    "measure_floor",
     "measure_scenario",
 ]
 
@@ -172,6 +180,58 @@ def measure_scenario(
     guarded = build_guarded(server.create_database(f"guarded_{n_calls}"), n_calls)
     return compare(stock, guarded, n_calls, scenario=f"postgres turn, {_tool_calls(n_calls)}",
                    target=target, repetitions=repetitions, turns=turns, warmup=warmup,
+                   progress=progress)
+
+
+class _PostgresFloorNode(ToolNode):
+    """Stock's `ToolNode` that first commits one row per tool call, in one durable
+    statement on its saver's connection, before the calls run: on PostgreSQL, the least
+    a guard that records intent before the effect adds to a turn (one round trip and
+    one commit), as `turn_overhead.FloorToolNode` on SQLite."""
+
+    FLOOR_TABLE = "benchmark_floor_intents"
+
+    def __init__(self, saver: Any) -> None:
+        super().__init__([_stock_tool()])
+        self._saver = saver
+        with saver.lock:
+            saver.conn.execute(f"CREATE TABLE IF NOT EXISTS {self.FLOOR_TABLE} "
+                               "(key TEXT PRIMARY KEY, tool_call_id TEXT NOT NULL)")
+
+    def _func(self, input: Any, config: RunnableConfig, runtime: Any) -> Any:
+        tool_calls, _ = self._parse_input(input)
+        thread_id = config["configurable"]["thread_id"]
+        rows = [(f"{thread_id}|{call['id']}", call["id"]) for call in tool_calls]
+        marks = ", ".join(["(%s, %s)"] * len(rows))
+        with self._saver.lock:  # autocommit: the statement is its own transaction
+            self._saver.conn.execute(
+                f"INSERT INTO {self.FLOOR_TABLE} (key, tool_call_id) VALUES {marks}",
+                [value for row in rows for value in row])
+        return super()._func(input, config, runtime)
+
+
+def measure_floor(
+    server: PostgresServer,
+    n_calls: int,
+    *,
+    repetitions: int = REPETITIONS,
+    turns: int = TURNS,
+    warmup: int = WARMUP,
+    progress: Callable[[str], None] | None = print,
+) -> Comparison:
+    """Time stock turns against `_PostgresFloorNode` on `DurablePostgresSaver`: the
+    saver's fenced writes and one durable commit of intents, without the guard."""
+    from graph_durable.checkpointers.postgres import DurablePostgresSaver
+
+    stock = build_stock(server.create_database(f"stock_floor_{n_calls}"), n_calls)
+    conn = _connect(server.create_database(f"floor_{n_calls}"))
+    saver = DurablePostgresSaver(conn)
+    saver.setup()
+    floor = _compile("floor", _PostgresFloorNode(saver), saver, conn, n_calls)
+    return compare(stock, floor, n_calls,
+                   scenario=f"postgres turn, {_tool_calls(n_calls)}, floor: durable saver "
+                            "+ ToolNode + one durable commit per tools step",
+                   target=None, repetitions=repetitions, turns=turns, warmup=warmup,
                    progress=progress)
 
 
@@ -333,6 +393,9 @@ def main() -> list[Comparison]:
         for n_calls, target in SCENARIOS.items():
             _announce(n_calls)
             comparisons.append(measure_scenario(server, n_calls, target=target))
+        for n_calls in SCENARIOS:
+            _announce(n_calls)
+            comparisons.append(measure_floor(server, n_calls))
         runner = _Loop()
         try:
             for n_calls, target in ASYNC_SCENARIOS.items():
