@@ -75,7 +75,6 @@ __all__ = [
     "compare",
     "main",
     "measure_async_scenario",
-    "measure_floor",
     "measure_saver_alone",
     "measure_scenario",
 ]
@@ -448,42 +447,27 @@ def measure_saver_alone(
     workdir: str,
     n_calls: int,
     *,
+    floor: bool = False,
     repetitions: int = REPETITIONS,
     turns: int = TURNS,
     warmup: int = WARMUP,
     progress: Callable[[str], None] | None = print,
 ) -> Comparison:
     """Time stock turns against the same `ToolNode` on `DurableSqliteSaver`: what the
-    saver alone costs (fence, flow pin, group commit), apart from the guard's ledger."""
-    stock = build_stock(os.path.join(workdir, f"stock-{n_calls}-alone.sqlite"), n_calls)
-    alone = build_sqlite("durable saver", os.path.join(workdir, f"saver-{n_calls}-alone.sqlite"),
-                         n_calls, DurableSqliteSaver, _stock_node())
-    return compare(stock, alone, n_calls,
-                   scenario=f"turn, {_tool_calls(n_calls)}, durable saver + ToolNode (no guard)",
-                   target=None, repetitions=repetitions, turns=turns, warmup=warmup,
-                   progress=progress)
-
-
-def measure_floor(
-    workdir: str,
-    n_calls: int,
-    *,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
-) -> Comparison:
-    """Time stock turns against `FloorToolNode` on `DurableSqliteSaver`: the saver and
-    the one durable commit of intents that no guard can skip, without the guard."""
-    stock = build_stock(os.path.join(workdir, f"stock-{n_calls}-floor.sqlite"), n_calls)
-    conn = sqlite3.connect(os.path.join(workdir, f"floor-{n_calls}.sqlite"),
+    saver alone costs (fence, flow pin, group commit), apart from the guard's ledger.
+    With `floor`, the node is `FloorToolNode`: the saver and the one durable commit of
+    intents that no guard can skip, without the guard."""
+    tag = "floor" if floor else "alone"
+    stock = build_stock(os.path.join(workdir, f"stock-{n_calls}-{tag}.sqlite"), n_calls)
+    conn = sqlite3.connect(os.path.join(workdir, f"saver-{n_calls}-{tag}.sqlite"),
                            check_same_thread=False)
     saver = DurableSqliteSaver(conn)
     saver.setup()
-    floor = _compile("floor", FloorToolNode([_stock_tool()], saver), saver, conn, n_calls)
-    return compare(stock, floor, n_calls,
-                   scenario=f"turn, {_tool_calls(n_calls)}, floor: durable saver + ToolNode "
-                            "+ one durable commit per tools step",
+    node = FloorToolNode([_stock_tool()], saver) if floor else _stock_node()
+    what = ("floor: durable saver + ToolNode + one durable commit per tools step" if floor
+            else "durable saver + ToolNode (no guard)")
+    return compare(stock, _compile(tag, node, saver, conn, n_calls), n_calls,
+                   scenario=f"turn, {_tool_calls(n_calls)}, {what}",
                    target=None, repetitions=repetitions, turns=turns, warmup=warmup,
                    progress=progress)
 
@@ -533,7 +517,7 @@ def main() -> list[Comparison]:
             comparisons.append(measure_saver_alone(workdir, n_calls))
         for n_calls in SCENARIOS:
             _announce(n_calls)
-            comparisons.append(measure_floor(workdir, n_calls))
+            comparisons.append(measure_saver_alone(workdir, n_calls, floor=True))
         for n_calls, target in SCENARIOS.items():
             _announce(n_calls)
             comparisons.append(measure_async_scenario(workdir, n_calls, target=target))
