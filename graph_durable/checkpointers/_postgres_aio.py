@@ -274,20 +274,10 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     async def _one_trip(self, thread_id: str,
                         config: RunnableConfig | None, *,
                         fenced_by_block: bool = False) -> AsyncIterator[AsyncCursor[Any]]:
-        """A fenced write of a thread with a known flow pin, in one round trip: the fence
-        checked on the server (after the thread's lock), the thread's deferred receipts
-        (`_pg.carried_transition`) and the block's statements are sent together in
-        pipeline mode, as one transaction (`_fence_statements`: implicit up to the
-        pipeline's sync, or between `BEGIN` and `COMMIT`). A refused fence aborts the
-        transaction, so nothing sent after it commits; the refusal is then explained
-        from the lease row. Results the block asks for are read after the block (the
-        commit): give each its own cursor, and fetch nothing inside it (a fetch syncs
-        the pipeline, which would end the implicit transaction there).
-        `fenced_by_block`: the block's first statement fences the transaction itself
-        (`FENCED_CLAIM`); the fence is sent anyway if deferred receipts go before it.
-
-        Raises `_pg.ImplicitNotReadCommitted` if the implicit transaction was not READ
-        COMMITTED (nothing was written; send the write again)."""
+        """`DurablePostgresSaver._one_trip` on an async connection: the fence, the
+        thread's deferred receipts and the block's statements in one pipeline, one
+        transaction; results are read after the block. Raises
+        `_pg.ImplicitNotReadCommitted` as it does."""
         await self.setup()
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
             with self._deferred_scope():
