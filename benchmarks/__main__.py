@@ -16,6 +16,7 @@ __all__ = ["COMMANDS", "MODULES", "main"]
 
 MODULES: tuple[str, ...] = (
     "turn_overhead",
+    "tool_dispatch",
     "turn_overhead_postgres",
     "postgres_workers",
     "sqlite_workers",
