@@ -65,6 +65,12 @@ def _bars(ax: Any, comparisons: list[dict[str, Any]], title: str, unit_label: st
     ax.grid(axis="y", alpha=0.3)
 
 
+def _sync_turns(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The plain sync turns (`turn, 1 tool call`, `turn, 5 tool calls`) of `turn_overhead`;
+    its other rows (saver alone, floor, async, encrypted) are in results.md."""
+    return [c for c in comparisons if c["scenario"].count(",") == 1]
+
+
 def _missing(ax: Any, title: str, benchmark: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.text(0.5, 0.5, f"not run yet:\npython -m benchmarks {benchmark}", ha="center",
@@ -89,7 +95,8 @@ def plot(latest: Path = LATEST_PATH, out: Path = PLOT_PATH) -> Path:
                              gridspec_kw={"width_ratios": [1.2, 1, 1]})
     turn = data.get("turn_overhead")
     if turn:
-        _bars(axes[0], turn["comparisons"], "Turn overhead: stock vs guarded, per turn",
+        _bars(axes[0], _sync_turns(turn["comparisons"]),
+              "Turn overhead: stock vs guarded, per turn",
               "ms per turn (median; whiskers: min..max of repetitions)")
     else:
         _missing(axes[0], "Turn overhead", "turn_overhead")
