@@ -327,6 +327,22 @@ class DurableSaverMixin:
         ]
         return sql, rows
 
+    # -- subgraph runs ---------------------------------------------------------------------
+
+    def subgraph_inputs(self, thread_id: str) -> list[Any]:
+        """The first checkpoint (`source == "input"`) of every run of a subgraph in
+        `thread_id`: where the guard finds the earlier runs of a subgraph that a fork
+        restarted (`graph_durable.nodes.restarts`)."""
+        found = self.list({"configurable": {"thread_id": thread_id}},  # type: ignore[attr-defined]
+                          filter={"source": "input"})
+        return [one for one in found if one.config["configurable"].get("checkpoint_ns")]
+
+    async def asubgraph_inputs(self, thread_id: str) -> list[Any]:
+        """Async `subgraph_inputs`."""
+        found = self.alist({"configurable": {"thread_id": thread_id}},  # type: ignore[attr-defined]
+                           filter={"source": "input"})
+        return [one async for one in found if one.config["configurable"].get("checkpoint_ns")]
+
     # -- the audit -----------------------------------------------------------------------
 
     def audit(self, thread_id: str) -> Any:

@@ -14,7 +14,7 @@ import hashlib
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,7 @@ from graph_durable.ledger import (
 from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
+from graph_durable.nodes.restarts import earlier_effect, fork_sources, with_call_id
 from graph_durable.nodes.protocol import (
     Ask,
     CallContext,
@@ -282,6 +283,8 @@ class GuardCore:
         # Calls running now, by (thread_id, key): a second copy of the same call in
         # one step waits for the first and gets its answer (see `_once`).
         self._running: dict[tuple[str, str], concurrent.futures.Future[Any]] = {}
+        # What each root checkpoint a subgraph task ran from was forked from (immutable).
+        self._fork_sources: dict[tuple[str, str], tuple[str, ...]] = {}
         for name, policy in self.effects.items():
             if not isinstance(policy, Effect):
                 raise TypeError(f"effects[{name!r}] must be an Effect, got {policy!r}")
@@ -325,6 +328,7 @@ class GuardCore:
         ctx = self._context(task, request.tool_call, request.state, keying)
         if keying[1]:
             self._adopt_legacy_key(ctx, task.saver.effect(ctx.legacy_key(), task.thread_id))
+        _perform_reads(task.saver, self._restarted(task, ctx, request.state))
         return task, ctx
 
     async def _aprepare(self, request: ToolCallRequest) -> tuple[_Task, CallContext]:
@@ -334,7 +338,29 @@ class GuardCore:
         if keying[1]:
             self._adopt_legacy_key(
                 ctx, await task.saver.aeffect(ctx.legacy_key(), task.thread_id))  # type: ignore[attr-defined]
+        await _aperform_reads(task.saver, self._restarted(task, ctx, request.state))
         return task, ctx
+
+    def _restarted(self, task: _Task, ctx: CallContext, state: Any
+                   ) -> Generator[Read, Any, None]:
+        """Key `ctx` as the earlier request it repeats when it runs in a subgraph that a
+        run from a named checkpoint restarted (`graph_durable.nodes.restarts`)."""
+        if "|" not in task.checkpoint_ns:
+            return
+        root = task.conf.get(CONFIG_KEY_CHECKPOINT_MAP, {}).get("")
+        if root is None:
+            return
+        slot = (task.thread_id, root)
+        sources = self._fork_sources.get(slot)
+        if sources is None:
+            sources = yield from fork_sources(task.thread_id, root)
+            if len(self._fork_sources) >= 1024:
+                self._fork_sources.clear()
+            self._fork_sources[slot] = sources
+        earlier = yield from earlier_effect(ctx, sources, state, self.messages_key)
+        if earlier is not None:
+            ctx.key = earlier.key
+            ctx.earlier_tool_call_id = earlier.tool_call_id
 
     # -- claiming a step's calls together (before any of them runs) -----------------------
 
@@ -354,13 +380,19 @@ class GuardCore:
         return [call for call, has_tool in tool_calls
                 if self._writes(call, has_tool) and self.policy_for(call["name"]).reconcilable]
 
-    def _start(self, calls: list[Mapping[str, Any]], config: Mapping[str, Any], state: Any,
-               keying: Keying) -> list[Started]:
-        """Run each call's protocol up to its claim (`before_intent` included)."""
-        started: list[Started] = []
+    def _contexts(self, calls: list[Mapping[str, Any]], config: Mapping[str, Any], state: Any,
+                  keying: Keying) -> list[tuple[_Task, CallContext]]:
+        contexts = []
         for call in calls:
             task = _Task(config, call)
-            ctx = self._context(task, call, state, keying)
+            contexts.append((task, self._context(task, call, state, keying)))
+        return contexts
+
+    @staticmethod
+    def _start(contexts: list[tuple[_Task, CallContext]]) -> list[Started]:
+        """Run each call's protocol up to its claim (`before_intent` included)."""
+        started: list[Started] = []
+        for task, ctx in contexts:
             protocol = run_call(ctx)
             op = protocol.send(None)
             assert isinstance(op, Claim), op
@@ -385,7 +417,10 @@ class GuardCore:
         keying = first.saver.keying(first.thread_id)
         if keying[1]:
             return {}  # legacy keys are looked up call by call
-        started = self._start(calls, config, state, keying)
+        contexts = self._contexts(calls, config, state, keying)
+        for task, ctx in contexts:
+            _perform_reads(task.saver, self._restarted(task, ctx, state))
+        started = self._start(contexts)
         task = started[0].task
         self._check_requesting_checkpoint(task, started[0].ctx.tool_call)
         return _claimed(started, task.saver.claim_many([s.claim.intent for s in started],
@@ -403,7 +438,10 @@ class GuardCore:
         keying = await first.saver.akeying(first.thread_id)  # type: ignore[attr-defined]
         if keying[1]:
             return {}
-        started = self._start(calls, config, state, keying)
+        contexts = self._contexts(calls, config, state, keying)
+        for task, ctx in contexts:
+            await _aperform_reads(task.saver, self._restarted(task, ctx, state))
+        started = self._start(contexts)
         task = started[0].task
         await self._acheck_requesting_checkpoint(task, started[0].ctx.tool_call)
         return _claimed(started, await task.saver.aclaim_many(
@@ -504,7 +542,7 @@ class GuardCore:
             try:
                 op = protocol.send(_unredacted(ctx, value))
             except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+                return _answering(ctx, done.value)
             if isinstance(op, Read):
                 value = getattr(task.saver, op.name)(*op.args)
             elif isinstance(op, Claim):
@@ -774,7 +812,7 @@ class GuardCore:
             try:
                 op = protocol.send(_unredacted(ctx, value))
             except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+                return _answering(ctx, done.value)
             if isinstance(op, Read):
                 value = await getattr(task.saver, "a" + op.name)(*op.args)
             elif isinstance(op, Claim):
@@ -856,6 +894,35 @@ class GuardCore:
         except Exception as exc:
             return Outcome(error=exc)
         return Outcome(value=found)
+
+
+def _answering(ctx: CallContext, result: Any) -> Any:
+    """`result` as the answer to the call `ctx` (see `restarts.with_call_id`)."""
+    if ctx.earlier_tool_call_id is None:
+        return result
+    return with_call_id(result, ctx.earlier_tool_call_id, ctx.tool_call_id)
+
+
+def _perform_reads(saver: Any, reads: Generator[Read, Any, Any]) -> Any:
+    """Perform a generator of `Read` operations on `saver`; return what it returns."""
+    value = None
+    while True:
+        try:
+            op = reads.send(value)
+        except StopIteration as done:
+            return done.value
+        value = getattr(saver, op.name)(*op.args)
+
+
+async def _aperform_reads(saver: Any, reads: Generator[Read, Any, Any]) -> Any:
+    """`_perform_reads` with the saver's async reads."""
+    value = None
+    while True:
+        try:
+            op = reads.send(value)
+        except StopIteration as done:
+            return done.value
+        value = await getattr(saver, "a" + op.name)(*op.args)
 
 
 def _is_async_callable(fn: Any) -> bool:

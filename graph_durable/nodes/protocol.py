@@ -147,6 +147,9 @@ class CallContext:
     defer_receipts: bool = True
     """Whether a reconcilable call's receipt may ride on the thread's next write (a
     step's call: its step writes next); a call outside a step commits it at once."""
+    earlier_tool_call_id: str | None = None
+    """The tool_call_id an earlier run of a restarted subgraph gave this call, when the
+    call takes that run's key (`graph_durable.nodes.restarts`)."""
     key: str = field(init=False)
     args_json: str = field(init=False)
 

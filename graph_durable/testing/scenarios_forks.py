@@ -17,12 +17,15 @@ LangGraph's eyes, even when it names the latest one).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import uuid
 from typing import Any, Literal
 
 import aiosqlite
@@ -54,7 +57,7 @@ __all__ = [
 CHARGE_CALL_ID = "call_charge"
 CHARGE_ARGS = {"customer": "ana", "cents": 500}
 
-ForkAction = Literal["start", "resume", "resume_at_checkpoint"]
+ForkAction = Literal["start", "resume", "resume_at_checkpoint", "time_travel", "update_fork"]
 
 
 def charge_script() -> list[AIMessage]:
@@ -79,8 +82,18 @@ def _policy(mode: str, provider: FakeProvider) -> Effect:
     raise ValueError(f"charge agent mode is 'dedupe', 'blind' or 'lookup', not {mode!r}")
 
 
-def assemble_charge_agent(saver: Any, provider_dir: str, mode: str) -> EffectsAgent:
-    """The charge agent on a given saver (sync or async)."""
+def _with_fresh_ids(message: Any) -> Any:
+    """`message` with new tool_call_ids, as a real model gives each time it is asked."""
+    if not getattr(message, "tool_calls", None):
+        return message
+    calls = [{**call, "id": f"call_{uuid.uuid4().hex[:12]}"} for call in message.tool_calls]
+    return message.model_copy(update={"tool_calls": calls})
+
+
+def assemble_charge_agent(saver: Any, provider_dir: str, mode: str,
+                          fresh_ids: bool = False) -> EffectsAgent:
+    """The charge agent on a given saver (sync or async); `fresh_ids` gives the model's
+    tool calls new ids each time it is asked, where the script repeats them."""
     os.makedirs(provider_dir, exist_ok=True)
     provider = FakeProvider(os.path.join(provider_dir, "charge.sqlite"), mode,  # type: ignore[arg-type]
                             name="charge")
@@ -95,11 +108,13 @@ def assemble_charge_agent(saver: Any, provider_dir: str, mode: str) -> EffectsAg
                                         description="Charge a customer.")
     model = ScriptedChatModel(script=charge_script())
 
+    answer = _with_fresh_ids if fresh_ids else (lambda message: message)
+
     def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
+        return {"messages": [answer(model.invoke(state["messages"]))]}
 
     async def aagent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [await model.ainvoke(state["messages"])]}
+        return {"messages": [answer(await model.ainvoke(state["messages"]))]}
 
     is_async = isinstance(saver, AsyncDurableSqliteSaver)
     builder = StateGraph(MessagesState)
@@ -152,8 +167,10 @@ def run_fork_child(
         kwargs: JSON-serializable keyword arguments for the factory.
         thread_id: Thread to run.
         action: `start` (invoke the inputs), `resume` (invoke `None` with the plain
-            thread config) or `resume_at_checkpoint` (invoke `None` with
-            `graph.get_state(config).config`, which names the latest checkpoint id).
+            thread config), `resume_at_checkpoint` (invoke `None` with
+            `graph.get_state(config).config`, which names the latest checkpoint id),
+            `time_travel` (the newest checkpoint of `get_state_history`) or
+            `update_fork` (an `update_state` of the latest checkpoint that adds nothing).
         fault: A plan that kills the child at a fault point.
         timeout: Seconds before the child is killed and the run reported as an error.
     """
@@ -175,18 +192,66 @@ def run_fork_child(
     return ChildResult(proc.returncode, killed, summary, proc.stderr)
 
 
-def main() -> None:
-    """Child entry point of `run_fork_child` (the spec is the last argument, as JSON)."""
-    spec = json.loads(sys.argv[-1])
-    scenario = load_factory(spec["factory"])(**spec["kwargs"])
+def _fork_config(graph: Any, config: dict[str, Any], action: str) -> dict[str, Any] | None:
+    """The config a fork child's run names (`None`: run `inputs`)."""
+    if action == "start":
+        return None
+    if action == "resume":
+        return config
+    latest = graph.get_state(config).config
+    if action == "resume_at_checkpoint":
+        return latest
+    if action == "time_travel":
+        return next(iter(graph.get_state_history(config))).config
+    if action == "update_fork":
+        return graph.update_state(latest, {"messages": []})
+    raise ValueError(f"unknown action {action!r}")
+
+
+async def _afork_config(graph: Any, config: dict[str, Any], action: str
+                        ) -> dict[str, Any] | None:
+    if action in ("start", "resume"):
+        return None if action == "start" else config
+    latest = (await graph.aget_state(config)).config
+    if action == "resume_at_checkpoint":
+        return latest
+    if action == "time_travel":
+        return [s async for s in graph.aget_state_history(config, limit=1)][0].config
+    if action == "update_fork":
+        return await graph.aupdate_state(latest, {"messages": []})
+    raise ValueError(f"unknown action {action!r}")
+
+
+async def _amain(spec: dict[str, Any]) -> None:
+    scenario = await load_factory(spec["factory"])(**spec["kwargs"])
     graph = scenario.graph
     config = {"configurable": {"thread_id": spec["thread_id"]}}
-    if spec["action"] == "start":
-        graph.invoke(scenario.inputs, config, durability="sync")
-    elif spec["action"] == "resume":
-        graph.invoke(None, config, durability="sync")
-    elif spec["action"] == "resume_at_checkpoint":
-        graph.invoke(None, graph.get_state(config).config, durability="sync")
-    else:
-        raise ValueError(f"unknown action {spec['action']!r}")
+    try:
+        run_at = await _afork_config(graph, config, spec["action"])
+        inputs = scenario.inputs if spec["action"] == "start" else None
+        await graph.ainvoke(inputs, run_at or config, durability="sync")
+        print(json.dumps(summarize(await graph.aget_state(config)), default=str), flush=True)
+    finally:
+        await scenario.saver.conn.close()
+
+
+def main() -> None:
+    """Child entry point of `run_fork_child` (the spec is the last argument, as JSON).
+
+    Besides `start`, `resume` and `resume_at_checkpoint`, the child can run from the
+    newest checkpoint of `get_state_history` (`time_travel`) or continue an
+    `update_state` fork of the latest checkpoint (`update_fork`); an `async def` factory
+    runs the graph with `ainvoke`.
+    """
+    spec = json.loads(sys.argv[-1])
+    factory = load_factory(spec["factory"])
+    if inspect.iscoroutinefunction(factory):
+        asyncio.run(_amain(spec))
+        return
+    scenario = factory(**spec["kwargs"])
+    graph = scenario.graph
+    config = {"configurable": {"thread_id": spec["thread_id"]}}
+    run_at = _fork_config(graph, config, spec["action"])
+    graph.invoke(scenario.inputs if spec["action"] == "start" else None, run_at or config,
+                 durability="sync")
     print(json.dumps(summarize(graph.get_state(config)), default=str), flush=True)

@@ -1,0 +1,191 @@
+"""A guarded call in a subgraph that a fork restarted keeps the key of its first request.
+
+A run that names a checkpoint id of the parent graph (resuming with
+`graph.get_state(config).config`, time travel, continuing an `update_state` fork) makes
+LangGraph write a fork checkpoint, and the subgraph's task gets a new id from it. The
+subgraph then finds none of its own checkpoints and starts over: its model answers
+again, under a new AIMessage id (and, with a real model, new tool_call_ids), so the
+anchor of `graph_durable.nodes.anchor` alone would give the call a new key and send it a
+second time, while the first intent stayed open for ever.
+
+The rule: a call in a subgraph task that runs off a fork (or `update_state`) checkpoint
+of the root graph repeats a call of an earlier run of the same subgraph (an
+*incarnation*) when
+- that incarnation ran from a checkpoint the fork descends from (through fork and update
+  links only: a later turn of the parent is a new request),
+- at the same node path (the namespace's node names, task ids left out),
+- and asked the same tool with the same canonical args (the earlier key is derived
+  again from the earlier requesting message, so redacted or encrypted ledgers compare
+  alike).
+The n-th such call of the new run takes the n-th such earlier effect, in the order the
+earlier run asked them (calls in the subgraph's input, asked before it ran, keep their own
+keys): a model that asks the same thing in two turns gets each turn's receipt.
+The earlier effect is then replayed, reconciled or asked about like any resumed call.
+
+Earlier runs that match from more than one incarnation (a `Send` fan-out of identical
+payloads) cannot be told apart; such a call is refused before anything is sent.
+
+`earlier_effect` is written once, as a generator of `Read` operations that the sync and
+async drivers perform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any
+
+from langchain_core.messages import AIMessage, ToolMessage
+from langgraph.types import Command
+
+from graph_durable.errors import GraphDurableError
+from graph_durable.ledger import EffectRecord, canonical_json, key_of_encoded
+from graph_durable.nodes.anchor import messages_of
+from graph_durable.nodes.protocol import CallContext, Read
+
+__all__ = ["fork_sources", "node_path", "earlier_effect", "with_call_id"]
+
+_FORK_SOURCES = ("fork", "update")
+_MAX_LINKS = 64
+
+
+def node_path(checkpoint_ns: str) -> tuple[str, ...]:
+    """The node names of a task namespace, without task ids: `a:1|b:2` -> `(a, b)`."""
+    return tuple(part.partition(":")[0] for part in checkpoint_ns.split("|"))
+
+
+def _at(thread_id: str, checkpoint_ns: str, checkpoint_id: str | None = None
+        ) -> dict[str, Any]:
+    conf = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}
+    if checkpoint_id is not None:
+        conf["checkpoint_id"] = checkpoint_id
+    return {"configurable": conf}
+
+
+def fork_sources(thread_id: str, root_checkpoint_id: str
+                 ) -> Generator[Read, Any, tuple[str, ...]]:
+    """The root checkpoints `root_checkpoint_id` was forked or updated from, nearest
+    first; empty when it is an ordinary step of the thread."""
+    sources: list[str] = []
+    checkpoint_id = root_checkpoint_id
+    for _ in range(_MAX_LINKS):
+        found = yield Read("get_tuple", (_at(thread_id, "", checkpoint_id),))
+        if found is None or (found.metadata or {}).get("source") not in _FORK_SOURCES:
+            break
+        parent = (found.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+        if parent is None:
+            break
+        sources.append(parent)
+        checkpoint_id = parent
+    return tuple(sources)
+
+
+def _same_calls(messages: Sequence[Any], tool: str, args_json: str
+                ) -> list[tuple[int, AIMessage, str]]:
+    """`(position, message, tool_call_id)` of each call to `tool` with `args_json`."""
+    found = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, AIMessage):
+            continue
+        for call in message.tool_calls:
+            if call.get("name") == tool and _encoded(call.get("args")) == args_json:
+                found.append((index, message, str(call.get("id"))))
+    return found
+
+
+def _encoded(args: Any) -> str | None:
+    try:
+        return canonical_json(args)
+    except (TypeError, ValueError):
+        return None
+
+
+def _fresh_calls(messages: Sequence[Any], inherited: set[Any], tool: str, args_json: str
+                 ) -> list[tuple[AIMessage, int, str]]:
+    """`(message, position, tool_call_id)` of the calls to `tool` with `args_json` that
+    a run of the subgraph asked itself (its input's messages, `inherited`, left out)."""
+    return [(message, index, tool_call_id)
+            for index, message, tool_call_id in _same_calls(messages, tool, args_json)
+            if message.id is None or message.id not in inherited]
+
+
+def _ids(messages: Sequence[Any]) -> set[Any]:
+    return {message.id for message in messages if getattr(message, "id", None)}
+
+
+def earlier_effect(ctx: CallContext, sources: tuple[str, ...], state: Any, messages_key: str
+                   ) -> Generator[Read, Any, EffectRecord | None]:
+    """The effect of the earlier request this call repeats (see the module docstring),
+    or `None` when it repeats none. `sources` are the `fork_sources` of the checkpoint
+    the root graph runs from.
+
+    Raises:
+        GraphDurableError: earlier runs of more than one incarnation match.
+    """
+    if "|" not in ctx.checkpoint_ns or not sources:
+        return None
+    path = node_path(ctx.checkpoint_ns)
+    here = ctx.checkpoint_ns.rpartition("|")[0]
+    current = messages_of(state, messages_key)
+    inputs = yield Read("subgraph_inputs", (ctx.thread_id,))
+    matches: dict[str, tuple[list[EffectRecord], list[str]]] = {}
+    for first in inputs:
+        incarnation = first.config["configurable"]["checkpoint_ns"]
+        parents: Mapping[str, Any] = (first.metadata or {}).get("parents") or {}
+        if (incarnation == here or node_path(incarnation) != path[:-1]
+                or parents.get("") not in sources):
+            continue
+        latest = yield Read("get_tuple", (_at(ctx.thread_id, incarnation),))
+        if latest is None:
+            continue
+        earlier_messages = messages_of(latest.checkpoint.get("channel_values", {}),
+                                       messages_key)
+        inherited = _ids(messages_of(first.checkpoint.get("channel_values", {}), messages_key))
+        records = []
+        for message, index, tool_call_id in _fresh_calls(earlier_messages, inherited,
+                                                         ctx.tool, ctx.args_json):
+            anchor = f"msg:{message.id}" if message.id else f"idx:{index}"
+            key = key_of_encoded(ctx.key_thread_id or ctx.thread_id, anchor, tool_call_id,
+                                 ctx.tool, ctx.args_json, ctx.secret)
+            record = yield Read("effect", (key, ctx.thread_id))
+            if record is not None:
+                records.append(record)
+        if records:
+            matches[incarnation] = (records, sorted(inherited))
+    if not matches:
+        return None
+    if len(matches) > 1:
+        raise GraphDurableError(
+            f"Tool call {ctx.tool_call_id!r} ({ctx.tool}) in thread {ctx.thread_id!r} runs in "
+            f"a subgraph that this run from a named checkpoint restarted, and "
+            f"{len(matches)} earlier runs of that subgraph asked for the same call, so it "
+            "cannot be told which one this call repeats; nothing was sent. Resume the "
+            "thread without a checkpoint id (graph.invoke(None, {'configurable': "
+            "{'thread_id': ...}})), or settle the earlier effects first (graph-durable "
+            "pending lists them).",
+            thread_id=ctx.thread_id, tool_call_id=ctx.tool_call_id)
+    [(earlier, inherited)] = matches.values()
+    mine = [tool_call_id for _, _, tool_call_id in
+            _fresh_calls(current, set(inherited), ctx.tool, ctx.args_json)]
+    if ctx.tool_call_id not in mine:
+        return None  # asked before this run of the subgraph: its own key holds
+    ordinal = len(mine) - 1 - mine[::-1].index(ctx.tool_call_id)
+    return earlier[ordinal] if ordinal < len(earlier) else None
+
+
+def with_call_id(result: Any, earlier: str, tool_call_id: str) -> Any:
+    """`result` answering `tool_call_id` where it answered `earlier`: an earlier run's
+    stored answer names the tool_call_id that run's model gave the call, which a
+    restarted model need not reuse."""
+    if earlier == tool_call_id:
+        return result
+    if isinstance(result, ToolMessage):
+        if result.tool_call_id != earlier:
+            return result
+        return result.model_copy(update={"tool_call_id": tool_call_id})
+    if isinstance(result, Command) and isinstance(result.update, Mapping):
+        messages = result.update.get("messages")
+        if isinstance(messages, list):
+            fixed = [with_call_id(m, earlier, tool_call_id) for m in messages]
+            return Command(graph=result.graph, update={**result.update, "messages": fixed},
+                           resume=result.resume, goto=result.goto)
+    return result

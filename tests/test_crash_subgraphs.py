@@ -1,0 +1,140 @@
+"""A guarded tools node inside a subgraph, re-run from a named checkpoint of the parent.
+
+A run that names a checkpoint id of the parent graph (the config `get_state` returns,
+time travel, an `update_state` fork) restarts the subgraph: its model answers again,
+under a new AIMessage id and, with a real model, new tool_call_ids. The call it asks for
+again is the call its first run asked for, so it keeps that call's key: it is replayed,
+reconciled by lookup or a same-key re-send, or paused as `effect_unknown`, never sent a
+second time, and no intent is left open behind it.
+
+Every run is a child process; the first is SIGKILLed at a fault point. Assertions are on
+the provider's side.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.types import Command
+
+from graph_durable import DurableSqliteSaver, EffectStatus
+from graph_durable.testing import FakeProvider, FaultPlan
+from graph_durable.testing.scenarios_forks import run_fork_child
+from graph_durable.testing.scenarios_subgraphs import assemble_subgraph_charge_agent
+
+SUB = "graph_durable.testing.scenarios_subgraphs:build_subgraph_charge_agent"
+ASUB = "graph_durable.testing.scenarios_subgraphs:build_subgraph_charge_agent_async"
+OPEN = (EffectStatus.IN_FLIGHT, EffectStatus.UNKNOWN)
+
+pytestmark = pytest.mark.crash
+
+
+def kwargs_for(tmp_path: Path, mode: str, **more: Any) -> dict[str, Any]:
+    return {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+            "mode": mode, **more}
+
+
+def provider(tmp_path: Path, mode: str) -> FakeProvider:
+    return FakeProvider(str(tmp_path / "charge.sqlite"), mode, name="charge")  # type: ignore[arg-type]
+
+
+def ledger(tmp_path: Path) -> list[Any]:
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite"))
+    try:
+        return saver.effects("t")
+    finally:
+        saver.conn.close()
+
+
+def crash_then(tmp_path: Path, mode: str, action: str, *, point: str = "after_effect",
+               factory: str = SUB, **more: Any) -> tuple[FakeProvider, Any]:
+    kwargs = kwargs_for(tmp_path, mode, **more)
+    charges = provider(tmp_path, mode)
+    crashed = run_fork_child(factory, kwargs, thread_id="t",
+                             fault=FaultPlan(point, tool="charge"))
+    assert crashed.killed, crashed.stderr[-2000:]
+    assert charges.count() == 1
+    resumed = run_fork_child(factory, kwargs, thread_id="t", action=action)  # type: ignore[arg-type]
+    assert not resumed.killed, resumed.stderr[-2000:]
+    return charges, resumed
+
+
+def answers(result: Any) -> list[dict[str, Any]]:
+    return [m for m in result.summary["messages"] if m["type"] == "tool"]
+
+
+@pytest.mark.parametrize("mode", ["lookup", "dedupe"])
+@pytest.mark.parametrize("action", ["resume_at_checkpoint", "time_travel", "update_fork"])
+def test_restarted_subgraph_reconciles_the_first_call(tmp_path: Path, mode: str,
+                                                      action: str) -> None:
+    charges, resumed = crash_then(tmp_path, mode, action)
+    assert charges.count() == 1, f"sent again: {charges.requests()}"
+    assert resumed.done, resumed.summary
+    [answer] = answers(resumed)
+    assert answer["status"] == "success"
+    assert [r.status for r in ledger(tmp_path)] == [EffectStatus.APPLIED]
+
+
+def test_restarted_subgraph_pauses_on_a_blind_call_and_a_decision_settles_it(
+        tmp_path: Path) -> None:
+    charges, resumed = crash_then(tmp_path, "blind", "resume_at_checkpoint")
+    assert charges.count() == 1
+    [question] = resumed.interrupts
+    assert question["type"] == "effect_unknown"
+    [record] = ledger(tmp_path)
+    assert record.key == question["key"]
+
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite",
+                                               check_same_thread=False))
+    agent = assemble_subgraph_charge_agent(saver, str(tmp_path), "blind")
+    config = {"configurable": {"thread_id": "t"}}
+    [pending] = agent.graph.get_state(config, subgraphs=True).tasks[0].state.interrupts
+    agent.graph.invoke(Command(resume={pending.id: {"type": "applied",
+                                                    "receipt": {"id": "charge-1"}}}),
+                       config, durability="sync")
+    assert charges.count() == 1
+    assert not agent.graph.get_state(config).next
+    assert [r.status for r in saver.effects("t")] == [EffectStatus.APPLIED]
+    saver.conn.close()
+
+
+def test_a_receipt_of_a_restarted_subgraph_is_replayed_without_asking(tmp_path: Path) -> None:
+    charges, resumed = crash_then(tmp_path, "blind", "resume_at_checkpoint",
+                                  point="after_receipt")
+    assert charges.count() == 1
+    assert resumed.done, resumed.summary
+
+
+def test_a_restarted_model_with_new_tool_call_ids_gets_the_first_receipt(
+        tmp_path: Path) -> None:
+    charges, resumed = crash_then(tmp_path, "lookup", "resume_at_checkpoint", fresh_ids=True)
+    assert charges.count() == 1, f"sent again: {charges.requests()}"
+    assert resumed.done, resumed.summary
+    [asked] = [m for m in resumed.summary["messages"] if m.get("tool_calls")]
+    [answer] = answers(resumed)
+    assert answer["tool_call_id"] == asked["tool_calls"][0]["id"]
+
+
+def test_a_subgraph_two_deep_keeps_its_key(tmp_path: Path) -> None:
+    charges, resumed = crash_then(tmp_path, "dedupe", "resume_at_checkpoint", depth=2)
+    assert charges.count() == 1, f"sent again: {charges.requests()}"
+    assert resumed.done, resumed.summary
+
+
+def test_a_fork_of_a_fork_still_asks_about_the_first_call(tmp_path: Path) -> None:
+    kwargs = kwargs_for(tmp_path, "blind")
+    charges, first = crash_then(tmp_path, "blind", "resume_at_checkpoint")
+    again = run_fork_child(SUB, kwargs, thread_id="t", action="resume_at_checkpoint")
+    assert charges.count() == 1
+    assert [q["key"] for q in again.interrupts] == [q["key"] for q in first.interrupts]
+    assert len(ledger(tmp_path)) == 1
+
+
+def test_async_restarted_subgraph_reconciles_the_first_call(tmp_path: Path) -> None:
+    charges, resumed = crash_then(tmp_path, "lookup", "resume_at_checkpoint", factory=ASUB)
+    assert charges.count() == 1, f"sent again: {charges.requests()}"
+    assert resumed.done, resumed.summary
+    assert [r.status for r in ledger(tmp_path)] == [EffectStatus.APPLIED]
