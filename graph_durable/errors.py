@@ -9,7 +9,8 @@ The hierarchy::
     ├── FlowVersionMismatch      a thread pinned to another flow version
     ├── LeaseHeld                another live owner holds the thread
     ├── NotDurableCheckpointer   the graph was compiled without a durable saver
-    ├── UnkeyableToolCall        tool-call arguments that cannot be canonically encoded
+    ├── UnkeyableToolCall        a call with no stable key: args not canonical JSON, no id,
+    │                            or a requesting AIMessage without an id
     └── IllegalTransition        a ledger status change the lifecycle forbids
 
     LeaseLost (BaseException)    a write made with a stale fencing token
@@ -121,9 +122,11 @@ class NotDurableCheckpointer(GraphDurableError):
 
 
 class UnkeyableToolCall(GraphDurableError, TypeError):
-    """A tool call that cannot be keyed: arguments that are not canonical JSON, or no id.
+    """A tool call that cannot be keyed: arguments that are not canonical JSON, no id, or
+    a requesting AIMessage without an id (a state without `add_messages`, or a message
+    built by hand; see `graph_durable.nodes.anchor`).
 
-    Without them there is no stable idempotency key, so nothing is sent.
+    Without them there is no stable idempotency key, so nothing is claimed or sent.
     """
 
 

@@ -309,9 +309,11 @@ class GuardCore:
 
         `keying` is `saver.keying(thread_id)`: the thread whose id keys the effects, and
         whether the thread may hold effects under legacy keys. The key's anchor is the
-        AIMessage in `state` that requested the call (`graph_durable.nodes.anchor`).
+        AIMessage in `state` that requested the call (`graph_durable.nodes.anchor`); one
+        without an id is refused here, before anything is claimed or sent.
         """
-        anchor = call_anchor(state, tool_call.get("id"), task.checkpoint_ns, self.messages_key)
+        anchor = call_anchor(state, tool_call.get("id"), task.checkpoint_ns, self.messages_key,
+                             thread_id=task.thread_id)
         return CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call),
                            self.policy_for(tool_call["name"]), keying.key_thread, anchor,
                            secret=keying.secret, key_scheme=keying.pin)
