@@ -8,6 +8,7 @@ The hierarchy::
     ├── InvalidDecision          a resume value that does not answer the pending interrupt
     ├── FlowVersionMismatch      a thread pinned to another flow version
     ├── LeaseHeld                another live owner holds the thread
+    ├── MiddlewareOrderError     a middleware inside the guard re-calls or answers for a tool
     ├── NotDurableCheckpointer   the graph was compiled without a durable saver
     ├── UnkeyableToolCall        tool-call arguments that cannot be canonically encoded
     └── IllegalTransition        a ledger status change the lifecycle forbids
@@ -34,6 +35,7 @@ __all__ = [
     "InvalidDecision",
     "LeaseHeld",
     "LeaseLost",
+    "MiddlewareOrderError",
     "NotApplied",
     "NotDurableCheckpointer",
     "Retryable",
@@ -114,6 +116,16 @@ class LeaseHeld(GraphDurableError):
         super().__init__(message, thread_id=thread_id)
         self.holder = holder
         self.expires_at = expires_at
+
+
+class MiddlewareOrderError(GraphDurableError):
+    """A `create_agent` middleware that may call the tool handler again, or answer in
+    the tool's place, is listed after `EffectGuardMiddleware`, so it runs inside the guard.
+
+    Raised before anything is sent a second time. List such middleware
+    (`ToolRetryMiddleware`, a per-call `HumanInTheLoopMiddleware`, ...) before the guard
+    and run the thread again; what the refused call had done is reconciled then.
+    """
 
 
 class NotDurableCheckpointer(GraphDurableError):
