@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,21 @@ def retry() -> ToolRetryMiddleware:
     return ToolRetryMiddleware(max_retries=2, initial_delay=0, jitter=False)
 
 
-def agent(saver: Any, provider: FakeProvider, *, inner: list[Any] = (),  # type: ignore[assignment]
-          outer: list[Any] = (), **options: Any) -> Any:  # type: ignore[assignment]
+class FlakyModel(ScriptedChatModel):
+    """Fails its first `failures` calls (a provider outage), then follows the script."""
+
+    failures: list[int]
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None,
+                  **kwargs: Any) -> Any:
+        if self.failures[0] > 0:
+            self.failures[0] -= 1
+            raise ConnectionError("model provider unavailable")
+        return super()._generate(messages, stop, run_manager, **kwargs)
+
+
+def agent(saver: Any, provider: FakeProvider, *, inner: Sequence[Any] = (),
+          outer: Sequence[Any] = (), model_failures: int = 0, **options: Any) -> Any:
     """The charge agent with `outer` middleware listed before the guard, `inner` after."""
 
     @tool
@@ -81,9 +95,9 @@ def agent(saver: Any, provider: FakeProvider, *, inner: list[Any] = (),  # type:
         """Charge the customer."""
         return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
 
-    model = ScriptedChatModel(script=[
+    model = FlakyModel(script=[
         AIMessage(content="", tool_calls=[{"name": "charge", "args": {"cents": 5}, "id": "c1"}]),
-        AIMessage(content="done")])
+        AIMessage(content="done")], failures=[model_failures])
     guard = EffectGuardMiddleware({"charge": policy(provider, **options)})
     return create_agent(model, tools=[charge], middleware=[*outer, guard, *inner],
                         checkpointer=saver)
@@ -212,9 +226,11 @@ def test_retry_inside_the_guard_is_harmless_when_nothing_fails(saver, provider) 
     assert provider.count() == 2  # the warm-up and the one charge
 
 
-@pytest.mark.parametrize("provider", ["blind"], indirect=True)
-def test_model_retry_middleware_is_harmless(saver, provider) -> None:
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_model_retry_middleware_is_harmless_in_either_order(saver, provider, order) -> None:
     """It calls the model again, never a tool: the calls it yields are keyed from the
     AIMessage the step checkpointed, whichever attempt produced it."""
-    graph = agent(saver, provider, inner=[ModelRetryMiddleware(max_retries=2, initial_delay=0)])
+    model_retry = ModelRetryMiddleware(max_retries=2, initial_delay=0, jitter=False)
+    graph = agent(saver, provider, model_failures=1,
+                  **{"outer" if order == "before" else "inner": [model_retry]})
     settled_once(graph, provider, start(graph), saver)
