@@ -8,6 +8,7 @@ The hierarchy::
     ├── InvalidDecision          a resume value that does not answer the pending interrupt
     ├── FlowVersionMismatch      a thread pinned to another flow version
     ├── LeaseHeld                another live owner holds the thread
+    ├── MiddlewareOrderError     a middleware inside the guard re-calls or answers for a tool
     ├── NotDurableCheckpointer   the graph was compiled without a durable saver
     ├── UnkeyableToolCall        a call with no stable key: args not canonical JSON, no id,
     │                            or a requesting AIMessage without an id
@@ -35,6 +36,7 @@ __all__ = [
     "InvalidDecision",
     "LeaseHeld",
     "LeaseLost",
+    "MiddlewareOrderError",
     "NotApplied",
     "NotDurableCheckpointer",
     "Retryable",
@@ -115,6 +117,16 @@ class LeaseHeld(GraphDurableError):
         super().__init__(message, thread_id=thread_id)
         self.holder = holder
         self.expires_at = expires_at
+
+
+class MiddlewareOrderError(GraphDurableError):
+    """A `create_agent` middleware that may call the tool handler again, or answer in
+    the tool's place, is listed after `EffectGuardMiddleware`, so it runs inside the guard.
+
+    Raised before anything is sent a second time. List such middleware
+    (`ToolRetryMiddleware`, a per-call `HumanInTheLoopMiddleware`, ...) before the guard
+    and run the thread again; what the refused call had done is reconciled then.
+    """
 
 
 class NotDurableCheckpointer(GraphDurableError):

@@ -123,6 +123,11 @@ class Outcome:
     """An earlier attempt of this process may still land (it timed out, or is still
     running): nothing may be sent again until a lookup finds the effect or a human
     decides, since a lookup's "absent" is not conclusive while an attempt is out."""
+    refused: BaseException | None = None
+    """A middleware inside the guard overruled the tool in this attempt (called it a
+    second time, refused before it reached the tool, or answered in its place after it
+    raised; see `nodes.reentry`): what the tool did is not known, `error` says why; this
+    is raised once journaled."""
 
 
 @dataclass
@@ -301,6 +306,14 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
                 record, S.IN_FLIGHT, "paused", decision={"type": "resume_tool"},
                 data={"reason": "the tool paused on its own interrupt before applying anything"}))
             raise outcome.paused
+        if outcome.refused is not None:
+            # The call stays in flight, as after a crash: the next run reconciles it
+            # (lookup, same-key re-send, or a human) instead of trusting a middleware
+            # that re-calls tools inside the guard.
+            yield Write(ctx.transition(
+                record, S.IN_FLIGHT, "refused", error=_error_text(outcome, None),
+                data={"reason": "a middleware inside the guard overruled the tool"}))
+            raise outcome.refused
         error = outcome.error
         if not outcome.timed_out and error is None:
             result = outcome.value
