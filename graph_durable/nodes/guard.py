@@ -313,11 +313,15 @@ class GuardCore:
         AIMessage in `state` that requested the call (`graph_durable.nodes.anchor`); one
         without an id is refused here, before anything is claimed or sent.
         """
-        anchor = call_anchor(state, tool_call.get("id"), task.checkpoint_ns, self.messages_key,
-                             thread_id=task.thread_id)
+        anchor = self._anchor(task, tool_call, state)
         return CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call),
                            self.policy_for(tool_call["name"]), keying.key_thread, anchor,
                            secret=keying.secret, key_scheme=keying.pin)
+
+    def _anchor(self, task: _Task, tool_call: Mapping[str, Any], state: Any) -> str:
+        """What the call's key is anchored to: the AIMessage that requested it."""
+        return call_anchor(state, tool_call.get("id"), task.checkpoint_ns, self.messages_key,
+                           thread_id=task.thread_id)
 
     @staticmethod
     def _adopt_legacy_key(ctx: CallContext, legacy: EffectRecord | None) -> None:
