@@ -44,6 +44,11 @@ from graph_durable.ledger import (
 from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
+from graph_durable.nodes.outcomes import (
+    read_reports,
+    refused_args,
+    watch_reports,
+)
 from graph_durable.nodes.protocol import (
     Ask,
     CallContext,
@@ -628,6 +633,22 @@ class GuardCore:
         if still_running is not None:
             return still_running
         call_request = self._edited(request, op)
+        refused = refused_args(call_request)
+        if refused is not None:
+            return Outcome(error=refused, refused=True)
+        with watch_reports() as reported:
+            return read_reports(self._call_entered(task, ctx, call_request, execute, op),
+                                reported)
+
+    def _call_entered(
+        self,
+        task: _Task,
+        ctx: CallContext,
+        call_request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], ToolResult],
+        op: CallTool,
+    ) -> Outcome:
+        """Call the tool, whose args its schema accepts: its body runs."""
         effect = self._effect_context(task, op)
 
         def call() -> ToolResult:
@@ -801,6 +822,22 @@ class GuardCore:
     ) -> Outcome:
         self._check_lease(task)
         call_request = self._edited(request, op)
+        refused = refused_args(call_request)
+        if refused is not None:
+            return Outcome(error=refused, refused=True)
+        with watch_reports() as reported:
+            return read_reports(
+                await self._acall_entered(task, ctx, call_request, execute, op), reported)
+
+    async def _acall_entered(
+        self,
+        task: _Task,
+        ctx: CallContext,
+        call_request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
+        op: CallTool,
+    ) -> Outcome:
+        """Call the tool, whose args its schema accepts: its body runs."""
         token = _CURRENT.set(self._effect_context(task, op))
         try:
             if ctx.policy.timeout is None:

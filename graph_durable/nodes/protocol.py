@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import ToolMessage
-from langgraph.prebuilt.tool_node import ToolInvocationError
 
 from graph_durable.errors import NotApplied, Retryable, UnkeyableToolCall
 from graph_durable.ledger import (
@@ -119,6 +118,9 @@ class Outcome:
     paused: BaseException | None = None
     """The tool asked a question of its own (LangGraph's `interrupt()`) before applying
     anything; re-raised once journaled, and the tool is called again with the answer."""
+    refused: bool = False
+    """The tool's body never ran: its args fail the tool's own schema (`error` says
+    how), so the effect was certainly not applied."""
     outstanding: bool = False
     """An earlier attempt of this process may still land (it timed out, or is still
     running): nothing may be sent again until a lookup finds the effect or a human
@@ -234,6 +236,11 @@ def _error_text(outcome: Outcome, timeout: float | None) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+def _reported_error(result: ToolMessage) -> str:
+    return ("the tool reported an error after it started, so the effect may exist: "
+            f"{result.content}")
+
+
 def run_call(ctx: CallContext) -> Protocol:
     """The whole protocol for one guarded tool call; returns its ToolMessage or Command."""
     approval = ctx.policy.needs_approval(ctx.tool_call)
@@ -299,14 +306,9 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
                 data={"reason": "the tool paused on its own interrupt before applying anything"}))
             raise outcome.paused
         error = outcome.error
-        if not outcome.timed_out and error is None:
-            result = outcome.value
-            if isinstance(result, ToolMessage) and result.status == "error":
-                # A tool (or argument validation before it) that reports an error has
-                # not applied the effect.
-                yield Write(ctx.transition(record, S.FAILED, "failure", error=str(result.content),
-                                           result=result))
-                return result
+        result = outcome.value
+        if not outcome.timed_out and error is None and not (
+                isinstance(result, ToolMessage) and result.status == "error"):
             fault_point("after_effect", tool=ctx.tool)
             # The receipt is the provider's answer, the same shape for an edited call as
             # for any other; only the message to the model says what was edited.
@@ -321,7 +323,11 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
                                        defer=ctx.policy.reconcilable and ctx.defer_receipts))
             fault_point("after_receipt", tool=ctx.tool)
             return result
-        if isinstance(error, NotApplied | ToolInvocationError):
+        if outcome.refused or isinstance(error, NotApplied):
+            # Only these say "not applied": the args never reached the tool's body, or
+            # the tool says so. Any other error once the body ran (an exception, an
+            # error ToolMessage, a `ToolException` a handler turned into one) leaves the
+            # effect unknown.
             message = ctx.message(f"Not applied: {error}", status="error")
             yield Write(ctx.transition(record, S.FAILED, "failure",
                                        error=_error_text(outcome, None), result=message))
@@ -338,8 +344,9 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
             yield Write(ctx.transition(record, S.FAILED, "failure",
                                        error=_error_text(outcome, None), result=message))
             return message
-        [record] = yield Write(ctx.transition(
-            record, S.UNKNOWN, "unknown", error=_error_text(outcome, ctx.policy.timeout)))
+        why = (_reported_error(result) if error is None and not outcome.timed_out
+               else _error_text(outcome, ctx.policy.timeout))
+        [record] = yield Write(ctx.transition(record, S.UNKNOWN, "unknown", error=why))
         return (yield from _reconcile(
             ctx, record, may_resend=may_resend and not (outcome.timed_out or outcome.outstanding)))
 
