@@ -11,11 +11,16 @@ drivers must know two things an error ToolMessage hides:
   while the guard watches (`watch_reports`), so one that an error handler (a
   `ToolNode`'s `handle_tool_errors`, a middleware) turned into an error ToolMessage
   still reads as what it is (`read_reports`).
+
+`call_with_timeout` runs a blocking call on a worker thread and gives up waiting after
+its timeout (lookups use it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,7 +33,7 @@ from pydantic.v1 import ValidationError as ValidationErrorV1
 from graph_durable.errors import _REPORTED, NotApplied, Retryable
 from graph_durable.nodes.protocol import Outcome
 
-__all__ = ["read_reports", "refused_args", "watch_reports"]
+__all__ = ["call_with_timeout", "read_reports", "refused_args", "watch_reports"]
 
 
 def _fields(schema: Any) -> set[str]:
@@ -95,3 +100,32 @@ def read_reports(outcome: Outcome, reported: list[Exception]) -> Outcome:
             and reported and isinstance(reported[-1], NotApplied | Retryable)):
         return Outcome(error=reported[-1])
     return outcome
+
+
+def call_with_timeout(fn: Callable[[], Any], timeout: float | None, name: str
+                      ) -> tuple[bool, Any, BaseException | None]:
+    """`(answered, value, error)` of `fn()`; with a timeout, `fn` runs on a daemon thread
+    that is abandoned (`answered` False) if it has not returned in time."""
+    if timeout is None:
+        try:
+            return True, fn(), None
+        except Exception as exc:  # noqa: BLE001 - the caller reads it
+            return True, None, exc
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(target,),
+                              daemon=True, name=name)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        return False, None, None
+    error = box.get("error")
+    if error is not None and not isinstance(error, Exception):
+        raise error
+    return True, box.get("value"), error

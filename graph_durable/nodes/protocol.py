@@ -18,7 +18,7 @@ from typing import Any
 
 from langchain_core.messages import ToolMessage
 
-from graph_durable.errors import NotApplied, Retryable, UnkeyableToolCall
+from graph_durable.errors import GraphDurableError, NotApplied, Retryable, UnkeyableToolCall
 from graph_durable.ledger import (
     SENT_STATUSES,
     TERMINAL_STATUSES,
@@ -241,6 +241,31 @@ def _reported_error(result: ToolMessage) -> str:
             f"{result.content}")
 
 
+def _looked_up(ctx: CallContext, found: Outcome) -> Outcome:
+    """A lookup's answer as the protocol reads it: `None` is "certainly absent", any
+    other value but a bool is the receipt (`{}`, `0` and `""` included); a bool, a
+    timeout or an error means "cannot tell"."""
+    if found.error is None and not found.timed_out and isinstance(found.value, bool):
+        return Outcome(error=GraphDurableError(
+            f"the lookup of tool {ctx.tool!r} returned {found.value!r} for tool call "
+            f"{ctx.tool_call_id!r} in thread {ctx.thread_id!r}, which is neither a receipt "
+            "nor None; make the lookup return the provider's record of the effect when it "
+            "exists and None when it certainly does not",
+            thread_id=ctx.thread_id, tool_call_id=ctx.tool_call_id))
+    return found
+
+
+def _cannot_tell(found: Outcome) -> bool:
+    return found.error is not None or found.timed_out
+
+
+def _lookup_error_text(ctx: CallContext, found: Outcome) -> str:
+    if found.timed_out:
+        return (f"lookup failed: no answer within {ctx.policy.timeout} s (timeout), "
+                "so it cannot tell whether the effect exists")
+    return f"lookup failed: {_error_text(found, None)}"
+
+
 def run_call(ctx: CallContext) -> Protocol:
     """The whole protocol for one guarded tool call; returns its ToolMessage or Command."""
     approval = ctx.policy.needs_approval(ctx.tool_call)
@@ -292,6 +317,17 @@ def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
         if sent is not None and (sent.status in SENT_STATUSES or not ctx.policy.idempotent):
             return (yield from _adopt_family_send(ctx, record, sent, {}))
         return (yield from _reconcile(ctx, record, may_resend=True))
+    if record.status is S.UNKNOWN and ctx.policy.lookup is not None:
+        # An outcome left unknown (a cancelled run, a timeout, an error once the tool had
+        # started) may have been settled since: a hit is the receipt. A miss proves
+        # nothing while an attempt may still land, so it is never sent again from here.
+        found = _looked_up(ctx, (yield Lookup(record.key)))
+        if not _cannot_tell(found) and found.value is not None:
+            message = ctx.message(found.value)
+            yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
+                                       receipt=found.value, result=message, asked=False,
+                                       data={"source": "lookup"}))
+            return message
     # awaiting_approval or unknown, and no decision yet: ask (again).
     return (yield from _ask(ctx, record))
 
@@ -357,21 +393,22 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
     (told `why` the outcome is unknown, when the record does not say)."""
     policy = ctx.policy
     if policy.lookup is not None:
-        found = yield Lookup(record.key)
-        if found.error is None and found.value is not None:
+        found = _looked_up(ctx, (yield Lookup(record.key)))
+        if not _cannot_tell(found) and found.value is not None:
             message = ctx.message(found.value)
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None, receipt=found.value,
                                        result=message, data={"source": "lookup"}))
             return message
-        if found.error is None and may_resend:
+        if may_resend and (not _cannot_tell(found) or policy.idempotent):
+            reason = ("lookup found no effect for the key" if not _cannot_tell(found) else
+                      f"{_lookup_error_text(ctx, found)}; the provider dedupes: re-send "
+                      "with the same key")
             [record] = yield Write(ctx.transition(
-                record, S.IN_FLIGHT, "attempt", bump_attempts=True,
-                data={"reason": "lookup found no effect for the key"}))
+                record, S.IN_FLIGHT, "attempt", bump_attempts=True, data={"reason": reason}))
             return (yield from _send(ctx, record, may_resend=False))
-        if found.error is not None:
+        if _cannot_tell(found):
             [record] = yield Write(ctx.transition(
-                record, S.UNKNOWN, "unknown",
-                error=f"lookup failed: {_error_text(found, None)}"))
+                record, S.UNKNOWN, "unknown", error=_lookup_error_text(ctx, found)))
     elif policy.idempotent and may_resend:
         [record] = yield Write(ctx.transition(
             record, S.IN_FLIGHT, "attempt", bump_attempts=True,
@@ -446,8 +483,8 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
     if kind == "retry" and ctx.policy.lookup is not None:
         # A lookup is cheap and conclusive now that no attempt is out: a late landing of
         # an earlier attempt is found, not sent again.
-        found = yield Lookup(record.key)
-        if found.error is None and found.value is not None:
+        found = _looked_up(ctx, (yield Lookup(record.key)))
+        if not _cannot_tell(found) and found.value is not None:
             message = ctx.message(found.value)
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                        receipt=found.value, result=message, decision=None,
