@@ -24,10 +24,13 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, InjectedToolCallId, StructuredTool, ToolException
 from langgraph.errors import GraphBubbleUp
-from pydantic import BaseModel
+from langgraph.prebuilt import InjectedState
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from graph_durable import Effect, EffectGuardMiddleware, EffectStatus, NotApplied, Retryable
 from graph_durable import current_effect
+from graph_durable.nodes.outcomes import refused_args
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.child import run_child
 from graph_durable.testing.scenarios import EffectsAgent, react_graph
@@ -258,6 +261,47 @@ def test_create_agent_refuses_bad_args_before_the_body(tmp_path) -> None:
     refused = saver.effects("t")[0]
     assert refused.status is EffectStatus.FAILED and entered == [500]
     assert provider.count() == 0
+
+
+class AliasedArgs(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    from_: str = Field(alias="from")
+    cents: int
+
+    @field_validator("cents")
+    @classmethod
+    def positive(cls, cents: int) -> int:
+        if cents <= 0:
+            raise ValueError("must be positive")
+        return cents
+
+
+def transfer(**kwargs: Any) -> str:
+    """Transfer."""
+    return "moved"
+
+
+def with_injected(cents: int, state: Annotated[dict, InjectedState],
+                  call_id: Annotated[str, InjectedToolCallId]) -> str:
+    """Charge, with injected args."""
+    return "charged"
+
+
+@pytest.mark.parametrize(("tool", "args", "refused"), [
+    (StructuredTool.from_function(transfer, args_schema=AliasedArgs),
+     {"from": "a", "cents": 5}, False),  # an alias, and the schema's own validator
+    (StructuredTool.from_function(transfer, args_schema=AliasedArgs),
+     {"from": "a", "cents": -5}, True),
+    (StructuredTool.from_function(with_injected), {"cents": 5}, False),  # injected: no error
+    (StructuredTool.from_function(with_injected), {"cents": "x"}, True),
+])
+def test_the_argument_check_is_the_tools_own_and_no_stricter(tool, args, refused) -> None:
+    request = ToolCallRequest(tool_call={"name": tool.name, "args": args, "id": "c"},
+                              tool=tool, state=None, runtime=None)  # type: ignore[arg-type]
+    error = refused_args(request)
+    assert (error is not None) is refused
+    if refused:
+        assert "cents" in str(error)
 
 
 class ErrorsAsMessages(AgentMiddleware):
