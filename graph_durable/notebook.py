@@ -105,7 +105,7 @@ class Timeline:
 
 _EVENT_TONES = {"receipt": "good", "compensated": "good", "asked": "warn",
                 "decision": "warn", "unknown": "bad", "failure": "bad",
-                "compensation_failed": "bad"}
+                "compensation_failed": "bad", "compensation_unknown": "bad"}
 
 
 def _event_details(event: EffectEvent) -> str:

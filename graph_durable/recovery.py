@@ -137,13 +137,14 @@ def _cancelled_status(saver: Any, thread_id: str, canceller: str, nxt: tuple[str
         why = f"being cancelled by {canceller!r}"
     elif open_:
         why = (f"cancelled by {canceller!r}; a human must settle tool calls {list(open_)} "
-               "(compensation failed, or outcome unknown)")
+               "(a compensation failed or its outcome is unknown, or a call's outcome is unknown)")
     else:
         why = f"cancelled by {canceller!r}; it does not run again"
     return ThreadStatus(thread_id, "cancelled", why, nxt, open_)
 
 
-_OPEN_AFTER_CANCEL = frozenset({EffectStatus.COMPENSATION_FAILED, EffectStatus.UNKNOWN,
+_OPEN_AFTER_CANCEL = frozenset({EffectStatus.COMPENSATION_FAILED,
+                                EffectStatus.COMPENSATION_UNKNOWN, EffectStatus.UNKNOWN,
                                 EffectStatus.IN_FLIGHT})
 
 

@@ -79,7 +79,8 @@ def _root(
 THREAD_STATUSES = ("running", "waiting", "needs_human", "done", "failed", "orphaned",
                    "cancelled")
 EFFECT_STATUSES = ("awaiting_approval", "in_flight", "applied", "failed", "unknown",
-                   "rejected", "skipped", "compensated", "compensation_failed")
+                   "rejected", "skipped", "compensated", "compensation_failed",
+                   "compensation_unknown")
 
 
 def _check_choice(value: str | None, choices: tuple[str, ...], option: str) -> None:
@@ -532,6 +533,9 @@ def compensate(db: Db = "", graph: Graph = None,
                                                  help="tool_call_id (or key) of the effect")] = "",
                receipt: Annotated[Optional[str], typer.Option(  # noqa: UP007
                    "--receipt", help="JSON: a human's word that an unknown effect happened")] = None,
+               retry: Annotated[bool, typer.Option(
+                   "--retry", help="a compensation whose outcome is unknown did not happen: "
+                                   "send it again, same key")] = False,
                reviewer: Reviewer = None, as_json: Json = False, as_jsonl: Jsonl = False) -> int:
     """Undo one applied (or confirmed) effect with its policy's compensation."""
     from graph_durable.compensation import compensate as undo
@@ -543,12 +547,12 @@ def compensate(db: Db = "", graph: Graph = None,
     saver = open_saver(db)
     known_thread(saver, thread)
     record = undo(load_graph(graph, saver, why=" for the compensation's policy"), saver,
-                  thread, call, receipt=said, reviewer=reviewer)
+                  thread, call, receipt=said, retry=retry, reviewer=reviewer)
     emit([{"thread": record.thread_id, "tool_call_id": record.tool_call_id, "tool": record.tool,
            "status": record.status.value, "error": record.error}], fmt,
          [Column("thread", kind="id"), Column("tool_call_id", "call", kind="id"),
           Column("tool", kind="id"), Column("status", kind="status"), Column("error")])
-    return 1 if record.status.value == "compensation_failed" else 0
+    return 1 if record.status.value in ("compensation_failed", "compensation_unknown") else 0
 
 
 @app.command()
