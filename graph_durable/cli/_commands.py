@@ -536,8 +536,10 @@ def recover(db: Db = "", graph: Graph = None, owner: Owner = "", limit: Limit = 
         raise Refused("recover needs --owner NAME: the lease owner, e.g. worker-7")
     saver = open_saver(db)
     loaded = load_graph(graph, saver, why=" to resume threads")
+    # Orphaned intents looked up, or left for a human, only where a thread had some.
     rows = [{"thread": o.thread_id, "outcome": o.outcome, "status": o.status, "error": o.error,
-             "reconciled": list(o.reconciled), "orphans": list(o.orphans)}
+             **({"reconciled": list(o.reconciled), "orphans": list(o.orphans)}
+                if o.reconciled or o.orphans else {})}
             for o in sweep(loaded, saver, owner, limit, ttl=ttl)]
     emit(rows, fmt, [Column("thread", kind="id"), Column("outcome", kind="status"),
                      Column("status", kind="status"), Column("error"),
