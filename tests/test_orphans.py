@@ -33,6 +33,7 @@ from graph_durable import (
     record_decisions,
     recover,
     resolve_orphan,
+    review,
     thread_status,
 )
 from graph_durable.faults import FaultPlan, InjectedCrash, arm, disarm
@@ -133,7 +134,7 @@ def test_a_thread_crashed_mid_call_is_resumable_not_an_orphan(saver, tmp_path) -
 def test_an_intent_left_by_a_restarted_subgraph_is_an_orphan_until_a_human_settles_it(
         saver, tmp_path) -> None:
     provider = mail(tmp_path)
-    restarted_subgraph_orphan(saver, provider, Effect())
+    graph = restarted_subgraph_orphan(saver, provider, Effect())
     old, new = saver.effects(THREAD)
     assert (old.status, new.status) == (S.IN_FLIGHT, S.APPLIED)
     [orphan] = find_orphans(saver, THREAD)
@@ -143,6 +144,8 @@ def test_an_intent_left_by_a_restarted_subgraph_is_an_orphan_until_a_human_settl
     assert status.status == "needs_human" and "orphaned intents ['c0']" in status.reason
     [item] = inbox(saver)
     assert (item.kind, item.key, item.allowed_decisions) == ("orphan", old.key, ("applied", "skip"))
+    pending = review(graph, CONFIG)
+    assert pending.pending == [] and [o.key for o in pending.orphans] == [old.key]
 
     with pytest.raises(InvalidDecision, match="no pending task would send a retry"):
         record_decisions(saver, THREAD, {old.key: {"type": "retry"}})
@@ -164,7 +167,7 @@ def test_an_intent_left_by_a_restarted_subgraph_is_an_orphan_until_a_human_settl
     assert thread_status(saver, THREAD).status == "done"
 
 
-def rolled_back_call(saver: DurableSqliteSaver, provider: FakeProvider, point: str) -> str:
+def rolled_back_call(saver: Any, provider: FakeProvider, point: str) -> str:
     """A thread that ran to its end (run r1); then run r2, killed at `point` of its call
     and rolled back as the Agent Server's `rollback` strategy does: its checkpoints are
     deleted (`delete_for_runs`), its intent stays. Returns the intent's key."""
@@ -309,3 +312,24 @@ def test_a_subgraph_call_killed_mid_call_is_resumable_then_a_named_resume_orphan
                                  effects={"charge": Effect(lookup=provider.find)})
         assert settled.status is S.APPLIED and settled.receipt == provider.find(record.key)
         assert find_orphans(saver) == [] and thread_status(saver, THREAD).status == "done"
+
+
+def test_on_postgres_an_orphan_is_found_and_a_humans_word_settles_it(tmp_path,
+                                                                     postgres_conninfo) -> None:
+    """The same reads and the same journaled batch (three transitions of one effect in one
+    transaction) on the PostgreSQL saver."""
+    psycopg = pytest.importorskip("psycopg")
+    from graph_durable.checkpointers.postgres import DurablePostgresSaver
+
+    saver = DurablePostgresSaver(psycopg.connect(postgres_conninfo, autocommit=True))
+    saver.setup()
+    provider = mail(tmp_path, "lookup")
+    key = rolled_back_call(saver, provider, "after_effect")
+    [orphan] = find_orphans(saver)
+    assert orphan.key == key and thread_status(saver, THREAD).status == "needs_human"
+    [sent] = [e for e in provider.effects() if e["key"] == key]
+    record = resolve_orphan(saver, THREAD, key, {"type": "applied", "receipt": sent["receipt"]},
+                            reviewer="ana")
+    assert record.status is S.APPLIED and record.receipt == sent["receipt"]
+    assert [e.kind for e in saver.events(THREAD, key)][-3:] == ["unknown", "decision", "receipt"]
+    assert find_orphans(saver) == [] and thread_status(saver, THREAD).status == "done"
