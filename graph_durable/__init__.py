@@ -38,6 +38,7 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "NotApplied",
+    "Orphan",
     "RecoveryOutcome",
     "Retryable",
     "Review",
@@ -50,12 +51,14 @@ __all__ = [
     "cancel",
     "compensate",
     "current_effect",
+    "find_orphans",
     "flow_version_of",
     "guarded",
     "inbox",
     "record_decisions",
     "recover",
     "redact_keys",
+    "resolve_orphan",
     "review",
     "sync_by_default",
     "thread_status",
@@ -74,6 +77,9 @@ _HOMES = {
     "EffectGuardNode": "graph_durable.nodes.node",
     "EffectRecord": "graph_durable.ledger",
     "EffectStatus": "graph_durable.ledger",
+    "Orphan": "graph_durable.orphans",
+    "find_orphans": "graph_durable.orphans",
+    "resolve_orphan": "graph_durable.orphans",
     "RecoveryOutcome": "graph_durable.recovery",
     "Review": "graph_durable.review",
     "ThreadStatus": "graph_durable.recovery",
@@ -156,6 +162,7 @@ if TYPE_CHECKING:
     from graph_durable.nodes.middleware import EffectGuardMiddleware
     from graph_durable.nodes.node import EffectGuardNode
     from graph_durable.compensation import CancelReport, cancel, compensate
+    from graph_durable.orphans import Orphan, find_orphans, resolve_orphan
     from graph_durable.policy import Compensation, Effect
     from graph_durable.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status
     from graph_durable.review import Review, areview, review

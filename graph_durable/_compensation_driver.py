@@ -35,7 +35,7 @@ from graph_durable.nodes.protocol import (
 )
 from graph_durable.policy import Compensation, Effect
 
-__all__ = ["Driver", "answer_message", "settle_open"]
+__all__ = ["Driver", "answer_message", "call_lookup", "settle_open"]
 
 S = EffectStatus
 
@@ -69,7 +69,7 @@ class Driver:
                 value = self._undo(ctx, op)
             elif isinstance(op, Lookup):
                 assert ctx is not None
-                value = _lookup(ctx.policy, op.key)
+                value = call_lookup(ctx.policy, op.key)
             elif isinstance(op, Sleep):
                 time.sleep(op.seconds)
             elif isinstance(op, Ask):
@@ -120,7 +120,8 @@ class Driver:
     def settle_failed(self, original: EffectRecord, compensation: Compensation,
                       decision: dict[str, Any], receipt: Any, *, have_receipt: bool
                       ) -> EffectRecord:
-        """A human's word on a `compensation_failed` effect: `receipt` says it was undone
+        """A human's word on a `compensation_failed` (or `compensation_unknown`) effect:
+        `receipt` says it was undone
         (by the compensation whose outcome was open, or by hand); without one, the
         compensation is tried again: the same call (looked up first where it can be)
         if its outcome is open, a new call if it certainly failed."""
@@ -143,6 +144,35 @@ class Driver:
                             data={"decision": {"type": "retry"}})
         return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
 
+    def settle_unknown(self, original: EffectRecord, compensation: Compensation,
+                       cause: dict[str, Any]) -> EffectRecord:
+        """Reconcile a `compensation_unknown` effect without a human, as the guard
+        reconciles any call: its compensation's lookup (found: undone; certainly absent:
+        sent again under its key), else a same-key re-send where the provider dedupes.
+        When neither can tell, the effect stays `compensation_unknown` for a human
+        (`compensate(receipt=...)` if it was undone, `retry=True` if it was not)."""
+        ctx = self._context(original, compensation, cause)
+        undo = self.saver.effect(ctx.key, original.thread_id)
+        if undo is None or undo.status not in (S.UNKNOWN, S.IN_FLIGHT):
+            return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
+        policy = compensation.effect
+        found = call_lookup(policy, undo.key) if policy.lookup is not None else None
+        if found is not None and found.error is None and found.value is not None:
+            self.transition(undo, S.APPLIED, "receipt", error=None, receipt=found.value,
+                            asked=False, decision=None, result=answer_message(undo, found.value),
+                            data={"source": "lookup"})
+            return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
+        if found is not None and found.error is None:
+            why = "a lookup found no effect for the key: send it again, same key"
+        elif policy.idempotent:
+            why = "provider dedupes: re-send with the same key"
+        else:
+            return original
+        self.transition(undo, undo.status, "decision", asked=False,
+                        decision={"type": "retry", "decided_at": time.time()},
+                        data={"decision": {"type": "retry"}, "reason": why})
+        return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
+
     def transition(self, record: EffectRecord, to: EffectStatus, kind: str,
                    **fields: Any) -> EffectRecord:
         [after] = self.saver.apply(TransitionWrite(
@@ -156,7 +186,9 @@ def _failed_tries(saver: Any, original: EffectRecord) -> int:
                if e.kind == "compensation_failed" and e.data.get("status") == S.FAILED.value)
 
 
-def _lookup(policy: Effect, key: str) -> Outcome:
+def call_lookup(policy: Effect, key: str) -> Outcome:
+    """Ask `policy`'s lookup about `key`, outside a graph: its receipt, `None` (certainly
+    absent), or an error when it cannot tell (no lookup, it raised, or it is async)."""
     if policy.lookup is None:
         return Outcome(error=LookupError("no lookup"))
     try:
@@ -179,7 +211,7 @@ def settle_open(driver: Driver, record: EffectRecord, policy: Effect,
         return driver.transition(
             record, S.APPLIED, "receipt", error=None, receipt=receipt, asked=False,
             decision=None, result=answer_message(record, receipt), data={"source": "human"})
-    found = _lookup(policy, record.key)
+    found = call_lookup(policy, record.key)
     if found.error is None and found.value is not None:
         return driver.transition(
             record, S.APPLIED, "receipt", error=None, receipt=found.value, asked=False,

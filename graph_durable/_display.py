@@ -30,6 +30,7 @@ _TONE_OF = {
     "awaiting_approval": "warn", "approval": "warn", "in_flight": "warn", "waiting": "warn",
     "unknown": "bad", "needs_human": "bad", "failed": "bad", "error": "bad",
     "mismatch": "warn", "duplicate": "bad", "compensation_failed": "bad",
+    "compensation_unknown": "bad", "orphan": "bad",
     "rejected": "quiet", "skipped": "quiet", "cancelled": "quiet", "orphaned": "warn",
 }
 

@@ -74,7 +74,7 @@ class ThreadView:
 
     def draw(self) -> None:
         """Draw the thread's header and one card per pending call."""
-        self.header.value = self.thread.header_html()
+        self.header.value = self.thread.header_html() + self.thread.orphans_html()
         self.calls = {}
         for item in self.thread.review.pending:
             # A tool_call_id pending twice (two subgraphs) names its second card by key.

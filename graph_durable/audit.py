@@ -191,7 +191,8 @@ class RunAudit:
     decided: list[str] = field(default_factory=list)
     """Human decisions carried out (`tool(tool_call_id): type by reviewer`)."""
     compensated: list[str] = field(default_factory=list)
-    """Effects undone, or whose undoing failed (`... : compensation_failed`)."""
+    """Effects undone, or whose undoing failed or is unknown (`... : compensation_failed`,
+    `... : compensation_unknown`)."""
 
 
 @dataclass(frozen=True)
@@ -313,8 +314,9 @@ def audit_of(saver: Any, thread_id: str) -> Audit:
             resent=names("attempt", lambda e: "re-send" in str(e.data.get("reason", "")) or (
                 e.key in earlier and e.data.get("decision") not in ("approve", "edit"))),
             decided=decided,
-            compensated=names("compensated") + [f"{name}: compensation_failed" for name in
-                                                names("compensation_failed")],
+            compensated=names("compensated")
+            + [f"{name}: {kind}" for kind in ("compensation_failed", "compensation_unknown")
+               for name in names(kind)],
         ))
         started_before |= {ns for _, ns in nodes}
         called_before |= set(models)

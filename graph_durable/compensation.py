@@ -96,8 +96,8 @@ def _saver_of(saver: Any) -> Any:
 
 def compensate(
     graph: Any, saver: Any, thread_id: str, call: str, *, receipt: Any = None,
-    reviewer: str | None = None, owner: str | None = None, ttl: float = 30.0,
-    effects: Mapping[str, Effect] | None = None,
+    retry: bool = False, reviewer: str | None = None, owner: str | None = None,
+    ttl: float = 30.0, effects: Mapping[str, Effect] | None = None,
 ) -> EffectRecord:
     """Carry out a reviewer's `{"type": "compensate"}` on one effect of `thread_id`.
 
@@ -106,14 +106,20 @@ def compensate(
     only once it is known to exist: its lookup finds it, or `receipt=` is a human's word
     that it happened. On a `compensation_failed` effect, `receipt=` is a human's word
     that it was undone (by the compensation, or by hand); without it the compensation is
-    tried again (the same call, looked up first, if its outcome was open). If the lookup finds nothing, the
-    effect is settled as not applied and nothing is compensated (its record says why).
+    tried again (the same call, looked up first, if its outcome was open). On a
+    `compensation_unknown` effect (the compensation's outcome is open), `receipt=` is a
+    human's word that it was undone and `retry=True` that it was not (it is sent again
+    under its key); without either, its lookup or a same-key re-send where the provider
+    dedupes settles it, and otherwise it stays `compensation_unknown`. If the lookup of an
+    open effect finds nothing, the effect is settled as not applied and nothing is
+    compensated (its record says why).
     The decision is journaled before it takes effect. A thread paused on the effect's
     question goes on from there when resumed: its call answers with what was recorded.
 
     Returns:
         The effect's record afterwards: `compensated`; `compensation_failed` (`error` says
-        why); `skipped`/`failed` when a lookup showed it never happened; or `unknown`
+        why); `compensation_unknown` when nothing could tell whether the compensation
+        landed; `skipped`/`failed` when a lookup showed it never happened; or `unknown`
         when nothing could tell.
 
     Raises:
@@ -127,23 +133,26 @@ def compensate(
     record = _find(saver, thread_id, call)
     policies = dict(effects) if effects is not None else policies_of(graph)
     policy = _policy(policies, record.tool)
-    _check_compensable(record, policy, thread_id, have_receipt)
+    _check_compensable(record, policy, thread_id, have_receipt, retry)
     who = owner or f"compensate:{reviewer or 'reviewer'}"
     if saver.cancelled_by(thread_id) is not None:
         who = CANCEL_PREFIX + who  # settling what a cancel left to a human
     with saver.lease(thread_id, who, ttl) as lease:
         driver = Driver(saver, lease)
         record = _find(saver, thread_id, call)  # as it stands under the lease
-        _check_compensable(record, policy, thread_id, have_receipt)
+        _check_compensable(record, policy, thread_id, have_receipt, retry)
         decision = {"type": "compensate", **({"reviewer": reviewer} if reviewer else {}),
-                    **({"receipt": receipt} if have_receipt else {})}
+                    **({"receipt": receipt} if have_receipt else {}),
+                    **({"retry": True} if retry else {})}
         if record.status is not S.APPLIED:
             # Journaled before it takes effect; an applied effect's compensation journals
             # the decision with its own intent (an applied record does not move otherwise).
             record = driver.transition(record, record.status, "decision",
                                        data={"decision": decision}, redact=policy.redact)
         assert policy.compensation is not None
-        if record.status is S.COMPENSATION_FAILED:
+        if record.status is S.COMPENSATION_UNKNOWN and not (have_receipt or retry):
+            return driver.settle_unknown(record, policy.compensation, {"decision": decision})
+        if record.status in (S.COMPENSATION_FAILED, S.COMPENSATION_UNKNOWN):
             return driver.settle_failed(record, policy.compensation, decision, receipt,
                                         have_receipt=have_receipt)
         if record.status in (S.IN_FLIGHT, S.UNKNOWN):
@@ -165,9 +174,13 @@ def _find(saver: Any, thread_id: str, call: str) -> EffectRecord:
 
 
 def _check_compensable(record: EffectRecord, policy: Effect, thread_id: str,
-                       have_receipt: bool) -> None:
+                       have_receipt: bool, retry: bool = False) -> None:
     why = None
-    if policy.compensation is None:
+    if retry and (have_receipt or record.status is not S.COMPENSATION_UNKNOWN):
+        why = ("retry=True is a human's word that a compensation whose outcome is unknown "
+               f"did not happen; this effect is {record.status.value}"
+               + (" and a receipt says it was undone" if have_receipt else ""))
+    elif policy.compensation is None:
         why = (f"the policy of {record.tool!r} has no compensation: give it "
                "Effect(compensate=...)")
     elif record.status in (S.AWAITING_APPROVAL, S.REJECTED, S.FAILED, S.SKIPPED):
@@ -201,7 +214,8 @@ class CancelReport:
     left_in_place: tuple[EffectRecord, ...] = ()
     """Applied effects without a compensation (or with `compensate=False`)."""
     needs_human: tuple[EffectRecord, ...] = ()
-    """`compensation_failed`, or an outcome still `unknown`: a person must check them."""
+    """`compensation_failed`, `compensation_unknown`, or an outcome still `unknown`: a
+    person must check them."""
     withdrawn: tuple[EffectRecord, ...] = ()
     """Calls never sent (awaiting approval, or found absent by a lookup)."""
     held_by: str | None = None
@@ -277,6 +291,8 @@ def _cancel_under(driver: Driver, thread_id: str, policies: Mapping[str, Effect]
         if record.status is S.APPLIED:
             assert compensation is not None
             record = driver.compensate(record, compensation, {"cause": "cancel"})
+        elif record.status is S.COMPENSATION_UNKNOWN and compensate and compensation:
+            record = driver.settle_unknown(record, compensation, {"cause": "cancel"})
         (compensated if record.status is S.COMPENSATED else needs_human).append(record)
     needs_human += [r for r in records.values() if r.status in (S.UNKNOWN, S.IN_FLIGHT)]
     return CancelReport(thread_id, "cancelled", tuple(compensated), tuple(left),
@@ -292,5 +308,6 @@ def _newest_applied_first(saver: Any, thread_id: str, records: Mapping[str, Effe
         if event.kind == "receipt" and event.key in records:
             applied_at.setdefault(event.key, event.seq)
     sent = [r for r in records.values()
-            if r.status in (S.APPLIED, S.COMPENSATED, S.COMPENSATION_FAILED)]
+            if r.status in (S.APPLIED, S.COMPENSATED, S.COMPENSATION_FAILED,
+                            S.COMPENSATION_UNKNOWN)]
     return sorted(sent, key=lambda r: applied_at.get(r.key, 0), reverse=True)

@@ -29,7 +29,13 @@ from typing import Any
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite, WriteBatch
 from graph_durable.nodes.decisions import check_decision
-from graph_durable.recovery import open_interrupts
+from graph_durable.orphans import (
+    ORPHAN_DECISIONS,
+    check_orphan_decision,
+    find_orphans,
+    resolve_orphan,
+)
+from graph_durable._checkpoints import open_interrupts
 from graph_durable.review import _KINDS
 
 __all__ = ["InboxItem", "ainbox", "arecord_decisions", "inbox", "record_decisions"]
@@ -42,13 +48,15 @@ class InboxItem:
     thread_id: str
     tool_call_id: str
     kind: str
-    """`approval` (not sent yet) or `unknown` (may or may not have happened)."""
+    """`approval` (not sent yet), `unknown` (may or may not have happened), or `orphan`
+    (may or may not have happened, and no pending task will run it again: see
+    `graph_durable.orphans`; `description` says why, and no interrupt asks)."""
     tool: str
     args: dict[str, Any]
     key: str
     """Idempotency key of the effect."""
     status: str
-    """Ledger status: `awaiting_approval` or `unknown`."""
+    """Ledger status: `awaiting_approval` or `unknown` (an orphan's: `in_flight` too)."""
     attempts: int
     """How many times the tool was called for this key."""
     error: str | None
@@ -109,7 +117,19 @@ def inbox(saver: Any, thread_id: str | None = None) -> list[InboxItem]:
                 asked_at=asked[-1] if asked else record.updated_at,
                 response_schema=schema if isinstance(schema, dict) else None,
             ))
+    for thread in threads:
+        items.extend(_orphan_item(orphan) for orphan in find_orphans(saver, thread))
     return sorted(items, key=lambda item: (item.asked_at, item.thread_id, item.tool_call_id))
+
+
+def _orphan_item(orphan: Any) -> InboxItem:
+    """An orphaned intent as the inbox lists it: decided now, with no run to wait for."""
+    return InboxItem(
+        thread_id=orphan.thread_id, tool_call_id=orphan.tool_call_id, kind="orphan",
+        tool=orphan.tool, args=orphan.args, key=orphan.key, status=orphan.status,
+        attempts=orphan.attempts, error=orphan.error, description=orphan.reason,
+        allowed_decisions=ORPHAN_DECISIONS, interrupt_id="", created_at=orphan.created_at,
+        asked_at=orphan.updated_at)
 
 
 def _kind_of(record: EffectRecord) -> str:
@@ -202,13 +222,27 @@ def record_decisions(
                                   f"thread {thread_id!r}. Nothing was recorded.",
                                   thread_id=thread_id, tool_call_id=item.tool_call_id)
         record = saver.effect(item.key, thread_id)
-        checked = check_decision(dict(decision), record, thread_id, tools.get(item.tool))
+        if item.kind == "orphan":
+            checked = check_orphan_decision(decision, record, thread_id)
+        else:
+            checked = check_decision(dict(decision), record, thread_id, tools.get(item.tool))
         if reviewer is not None and "reviewer" not in checked:
             checked["reviewer"] = reviewer
         _check_schema(checked, item)
         chosen[item.key] = (item, checked)
-    with saver.lease(thread_id, owner or f"decide:{reviewer or 'operator'}", ttl,
-                     wait=False) as lease:
+    lost = {key: pair for key, pair in chosen.items() if pair[0].kind == "orphan"}
+    asked = {key: pair for key, pair in chosen.items() if key not in lost}
+    who = owner or f"decide:{reviewer or 'operator'}"
+    records = _journal(saver, thread_id, asked, policies, who, ttl) if asked else []
+    # No run carries out a decision on an orphan: it is carried out now.
+    return records + [resolve_orphan(saver, thread_id, key, decision, effects=policies,
+                                     owner=who, ttl=ttl) for key, (_, decision) in lost.items()]
+
+
+def _journal(saver: Any, thread_id: str, chosen: dict[str, tuple[InboxItem, dict[str, Any]]],
+             policies: dict[str, Any], owner: str, ttl: float) -> list[EffectRecord]:
+    """Journal answers to open questions under the thread's lease, in one transaction."""
+    with saver.lease(thread_id, owner, ttl, wait=False) as lease:
         now = time.time()
         writes = []
         for key, (item, decision) in chosen.items():

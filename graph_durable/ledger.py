@@ -10,10 +10,14 @@ Lifecycle of one effect (one row per key)::
 
     applied ──► compensated                (its compensation applied: undone)
     applied ──► compensation_failed ──► compensated
-                 (the compensation failed, or its outcome is unknown: a human's question)
+                 (the compensation certainly failed: a human's question, or a new try)
+    applied ──► compensation_unknown ──► compensated | compensation_failed
+                 (the compensation's outcome is unknown: its lookup, a same-key re-send
+                  where the provider dedupes, or a human settles it)
 
 `unknown` is never `failed`: `failed` means "certainly not applied", while `unknown`
 keeps the duty to reconcile (look the key up, or ask a human) before anything is retried.
+The same holds for compensations: `compensation_unknown` is not `compensation_failed`.
 A compensation is an effect of its own (its own key, intent and receipt; see
 `graph_durable.compensation`); the statuses above are those of the effect it undoes.
 """
@@ -67,6 +71,7 @@ class EffectStatus(str, Enum):
     SKIPPED = "skipped"
     COMPENSATED = "compensated"
     COMPENSATION_FAILED = "compensation_failed"
+    COMPENSATION_UNKNOWN = "compensation_unknown"
 
     def can_become(self, other: EffectStatus) -> bool:
         """Whether the lifecycle allows moving from this status to `other`."""
@@ -83,8 +88,13 @@ _ALLOWED: dict[EffectStatus, frozenset[EffectStatus]] = {
     _S.IN_FLIGHT: frozenset({_S.IN_FLIGHT, _S.APPLIED, _S.FAILED, _S.UNKNOWN}),
     _S.UNKNOWN: frozenset({_S.UNKNOWN, _S.IN_FLIGHT, _S.APPLIED, _S.SKIPPED}),
     # An applied effect stays applied unless its compensation runs.
-    _S.APPLIED: frozenset({_S.COMPENSATED, _S.COMPENSATION_FAILED}),
-    _S.COMPENSATION_FAILED: frozenset({_S.COMPENSATION_FAILED, _S.COMPENSATED}),
+    _S.APPLIED: frozenset({_S.COMPENSATED, _S.COMPENSATION_FAILED, _S.COMPENSATION_UNKNOWN}),
+    # A new try of a failed compensation may end with its outcome unknown, and an unknown
+    # one may turn out failed once its lookup finds nothing and a new try fails.
+    _S.COMPENSATION_FAILED: frozenset({_S.COMPENSATION_FAILED, _S.COMPENSATED,
+                                       _S.COMPENSATION_UNKNOWN}),
+    _S.COMPENSATION_UNKNOWN: frozenset({_S.COMPENSATION_UNKNOWN, _S.COMPENSATED,
+                                        _S.COMPENSATION_FAILED}),
     _S.COMPENSATED: frozenset(),
     _S.FAILED: frozenset(),
     _S.REJECTED: frozenset(),
@@ -92,11 +102,13 @@ _ALLOWED: dict[EffectStatus, frozenset[EffectStatus]] = {
 }
 
 TERMINAL_STATUSES = frozenset({_S.APPLIED, _S.FAILED, _S.REJECTED, _S.SKIPPED,
-                               _S.COMPENSATED, _S.COMPENSATION_FAILED})
+                               _S.COMPENSATED, _S.COMPENSATION_FAILED,
+                               _S.COMPENSATION_UNKNOWN})
 """Statuses whose stored result is replayed, never re-executed (a compensated effect
 was sent: re-running its step replays, it never sends again)."""
 
-SENT_STATUSES = frozenset({_S.APPLIED, _S.COMPENSATED, _S.COMPENSATION_FAILED})
+SENT_STATUSES = frozenset({_S.APPLIED, _S.COMPENSATED, _S.COMPENSATION_FAILED,
+                           _S.COMPENSATION_UNKNOWN})
 """Statuses of an effect known to have reached its provider."""
 
 

@@ -105,7 +105,7 @@ class Timeline:
 
 _EVENT_TONES = {"receipt": "good", "compensated": "good", "asked": "warn",
                 "decision": "warn", "unknown": "bad", "failure": "bad",
-                "compensation_failed": "bad"}
+                "compensation_failed": "bad", "compensation_unknown": "bad"}
 
 
 def _event_details(event: EffectEvent) -> str:
@@ -196,6 +196,16 @@ class InboxThread:
                 f"<table>{rows}</table>{args}"
                 f"<small>allowed: {esc(', '.join(item.allowed_decisions))}</small></div>")
 
+    def orphans_html(self) -> str:
+        """The thread's orphaned intents: shown, not decided here (no resume answers
+        them: `graph_durable.resolve_orphan`, or `graph-durable resolve`)."""
+        if not self.review.orphans:
+            return ""
+        rows = [(o.tool_call_id, o.tool, json_text(o.args), (o.status, "bad"), o.reason)
+                for o in self.review.orphans]
+        return (f"<p><b>Orphaned intents</b> {badge('resolve_orphan', 'bad')}</p>"
+                + table(("tool_call_id", "tool", "args", "status", "why"), rows))
+
     def header_html(self) -> str:
         """The thread's name, status and reason."""
         return (f"<h4 style=\"margin: 8px 0 2px\">Thread <code>{esc(self.thread_id)}</code> "
@@ -249,7 +259,7 @@ class Inbox:
             return None
         config = {"configurable": {"thread_id": thread_id}}
         r = review(self.graph_for(thread_id), config)
-        if not r.pending:
+        if not r.pending and not r.orphans:
             return None
         records = {i.key: rec for i in r.pending
                    if (rec := self.saver.effect(i.key, thread_id)) is not None}
@@ -302,6 +312,7 @@ class Inbox:
         for thread in self.threads.values():
             parts.append(thread.header_html())
             parts.extend(thread.card_html(item) for item in thread.review.pending)
+            parts.append(thread.orphans_html())
         return "".join(parts)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:

@@ -7,6 +7,10 @@ A thread is *orphaned* when it has steps to run, no pending interrupt and no liv
 lease: its worker crashed. `recover` takes a lease on each orphaned thread before
 resuming it and checks again once it holds the lease, so any number of processes can
 sweep the same database at once and each thread is resumed by exactly one of them.
+
+An *orphaned intent* is another thing: an open effect no pending task of its thread will
+run again (`graph_durable.orphans`). A thread with one is never `done`; `recover` looks
+each up with its policy's lookup and lists those left for a human.
 """
 
 from __future__ import annotations
@@ -15,17 +19,17 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from graph_durable._langgraph import ERROR, INTERRUPT, RESUME, TASKS
-from graph_durable.errors import GraphDurableError, LeaseHeld
+from graph_durable._checkpoints import finished_tasks, next_nodes, open_interrupts
+from graph_durable._langgraph import ERROR, INTERRUPT
+from graph_durable.compensation import policies_of
+from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld
 from graph_durable.ledger import EffectStatus, answered
+from graph_durable.orphans import Orphan, find_orphans, resolve_orphan
 
-__all__ = ["RecoveryOutcome", "ThreadStatus", "recover", "thread_status"]
+__all__ = ["RecoveryOutcome", "ThreadStatus", "open_interrupts", "recover", "thread_status"]
 
 Status = Literal["running", "waiting", "needs_human", "done", "failed", "orphaned",
                  "cancelled"]
-
-START = "__start__"
-
 
 @dataclass(frozen=True)
 class ThreadStatus:
@@ -41,16 +45,6 @@ class ThreadStatus:
     """Nodes the thread would run next."""
     pending: tuple[str, ...] = field(default=())
     """tool_call_ids a human is asked about."""
-
-
-def _next_nodes(channel_values: dict[str, Any]) -> tuple[str, ...]:
-    nodes = [name.removeprefix("branch:to:") for name in channel_values
-             if name.startswith("branch:to:")]
-    if START in channel_values:
-        nodes.append(START)  # the input checkpoint: killed before the first step
-    if channel_values.get(TASKS):
-        nodes.append("(sent tasks)")
-    return tuple(sorted(nodes))
 
 
 def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
@@ -70,7 +64,7 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
     if latest is None:
         raise GraphDurableError(f"Thread {thread_id!r} has no checkpoint in this database.",
                                 thread_id=thread_id)
-    nxt = _next_nodes(latest.checkpoint["channel_values"])
+    nxt = next_nodes(latest.checkpoint["channel_values"])
     lease = saver.live_leases().get(thread_id)
     canceller = saver.cancelled_by(thread_id)
     if canceller is not None:
@@ -79,11 +73,19 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
         return ThreadStatus(thread_id, "running",
                             f"{lease[0]!r} holds a live lease for {lease[2] - saver.clock():.1f} s",
                             nxt)
+    found = _settled_status(saver, thread_id, latest, nxt)
+    lost = find_orphans(saver, thread_id)
+    return _with_orphans(found, lost) if lost else found
+
+
+def _settled_status(saver: Any, thread_id: str, latest: Any, nxt: tuple[str, ...]
+                    ) -> ThreadStatus:
+    """The status of a thread neither cancelled nor running, its orphans aside."""
     # Only an interrupt the checkpoint holds is pending: a worker killed between asking
     # (ledger) and interrupting (checkpoint) left an orphan that must be resumed to ask.
     # An interrupt whose task has since written its results was answered: the worker
     # stopped before the next checkpoint.
-    finished = _finished_tasks(latest)
+    finished = finished_tasks(latest)
     interrupts = [w for w in latest.pending_writes if w[1] == INTERRUPT and w[0] not in finished]
     if interrupts and _all_answered(saver, thread_id, interrupts):
         return ThreadStatus(thread_id, "orphaned",
@@ -113,19 +115,19 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
     return ThreadStatus(thread_id, "done", "ran to its end")
 
 
-def _finished_tasks(latest: Any) -> set[str]:
-    """Tasks of a checkpoint that wrote their results (an interrupt of theirs is answered)."""
-    return {w[0] for w in latest.pending_writes if w[1] not in (INTERRUPT, RESUME, ERROR)}
-
-
-def open_interrupts(latest: Any) -> list[Any]:
-    """The interrupts a checkpoint tuple holds that no task has answered since."""
-    finished = _finished_tasks(latest)
-    found: list[Any] = []
-    for task_id, channel, value in latest.pending_writes:
-        if channel == INTERRUPT and task_id not in finished:
-            found.extend(value if isinstance(value, list | tuple) else [value])
-    return found
+def _with_orphans(found: ThreadStatus, lost: list[Orphan]) -> ThreadStatus:
+    """`found`, told about the thread's orphaned intents: a thread with one is never
+    `done`, and a human (or a lookup) owes each an answer."""
+    calls = tuple(o.tool_call_id for o in lost)
+    note = (f"orphaned intents {list(calls)}: no pending task will run them again; "
+            "reconcile each (recover looks them up) or decide applied or skip "
+            "(graph-durable resolve THREAD CALL)")
+    if found.status in ("done", "waiting"):
+        reason = note if found.status == "done" else f"{note}; {found.reason}"
+        return ThreadStatus(found.thread_id, "needs_human", reason, found.next,
+                            found.pending + calls)
+    return ThreadStatus(found.thread_id, found.status, f"{found.reason}; {note}", found.next,
+                        found.pending + calls)
 
 
 def _cancelled_status(saver: Any, thread_id: str, canceller: str, nxt: tuple[str, ...],
@@ -137,13 +139,14 @@ def _cancelled_status(saver: Any, thread_id: str, canceller: str, nxt: tuple[str
         why = f"being cancelled by {canceller!r}"
     elif open_:
         why = (f"cancelled by {canceller!r}; a human must settle tool calls {list(open_)} "
-               "(compensation failed, or outcome unknown)")
+               "(a compensation failed or its outcome is unknown, or a call's outcome is unknown)")
     else:
         why = f"cancelled by {canceller!r}; it does not run again"
     return ThreadStatus(thread_id, "cancelled", why, nxt, open_)
 
 
-_OPEN_AFTER_CANCEL = frozenset({EffectStatus.COMPENSATION_FAILED, EffectStatus.UNKNOWN,
+_OPEN_AFTER_CANCEL = frozenset({EffectStatus.COMPENSATION_FAILED,
+                                EffectStatus.COMPENSATION_UNKNOWN, EffectStatus.UNKNOWN,
                                 EffectStatus.IN_FLIGHT})
 
 
@@ -164,16 +167,23 @@ def _all_answered(saver: Any, thread_id: str, interrupts: list[Any]) -> bool:
 
 @dataclass(frozen=True)
 class RecoveryOutcome:
-    """What `recover` did with one orphaned thread."""
+    """What `recover` did with one thread: resumed it, or reconciled its orphaned intents."""
 
     thread_id: str
-    outcome: Literal["resumed", "held_elsewhere", "no_longer_orphaned", "error"]
-    """`resumed` by this process; `held_elsewhere` (another worker has it);
-    `no_longer_orphaned` (another worker finished it first); `error`."""
+    outcome: Literal["resumed", "reconciled", "needs_human", "held_elsewhere",
+                     "no_longer_orphaned", "error"]
+    """`resumed` by this process; `reconciled` (not resumed: its orphaned intents were
+    looked up); `needs_human` (not resumed: orphaned intents no lookup settles, listed in
+    `orphans`); `held_elsewhere` (another worker has it); `no_longer_orphaned` (another
+    worker finished it first); `error`."""
     status: Status | None = None
-    """The thread's status afterwards (for `resumed`)."""
+    """The thread's status afterwards (for `resumed`, `reconciled` and `needs_human`)."""
     error: str | None = None
     """What went wrong (for `error`)."""
+    reconciled: tuple[str, ...] = ()
+    """tool_call_ids of orphaned intents its lookup settled (applied, or not applied)."""
+    orphans: tuple[str, ...] = ()
+    """tool_call_ids of orphaned intents left for a human (`resolve_orphan`)."""
 
 
 def recover(
@@ -184,33 +194,63 @@ def recover(
     *,
     ttl: float = 30.0,
 ) -> list[RecoveryOutcome]:
-    """Resume every orphaned thread of `saver` (at most `limit`) under a lease.
+    """Resume every orphaned thread of `saver` (at most `limit`) under a lease, and
+    reconcile orphaned intents (`graph_durable.orphans`) with their policies' lookups.
 
     Safe to run from many processes at once. Each thread is resumed with
-    `durability="sync"` until it finishes or pauses again.
+    `durability="sync"` until it finishes or pauses again. An orphaned intent no lookup
+    settles is listed in its thread's `orphans`, for a human.
     """
     outcomes: list[RecoveryOutcome] = []
     threads = saver.thread_ids()
     # Sweepers start at different places, and pass by a thread another one is writing
     # (`wait=False`), so many of them split the work instead of queueing on one thread.
     random.Random(owner).shuffle(threads)
+    policies = None
     for thread_id in threads:
         if limit is not None and len(outcomes) >= limit:
             break
-        if thread_status(saver, thread_id).status != "orphaned":
-            continue
-        try:
-            with saver.lease(thread_id, owner, ttl, wait=False) as lease:
-                if thread_status(saver, thread_id, ignore_owner=owner).status != "orphaned":
-                    outcomes.append(RecoveryOutcome(thread_id, "no_longer_orphaned"))
-                    continue
-                graph.invoke(None, lease.config, durability="sync")
-        except LeaseHeld:
-            outcomes.append(RecoveryOutcome(thread_id, "held_elsewhere"))
-            continue
-        except Exception as exc:
-            outcomes.append(RecoveryOutcome(thread_id, "error", error=f"{type(exc).__name__}: {exc}"))
-            continue
-        outcomes.append(RecoveryOutcome(thread_id, "resumed",
-                                        status=thread_status(saver, thread_id).status))
+        status = thread_status(saver, thread_id).status
+        outcome = _resume(graph, saver, thread_id, owner, ttl) if status == "orphaned" else None
+        if status not in ("running", "cancelled") and (
+                outcome is None or outcome.outcome == "resumed"):
+            lost = find_orphans(saver, thread_id)
+            if lost:
+                if policies is None:
+                    policies = policies_of(graph)
+                outcome = _reconcile(saver, thread_id, lost, policies, outcome, owner, ttl)
+        if outcome is not None:
+            outcomes.append(outcome)
     return outcomes
+
+
+def _resume(graph: Any, saver: Any, thread_id: str, owner: str, ttl: float
+            ) -> RecoveryOutcome:
+    try:
+        with saver.lease(thread_id, owner, ttl, wait=False) as lease:
+            if thread_status(saver, thread_id, ignore_owner=owner).status != "orphaned":
+                return RecoveryOutcome(thread_id, "no_longer_orphaned")
+            graph.invoke(None, lease.config, durability="sync")
+    except LeaseHeld:
+        return RecoveryOutcome(thread_id, "held_elsewhere")
+    except Exception as exc:
+        return RecoveryOutcome(thread_id, "error", error=f"{type(exc).__name__}: {exc}")
+    return RecoveryOutcome(thread_id, "resumed", status=thread_status(saver, thread_id).status)
+
+
+def _reconcile(saver: Any, thread_id: str, lost: list[Orphan], policies: Any,
+               resumed: RecoveryOutcome | None, owner: str, ttl: float) -> RecoveryOutcome:
+    """Look up each orphaned intent that has a lookup; the rest wait for a human."""
+    settled, left = [], []
+    for orphan in lost:
+        try:
+            record = resolve_orphan(saver, thread_id, orphan.key, effects=policies,
+                                    owner=owner, ttl=ttl)
+        except (InvalidDecision, LeaseHeld):  # no lookup, or settled or taken meanwhile
+            record = saver.effect(orphan.key, thread_id)
+        open_ = record is not None and record.status in (EffectStatus.IN_FLIGHT,
+                                                          EffectStatus.UNKNOWN)
+        (left if open_ else settled).append(orphan.tool_call_id)
+    kind: Any = resumed.outcome if resumed is not None else "needs_human" if left else "reconciled"
+    return RecoveryOutcome(thread_id, kind, status=thread_status(saver, thread_id).status,
+                           reconciled=tuple(settled), orphans=tuple(left))

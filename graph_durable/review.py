@@ -22,6 +22,7 @@ name the question with `interrupt_id=` as well.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import EffectRecord, EffectStatus, answered
 from graph_durable.nodes.decisions import check_decision, decided_note
+from graph_durable.orphans import find_orphans
 
 __all__ = ["PendingItem", "Review", "areview", "describe_decision", "review"]
 
@@ -83,6 +85,10 @@ class Review:
     """Decisions taken so far, by `(interrupt_id, key)`."""
     settled: list[PendingItem] = field(default_factory=list)
     """Items settled outside the graph (`compensate`): the thread resumes past them."""
+    orphans: list[Any] = field(default_factory=list)
+    """The thread's orphaned intents (`graph_durable.orphans.Orphan`): open calls no
+    pending task will run again, so no resume answers them; settle each with
+    `graph_durable.resolve_orphan` (its lookup, or `applied` / `skip`)."""
 
     def _item(self, tool_call_id: str, kind: str, interrupt_id: str | None = None
               ) -> PendingItem:
@@ -279,8 +285,9 @@ class Review:
         shown = [f"{i.tool_call_id} {i.kind} {i.tool}" for i in self.pending[:4]]
         if len(self.pending) > 4:
             shown.append(f"... {len(self.pending) - 4} more")
+        lost = f", orphans={[o.tool_call_id for o in self.orphans]}" if self.orphans else ""
         return (f"Review(thread={self.thread_id!r}, pending=[{', '.join(shown)}], "
-                f"decided={len(self.decisions)})")
+                f"decided={len(self.decisions)}{lost})")
 
     def _repr_html_(self) -> str:
         thread = f"Thread <code>{esc(self.thread_id)}</code>"
@@ -360,10 +367,13 @@ def _saver_of(graph: Any) -> Any:
 
 
 def review(graph: Any, config: dict[str, Any]) -> Review:
-    """Load the decisions a thread waits for (approvals and unknown outcomes)."""
+    """Load the decisions a thread waits for (approvals and unknown outcomes), and its
+    orphaned intents."""
     state = graph.get_state(config)
     thread_id = str(config["configurable"]["thread_id"])
-    return Review(graph, config, _pending_from(state, _saver_of(graph), thread_id))
+    saver = _saver_of(graph)
+    return Review(graph, config, _pending_from(state, saver, thread_id),
+                  orphans=find_orphans(saver, thread_id) if saver is not None else [])
 
 
 async def areview(graph: Any, config: dict[str, Any]) -> Review:
@@ -380,4 +390,5 @@ async def areview(graph: Any, config: dict[str, Any]) -> Review:
             item = PendingItem(**{**item.__dict__, "attempts": record.attempts,
                                   "error": record.error})
         items.append(item)
-    return Review(graph, config, items)
+    lost = [] if saver is None else await asyncio.to_thread(find_orphans, saver, thread_id)
+    return Review(graph, config, items, orphans=lost)

@@ -307,8 +307,11 @@ def test_a_compensation_whose_outcome_is_open_is_settled_by_a_humans_receipt(tmp
     refunds = agent.providers["refunds"]
     refunds.script_faults("lost")  # the refund lands, the answer does not
     record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge")
-    assert record.status is S.COMPENSATION_FAILED and "unknown" in (record.error or "")
+    assert record.status is S.COMPENSATION_UNKNOWN and "unknown" in (record.error or "")
     assert refunds.count() == 1
+    # Blind: nothing can tell, so compensating again without a word sends nothing.
+    again = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge")
+    assert again.status is S.COMPENSATION_UNKNOWN and refunds.count() == 1
     [sent] = refunds.effects()
     record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge",
                         receipt=sent["receipt"], reviewer="ana")
@@ -334,7 +337,7 @@ def test_compensating_again_retries_an_open_compensation_under_its_key(tmp_path)
     refunds.script_faults("hang")  # no answer, nothing applied
     refunds.hang_seconds = 0.0
     record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge", effects=effects)
-    assert record.status is S.COMPENSATION_FAILED and refunds.count() == 0
+    assert record.status is S.COMPENSATION_UNKNOWN and refunds.count() == 0
     can_tell.set()
     record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge", effects=effects)
     assert record.status is S.COMPENSATED and refunds.count() == 1
@@ -342,3 +345,79 @@ def test_compensating_again_retries_an_open_compensation_under_its_key(tmp_path)
     undo = next(r for r in agent.saver.effects(SAGA_THREAD) if r.tool == "refund")
     assert [e.kind for e in agent.saver.events(SAGA_THREAD, undo.key)][-3:] == [
         "decision", "attempt", "receipt"]
+
+
+def _raising_refund(refunds: FakeProvider, charges: FakeProvider, error: Exception,
+                    find: Any = None, **policy: Any) -> dict[str, Effect]:
+    """Policies whose refund applies, then raises `error` (unless it is `NotApplied`,
+    which is raised before anything is applied)."""
+    from graph_durable import NotApplied
+
+    def undo(record: Any, receipt: Any) -> Any:
+        if isinstance(error, NotApplied):
+            raise error
+        refunds.apply(current_effect().key, {"charge": receipt["id"]})
+        raise error
+
+    return {"charge": Effect(lookup=charges.find, compensate=Compensation(
+        undo, effect=Effect(lookup=find, **policy), name="refund"))}
+
+
+def test_an_undo_that_raises_is_compensation_unknown_then_its_lookup_settles_it(
+        tmp_path) -> None:
+    agent = saga_agent(tmp_path, refund_mode="lookup")
+    agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    refunds = agent.providers["refunds"]
+    can_tell = threading.Event()
+
+    def find(key: str) -> Any:
+        if not can_tell.is_set():
+            raise TimeoutError("the refunds search is down")
+        return refunds.find(key)
+
+    effects = _raising_refund(refunds, agent.providers["charges"],
+                              ConnectionError("reset after sending"), find)
+    record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge", effects=effects)
+    assert record.status is S.COMPENSATION_UNKNOWN  # not failed: the refund may have landed
+    assert "lookup failed" in (record.error or "") and refunds.count() == 1
+    assert thread_status(agent.saver, SAGA_THREAD).status == "done"
+    report = cancel(agent.graph, agent.saver, SAGA_THREAD, owner="ops", effects=effects)
+    assert [r.tool for r in report.needs_human] == ["charge"]  # still nobody can tell
+    assert "its outcome is unknown" in thread_status(agent.saver, SAGA_THREAD).reason
+    can_tell.set()
+    record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge", effects=effects)
+    assert record.status is S.COMPENSATED and refunds.count() == 1  # found, not sent again
+    undo = next(r for r in agent.saver.effects(SAGA_THREAD) if r.tool == "refund")
+    assert undo.status is S.APPLIED and undo.receipt == refunds.find(undo.key)
+    kinds = [e.kind for e in agent.saver.events(SAGA_THREAD, record.key)]
+    assert kinds.count("compensation_unknown") == 1 and kinds[-1] == "compensated"
+
+
+def test_a_blind_undo_whose_outcome_is_unknown_is_sent_again_only_on_a_humans_retry(
+        tmp_path) -> None:
+    agent = saga_agent(tmp_path, refund_mode="blind")
+    agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    refunds = agent.providers["refunds"]
+    refunds.script_faults("hang")  # no answer, nothing applied
+    refunds.hang_seconds = 0.0
+    record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge")
+    assert record.status is S.COMPENSATION_UNKNOWN and refunds.count() == 0
+    with pytest.raises(InvalidDecision, match="retry=True is a human's word"):
+        compensate(agent.graph, agent.saver, SAGA_THREAD, "call_ticket", retry=True)
+    record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge", retry=True,
+                        reviewer="ana")
+    assert record.status is S.COMPENSATED and refunds.count() == 1
+    assert len({e["key"] for e in refunds.requests()}) == 1  # the same key, sent again
+
+
+def test_an_undo_raising_not_applied_is_still_compensation_failed(tmp_path) -> None:
+    from graph_durable import NotApplied
+
+    agent = saga_agent(tmp_path, refund_mode="lookup")
+    agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    refunds = agent.providers["refunds"]
+    effects = _raising_refund(refunds, agent.providers["charges"],
+                              NotApplied("card closed"), refunds.find)
+    record = compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge", effects=effects)
+    assert record.status is S.COMPENSATION_FAILED and "card closed" in (record.error or "")
+    assert refunds.count() == 0

@@ -8,7 +8,7 @@ runs the cancel again on the same files. Every assertion is on the providers' si
 - where the compensating provider dedupes or can be looked up, each effect is undone
   exactly once, and never undone when it did not happen;
 - where it can do neither (blind), an undo is never sent twice: a crash that leaves its
-  outcome open pauses it as `compensation_failed` for a human.
+  outcome open pauses it as `compensation_unknown` for a human.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def test_a_blind_compensation_killed_anywhere_is_never_sent_twice(
                 assert sent == 1 and undo is not None and undo.status is S.APPLIED, plan
             else:
                 # An undo whose outcome the crash left open waits for a human.
-                assert records[call].status is S.COMPENSATION_FAILED, (plan, records[call])
+                assert records[call].status is S.COMPENSATION_UNKNOWN, (plan, records[call])
                 assert undo is not None and undo.status is S.UNKNOWN, (plan, undo)
                 if plan.point == "after_effect":
                     assert sent == 1

@@ -39,9 +39,15 @@ def test_terminal_statuses_never_move(terminal) -> None:
 
 def test_an_applied_effect_moves_only_by_its_compensation() -> None:
     assert {other for other in EffectStatus if S.APPLIED.can_become(other)} == {
-        S.COMPENSATED, S.COMPENSATION_FAILED}
+        S.COMPENSATED, S.COMPENSATION_FAILED, S.COMPENSATION_UNKNOWN}
     assert S.COMPENSATION_FAILED.can_become(S.COMPENSATED)
     assert not S.COMPENSATION_FAILED.can_become(S.APPLIED)
+
+
+def test_an_unknown_compensation_is_never_a_failed_one_until_it_is_known() -> None:
+    assert S.COMPENSATION_UNKNOWN.value == "compensation_unknown"
+    assert {other for other in EffectStatus if S.COMPENSATION_UNKNOWN.can_become(other)} == {
+        S.COMPENSATION_UNKNOWN, S.COMPENSATED, S.COMPENSATION_FAILED}
 
 
 def test_unknown_is_never_failed() -> None:

@@ -48,7 +48,7 @@ SELECT_EFFECT_BY_KEY = (
 SELECT_SENT_IN_FAMILY = (
     f"SELECT {EFFECT_COLUMNS} FROM effects WHERE key = ? AND thread_id <> ? "
     "AND status IN ('in_flight', 'unknown', 'applied', 'skipped', 'compensated', "
-    "'compensation_failed') "
+    "'compensation_failed', 'compensation_unknown') "
     "ORDER BY created_at LIMIT 1"
 )
 SELECT_RESULT = "SELECT result_type, result FROM effects WHERE thread_id = ? AND key = ?"

@@ -79,7 +79,8 @@ def _root(
 THREAD_STATUSES = ("running", "waiting", "needs_human", "done", "failed", "orphaned",
                    "cancelled")
 EFFECT_STATUSES = ("awaiting_approval", "in_flight", "applied", "failed", "unknown",
-                   "rejected", "skipped", "compensated", "compensation_failed")
+                   "rejected", "skipped", "compensated", "compensation_failed",
+                   "compensation_unknown")
 
 
 def _check_choice(value: str | None, choices: tuple[str, ...], option: str) -> None:
@@ -166,7 +167,8 @@ def threads(db: Db = "", status: Annotated[Optional[str], typer.Option(  # noqa:
 def pending(db: Db = "", thread: Thread = None, as_json: Json = False,
             as_jsonl: Jsonl = False) -> int:
     """The inbox: every decision waiting for a human, across every thread (no graph
-    needed), oldest question first."""
+    needed), oldest question first; orphaned intents (kind `orphan`: no pending task will
+    run them again) too, with the reason."""
     from graph_durable.inbox import inbox
 
     fmt = _format(as_json, as_jsonl)
@@ -339,15 +341,19 @@ def _answer(db: str, graph_spec: str | None, thread: str, call: str, decision: d
             reviewer: str | None, no_resume: bool, fmt: Format) -> int:
     """Answer one pending call: resume the thread with the graph, or journal only."""
     from graph_durable.inbox import inbox, record_decisions
+    from graph_durable.orphans import find_orphans
     from graph_durable.recovery import thread_status
     from graph_durable.review import review
 
+    saver = open_saver(db)
+    known_thread(saver, thread)
+    # An orphaned intent has no run to resume: its decision is carried out at once.
+    orphan = any(call in (o.tool_call_id, o.key) for o in find_orphans(saver, thread))
+    no_resume = no_resume or orphan
     if not no_resume and not graph_spec:
         raise Refused("resuming the thread needs --graph module:attribute; or pass "
                       "--no-resume to only journal the decision (the next resume, e.g. "
                       "`graph-durable recover`, acts on it)")
-    saver = open_saver(db)
-    known_thread(saver, thread)
     if decision["type"] == "edit":  # the call keeps its tool: name it as the interrupt does
         named = [i for i in inbox(saver, thread) if call in (i.tool_call_id, i.interrupt_id, i.key)]
         if len(named) == 1:
@@ -428,7 +434,10 @@ def resolve(thread: ThreadArg, call: CallArg,
                 "--message", "-m", help="with --skip: what the model is told")] = None,
             db: Db = "", graph: Graph = None, reviewer: Reviewer = None,
             no_resume: NoResume = False, as_json: Json = False, as_jsonl: Jsonl = False) -> int:
-    """Settle a call whose outcome is unknown: --applied --receipt JSON, --retry or --skip."""
+    """Settle a call whose outcome is unknown: --applied --receipt JSON, --retry or --skip.
+
+    An orphaned intent (listed by `pending` as `orphan`) takes --applied or --skip, carried
+    out at once: no run is left to resume."""
     fmt = _format(as_json, as_jsonl)
     if applied + retry + skip != 1:
         raise Refused("resolve needs exactly one of --applied --receipt JSON, --retry, --skip")
@@ -472,6 +481,7 @@ def decide(db: Db = "", graph: Graph = None,
            as_jsonl: Jsonl = False) -> int:
     """Answer several pending calls of a thread at once (JSON), then resume it."""
     from graph_durable.inbox import record_decisions
+    from graph_durable.orphans import find_orphans
     from graph_durable.recovery import thread_status
     from graph_durable.review import review
 
@@ -485,13 +495,21 @@ def decide(db: Db = "", graph: Graph = None,
     saver = open_saver(db)
     known_thread(saver, thread)
     loaded = load_graph(graph, saver) if graph else None
+    # Orphaned intents have no run to resume: their decisions are carried out at once.
+    lost = {name for name in chosen for o in find_orphans(saver, thread)
+            if name in (o.tool_call_id, o.key)}
     if no_resume:
         record_decisions(saver, thread, chosen, reviewer=reviewer, graph=loaded)
     else:
         r = review(loaded, {"configurable": {"thread_id": thread}})
         for tool_call_id, decision in chosen.items():
-            r._decide(tool_call_id, dict(decision), reviewer)
-        r.resume()
+            if tool_call_id not in lost:  # checked here, carried out by the resume
+                r._decide(tool_call_id, dict(decision), reviewer)
+        if lost:
+            record_decisions(saver, thread, {n: chosen[n] for n in lost}, reviewer=reviewer,
+                             graph=loaded)
+        if len(lost) < len(chosen):
+            r.resume()
     state = thread_status(saver, thread)
     emit([{"thread": state.thread_id, "status": state.status, "reason": state.reason}], fmt,
          [Column("thread", kind="id"), Column("status", kind="status"), Column("reason")])
@@ -509,7 +527,8 @@ Ttl = Annotated[float, typer.Option("--ttl", min=1.0, help="lease time to live, 
 @app.command()
 def recover(db: Db = "", graph: Graph = None, owner: Owner = "", limit: Limit = None,
             ttl: Ttl = 30.0, as_json: Json = False, as_jsonl: Jsonl = False) -> int:
-    """Resume every orphaned thread under a lease (safe from many processes at once)."""
+    """Resume every orphaned thread under a lease (safe from many processes at once), and
+    look orphaned intents up with their policies' lookups (those left need `resolve`)."""
     from graph_durable.recovery import recover as sweep
 
     fmt = _format(as_json, as_jsonl)
@@ -517,10 +536,15 @@ def recover(db: Db = "", graph: Graph = None, owner: Owner = "", limit: Limit = 
         raise Refused("recover needs --owner NAME: the lease owner, e.g. worker-7")
     saver = open_saver(db)
     loaded = load_graph(graph, saver, why=" to resume threads")
-    rows = [{"thread": o.thread_id, "outcome": o.outcome, "status": o.status, "error": o.error}
+    # Orphaned intents looked up, or left for a human, only where a thread had some.
+    rows = [{"thread": o.thread_id, "outcome": o.outcome, "status": o.status, "error": o.error,
+             **({"reconciled": list(o.reconciled), "orphans": list(o.orphans)}
+                if o.reconciled or o.orphans else {})}
             for o in sweep(loaded, saver, owner, limit, ttl=ttl)]
     emit(rows, fmt, [Column("thread", kind="id"), Column("outcome", kind="status"),
-                     Column("status", kind="status"), Column("error")],
+                     Column("status", kind="status"), Column("error"),
+                     Column("reconciled", kind="json", optional=True),
+                     Column("orphans", kind="json", optional=True)],
          empty="(no orphaned thread)")
     return 1 if any(row["outcome"] == "error" for row in rows) else 0
 
@@ -532,6 +556,9 @@ def compensate(db: Db = "", graph: Graph = None,
                                                  help="tool_call_id (or key) of the effect")] = "",
                receipt: Annotated[Optional[str], typer.Option(  # noqa: UP007
                    "--receipt", help="JSON: a human's word that an unknown effect happened")] = None,
+               retry: Annotated[bool, typer.Option(
+                   "--retry", help="a compensation whose outcome is unknown did not happen: "
+                                   "send it again, same key")] = False,
                reviewer: Reviewer = None, as_json: Json = False, as_jsonl: Jsonl = False) -> int:
     """Undo one applied (or confirmed) effect with its policy's compensation."""
     from graph_durable.compensation import compensate as undo
@@ -543,12 +570,12 @@ def compensate(db: Db = "", graph: Graph = None,
     saver = open_saver(db)
     known_thread(saver, thread)
     record = undo(load_graph(graph, saver, why=" for the compensation's policy"), saver,
-                  thread, call, receipt=said, reviewer=reviewer)
+                  thread, call, receipt=said, retry=retry, reviewer=reviewer)
     emit([{"thread": record.thread_id, "tool_call_id": record.tool_call_id, "tool": record.tool,
            "status": record.status.value, "error": record.error}], fmt,
          [Column("thread", kind="id"), Column("tool_call_id", "call", kind="id"),
           Column("tool", kind="id"), Column("status", kind="status"), Column("error")])
-    return 1 if record.status.value == "compensation_failed" else 0
+    return 1 if record.status.value in ("compensation_failed", "compensation_unknown") else 0
 
 
 @app.command()

@@ -33,8 +33,9 @@ STATUS_STYLES = {
     "applied": "green", "intent": "cyan", "in_flight": "yellow", "awaiting_approval": "yellow",
     "unknown": "bold red", "rejected": "dim", "skipped": "dim",
     "compensated": "blue", "compensation_failed": "bold red",
+    "compensation_unknown": "bold red", "orphan": "bold red",
     # outcomes and kinds
-    "resumed": "green", "error": "bold red", "held_elsewhere": "yellow", "approval": "yellow",
+    "resumed": "green", "reconciled": "green", "error": "bold red", "held_elsewhere": "yellow", "approval": "yellow",
     "needs a human": "bold red", "left in place": "dim",
 }
 

@@ -5,8 +5,9 @@ is sent, under a key derived from the key of the effect it undoes, and its recei
 recorded after. So `run_compensation` is `protocol.run_call` for the compensating call
 (a crash in the middle of it is reconciled by its own policy: looked up, re-sent with the
 same key where the provider dedupes, or left `unknown` for a human, never sent twice),
-followed by the transition of the original effect to `compensated`, or to
-`compensation_failed` when it could not be undone for certain.
+followed by the transition of the original effect to `compensated`, to
+`compensation_failed` when the compensation certainly failed, or to `compensation_unknown`
+when its outcome is unknown (not failed: it may have landed).
 
 The compensating call is recorded in the thread of the effect it undoes, with
 tool_call_id `compensate:<the original's tool_call_id>` and the compensation's name as
@@ -77,7 +78,8 @@ def compensation_context(original: EffectRecord, compensation: Compensation, key
 
 def run_compensation(ctx: CallContext, original: EffectRecord) -> Protocol:
     """Undo `original` through the compensating call `ctx`; returns the original's record
-    afterwards (`compensated`, or `compensation_failed` with the reason in `error`)."""
+    afterwards: `compensated`, `compensation_failed` (it certainly failed, or a human gave
+    it up) or `compensation_unknown` (its outcome is open), with the reason in `error`."""
     if original.status is S.COMPENSATED:
         return original
     yield from run_call(ctx)
@@ -94,12 +96,17 @@ def run_compensation(ctx: CallContext, original: EffectRecord) -> Protocol:
             thread_id=original.thread_id, key=original.key, to=S.COMPENSATED,
             kind="compensated", data=data, error=None, asked=False, result=answer))
         return original
-    if undo.status is S.FAILED:
+    if undo.status in (S.UNKNOWN, S.IN_FLIGHT):
+        to = S.COMPENSATION_UNKNOWN
+        error = (f"the outcome of the compensation {undo.tool} is unknown ({undo.error}): "
+                 f"check the provider under key {undo.key}")
+    elif undo.status is S.FAILED:
+        to = S.COMPENSATION_FAILED
         error = f"the compensation {undo.tool} failed: {undo.error}"
-    else:
-        error = (f"the outcome of the compensation {undo.tool} is {undo.status.value} "
-                 f"({undo.error}): check the provider under key {undo.key}")
+    else:  # a human rejected or skipped the compensating call
+        to = S.COMPENSATION_FAILED
+        error = f"the compensation {undo.tool} was {undo.status.value}: {undo.error}"
     [original] = yield Write(TransitionWrite(
-        thread_id=original.thread_id, key=original.key, to=S.COMPENSATION_FAILED,
-        kind="compensation_failed", data=data, error=error))
+        thread_id=original.thread_id, key=original.key, to=to, kind=to.value, data=data,
+        error=error))
     return original

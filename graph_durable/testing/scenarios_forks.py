@@ -50,6 +50,7 @@ __all__ = [
     "assemble_charge_agent",
     "build_charge_agent",
     "build_charge_agent_async",
+    "build_nested_charge_agent",
     "charge_script",
     "run_fork_child",
 ]
@@ -139,6 +140,21 @@ def build_charge_agent(db_path: str, provider_dir: str, mode: str = "blind") -> 
     """
     saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
     return assemble_charge_agent(saver, provider_dir, mode)
+
+
+def build_nested_charge_agent(db_path: str, provider_dir: str,
+                              mode: str = "blind") -> EffectsAgent:
+    """The charge agent as subgraph `child` of a parent graph on a `DurableSqliteSaver`
+    at `db_path` (the subgraph has no saver of its own: it uses its parent's). The
+    guarded call runs in namespace `child:<task_id>|tools:<task_id>`; resuming the parent
+    from a named checkpoint restarts the subgraph. Arguments as `build_charge_agent`."""
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    inner = assemble_charge_agent(None, provider_dir, mode)
+    builder = StateGraph(MessagesState)
+    builder.add_node("child", inner.graph)
+    builder.add_edge(START, "child")
+    return EffectsAgent(graph=builder.compile(checkpointer=saver), saver=saver,
+                        providers=inner.providers, inputs=inner.inputs)
 
 
 async def build_charge_agent_async(db_path: str, provider_dir: str,
