@@ -40,6 +40,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import (
     AsyncConnection,
     AsyncCursor,
+    AsyncPipeline,
     DatabaseError,
     IsolationLevel,
     OperationalError,
@@ -120,6 +121,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     Args:
         conn: A psycopg `AsyncConnection` (autocommit, `dict_row`) or an
             `AsyncConnectionPool` of them.
+        pipe: A pipeline of `conn` (not of a pool), as `AsyncPostgresSaver` takes it.
         serde: Serializer for checkpoints, stored tool results and, when it encrypts
             (`EncryptedSerializer`), everything the ledger keeps about a call.
         flow_version: Version of the graph's flow: a thread's first write pins it, and a
@@ -133,13 +135,14 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     def __init__(
         self,
         conn: _ainternal.Conn,
-        *,
+        pipe: AsyncPipeline | None = None,
         serde: SerializerProtocol | None = None,
+        *,
         flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (),
         key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> None:
-        super().__init__(conn, serde=serde)
+        super().__init__(conn, pipe, serde=serde)
         self._init_durable(flow_version, compatible_flow_versions, key_secret)
         self.is_setup = False
         self._setup_lock = asyncio.Lock()
@@ -151,15 +154,16 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     @classmethod
     @asynccontextmanager
     async def from_conn_string(  # type: ignore[override]
-        cls, conn_string: str, *, flow_version: str | None = None,
+        cls, conn_string: str, *, pipeline: bool = False, flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
         key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> AsyncIterator[AsyncDurablePostgresSaver]:
-        """Connect to `conn_string` (a libpq string or URL) and yield a saver on it."""
+        """Connect to `conn_string` (a libpq string or URL) and yield a saver on it
+        (`pipeline=True`: in pipeline mode, as `AsyncPostgresSaver.from_conn_string`)."""
         async with await AsyncConnection.connect(
             conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
-        ) as conn:
-            yield cls(conn, flow_version=flow_version,
+        ) as conn, (conn.pipeline() if pipeline else nullcontext()) as pipe:
+            yield cls(conn, pipe, flow_version=flow_version,
                       compatible_flow_versions=compatible_flow_versions, serde=serde,
                       key_secret=key_secret)
 

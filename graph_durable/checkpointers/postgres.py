@@ -48,7 +48,14 @@ require("postgres", "DurablePostgresSaver", "psycopg", "psycopg_pool",
         "langgraph.checkpoint.postgres")
 
 from langgraph.checkpoint.postgres import PostgresSaver, _internal  # noqa: E402
-from psycopg import Connection, Cursor, DatabaseError, IsolationLevel, OperationalError
+from psycopg import (
+    Connection,
+    Cursor,
+    DatabaseError,
+    IsolationLevel,
+    OperationalError,
+    Pipeline,
+)
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 from psycopg.rows import dict_row, tuple_row
@@ -167,6 +174,7 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
 
     Args:
         conn: A psycopg `Connection` (autocommit, `dict_row`) or a `ConnectionPool`.
+        pipe: A pipeline of `conn` (not of a pool), as `PostgresSaver` takes it.
         serde: Serializer for checkpoints, stored tool results and, when it encrypts
             (`EncryptedSerializer`), everything the ledger keeps about a call.
         flow_version: Version of the graph's flow: a thread's first write pins it, and a
@@ -180,13 +188,14 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
     def __init__(
         self,
         conn: _internal.Conn,
-        *,
+        pipe: Pipeline | None = None,
         serde: SerializerProtocol | None = None,
+        *,
         flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (),
         key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> None:
-        super().__init__(conn, serde=serde)
+        super().__init__(conn, pipe, serde=serde)
         self._init_durable(flow_version, compatible_flow_versions, key_secret)
         self.is_setup = False
         self._setup_lock = threading.Lock()
@@ -194,15 +203,16 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
     @classmethod
     @contextmanager
     def from_conn_string(  # type: ignore[override]
-        cls, conn_string: str, *, flow_version: str | None = None,
+        cls, conn_string: str, *, pipeline: bool = False, flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
         key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> Iterator[DurablePostgresSaver]:
-        """Connect to `conn_string` (a libpq string or URL) and yield a saver on it."""
+        """Connect to `conn_string` (a libpq string or URL) and yield a saver on it
+        (`pipeline=True`: in pipeline mode, as `PostgresSaver.from_conn_string`)."""
         with Connection.connect(
             conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
-        ) as conn:
-            yield cls(conn, flow_version=flow_version,
+        ) as conn, (conn.pipeline() if pipeline else nullcontext()) as pipe:
+            yield cls(conn, pipe, flow_version=flow_version,
                       compatible_flow_versions=compatible_flow_versions, serde=serde,
                       key_secret=key_secret)
 
