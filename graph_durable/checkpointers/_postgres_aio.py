@@ -60,7 +60,10 @@ from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
     PG_MIGRATIONS,
     PG_MIGRATIONS_TABLE,
+    SETUP_STATE,
+    SETUP_TABLES,
     check_readable,
+    is_current,
     statements,
 )
 from graph_durable.checkpointers._twins import SyncFromAsync
@@ -213,6 +216,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
         async with self._setup_lock:
             if self.is_setup:
                 return
+            if await self._schema_current():
+                self.is_setup = True
+                return
             pool = self.conn
             async with _setup_mutex(pool) as held:
                 self.conn = held
@@ -222,6 +228,19 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                 finally:
                     self.conn = pool
             self.is_setup = True
+
+    async def _schema_current(self) -> bool:
+        """Whether every table is up to date (see `DurablePostgresSaver._schema_current`)."""
+        async with self._own_lock(), _ainternal.get_connection(self.conn) as conn, \
+                conn.cursor(row_factory=tuple_row) as cur:
+            tables = {row[0] for row in await (await cur.execute(_pg.SCHEMA_TABLES)).fetchall()}
+            if "checkpoint_migrations" not in tables or (await (await cur.execute(
+                    _pg.LANGGRAPH_APPLIED)).fetchone())[0] + 1 < len(self.MIGRATIONS):
+                return False
+            if not SETUP_TABLES <= tables:
+                return False
+            state = await (await cur.execute(SETUP_STATE)).fetchone()
+            return is_current(tables, lambda: state, len(PG_MIGRATIONS))
 
     async def _migrate(self) -> None:
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
@@ -268,8 +287,11 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                     if not conn.broken:
                         raise
                     raise self._unavailable(exc, writing) from exc
-                except BaseException:
+                except BaseException as exc:
                     self._deferred_rolled_back()
+                    refused = _pg.read_only_refused(exc, writing)
+                    if refused is not None:
+                        raise refused from exc
                     raise
                 else:
                     self._deferred_committed()
@@ -313,6 +335,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                         raise _pg.ImplicitNotReadCommitted(str(exc)) from exc
                     if isinstance(exc, OperationalError) and conn.broken:
                         raise self._unavailable(exc, thread_id) from exc
+                    refused = _pg.read_only_refused(exc, thread_id)
+                    if refused is not None:
+                        raise refused from exc
                     raise
                 finally:
                     for _, outcome in carried:

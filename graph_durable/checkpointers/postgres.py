@@ -68,12 +68,14 @@ from graph_durable.checkpointers._pg import (
     DELETE_NULL_RESUME,
     DELETE_THREAD_CHECKPOINTS,
     FENCE_REFUSED,
+    LANGGRAPH_APPLIED,
     LOCK_THREAD,
     LOCK_THREAD_READ_LEASE,
     NOW,
     RENEW_LEASE_AT,
     SELECT_LEASE_WITH_CLOCK,
     SELECT_LIVE_LEASES_AT,
+    SCHEMA_TABLES,
     SELECT_RUN_CHECKPOINTS,
     TRY_LOCK_SETUP,
     TRY_LOCK_THREAD,
@@ -84,6 +86,7 @@ from graph_durable.checkpointers._pg import (
     claim_call,
     lock_keys,
     pg_sql,
+    read_only_refused,
 )
 from graph_durable.checkpointers._pg import lease_and_clock as _lease_and_clock
 from graph_durable.checkpointers._postgres_aio import AsyncDurablePostgresSaver
@@ -93,7 +96,9 @@ from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
     PG_MIGRATIONS,
     PG_MIGRATIONS_TABLE,
+    SETUP_STATE,
     check_readable,
+    is_current,
     statements,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync
@@ -260,6 +265,9 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         with self._setup_lock:
             if self.is_setup:
                 return
+            if self._schema_current():
+                self.is_setup = True
+                return
             pool = self.conn
             with _setup_mutex(pool) as held:
                 # The whole setup runs on the connection that holds the setup lock: a
@@ -272,6 +280,18 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
                 finally:
                     self.conn = pool
             self.is_setup = True
+
+    def _schema_current(self) -> bool:
+        """Whether LangGraph's tables and the ledger's are up to date: only reads, takes
+        no lock (so setup on a read-only connection or a replica works)."""
+        with self._own_lock(), _internal.get_connection(self.conn) as conn, \
+                conn.cursor(row_factory=tuple_row) as cur:
+            tables = {row[0] for row in cur.execute(SCHEMA_TABLES).fetchall()}
+            if "checkpoint_migrations" not in tables or \
+                    cur.execute(LANGGRAPH_APPLIED).fetchone()[0] + 1 < len(self.MIGRATIONS):
+                return False
+            return is_current(tables, lambda: cur.execute(SETUP_STATE).fetchone(),
+                              len(PG_MIGRATIONS))
 
     def _migrate(self) -> None:
         with self.lock, _internal.get_connection(self.conn) as conn, conn.transaction():
@@ -311,8 +331,11 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
                 if not conn.broken:
                     raise
                 raise _unavailable(exc, thread_id) from exc
-            except BaseException:
+            except BaseException as exc:
                 self._deferred_rolled_back()
+                refused = read_only_refused(exc, thread_id)
+                if refused is not None:
+                    raise refused from exc
                 raise
             self._deferred_committed()
 
@@ -365,6 +388,9 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
                     raise ImplicitNotReadCommitted(str(exc)) from exc
                 if isinstance(exc, OperationalError) and conn.broken:
                     raise _unavailable(exc, thread_id) from exc
+                refused = read_only_refused(exc, thread_id)
+                if refused is not None:
+                    raise refused from exc
                 raise
             finally:
                 for _, outcome in carried:
