@@ -15,8 +15,8 @@ Set by the runner through the environment:
   saver tests run on them).
 
 The suites' PostgreSQL tests expect a server at a fixed port; the plugin starts a
-throwaway one (`PostgresServer`, with `fsync` off: the suites create a database per
-test, and none of them is about crashes) and points the suites' `DEFAULT_POSTGRES_URI`
+throwaway one (`PostgresServer`, in `/dev/shm` where there is one and with `fsync`
+off: the suites create a database per test, and none of them is about crashes) and points the suites' `DEFAULT_POSTGRES_URI`
 and `DEFAULT_URI` at it.
 """
 
@@ -82,7 +82,9 @@ def _base_uri() -> str:
     if _server is None:
         from graph_durable.testing.postgres import PostgresServer
 
-        _server = PostgresServer().start()
+        shm = "/dev/shm"  # in memory: CREATE DATABASE ten times faster than on disk
+        _server = PostgresServer(shm if os.path.isdir(shm) and os.access(shm, os.W_OK)
+                                 else None).start()
         import psycopg
 
         # The suites create a database per test; nothing here is about crashes, so the
@@ -107,6 +109,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             (kept if ok else dropped).append(item)
         items[:] = kept
         config.hook.pytest_deselected(items=dropped)
+    if os.environ.get(SIDE) == "ours":
+        _check_swapped()
     if not items:
         return
     base = _base_uri()
@@ -116,6 +120,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 module.DEFAULT_POSTGRES_URI = base
             if hasattr(module, "DEFAULT_URI"):
                 module.DEFAULT_URI = base + "postgres?sslmode=disable"
+
+
+_STOCK_NAMES = ("SqliteSaver", "AsyncSqliteSaver", "PostgresSaver", "AsyncPostgresSaver")
+
+
+def _check_swapped() -> None:
+    """Every saver name the suite's modules imported is ours (a swap made too late
+    would silently compare stock with stock)."""
+    from graph_durable.checkpointers._base import DurableSaverMixin
+
+    for name, module in list(sys.modules.items()):
+        if not (name == "tests" or name.startswith("tests.")):
+            continue
+        for attr in _STOCK_NAMES:
+            cls = getattr(module, attr, None)
+            if isinstance(cls, type) and not issubclass(cls, DurableSaverMixin):
+                raise pytest.UsageError(
+                    f"{name}.{attr} is still the stock saver: the swap came too late")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
