@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -74,13 +75,29 @@ def _pytest(suite: Suite, src: Path, paths: tuple[str, ...], side: str,
     env[plugin.FILTER] = ("" if not suite.savers_only else
                           "savers-ci" if paths == suite.ci else "savers")
     env.pop("PYTEST_ADDOPTS", None)
+    (out / f"{suite.name}-{side}.json").unlink(missing_ok=True)
     existing = [p for p in paths if (src / p).exists()]
+    if not existing:
+        raise RuntimeError(f"{suite.name}: none of {paths} is in its sdist ({src})")
     cmd = [sys.executable, "-m", "pytest", "-p", "graph_durable.testing.upstream.plugin",
            "-p", "no:cacheprovider", "-o", "addopts=", "-q", "-W", "ignore",
            "--continue-on-collection-errors", "--rootdir", str(src),
            "-c", str(src / "pyproject.toml"), *existing]
-    log = open(out / f"{suite.name}-{side}.log", "wb")
-    return subprocess.Popen(cmd, cwd=src, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(out / f"{suite.name}-{side}.log", "wb") as log:
+        return subprocess.Popen(cmd, cwd=src, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Interrupt the runs (so each stops its PostgreSQL server), then kill what is left."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _config(suite: str, test: str) -> str:
@@ -120,8 +137,7 @@ def run_suite(suite: Suite, subset: str, cache: Path, timeout: float) -> Result:
         try:
             proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            _stop(procs)
             raise RuntimeError(
                 f"{suite.name} ({side}) ran past {timeout:.0f} s; see "
                 f"{out / f'{suite.name}-{side}.log'}") from None
@@ -200,8 +216,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds one suite may run (both sides at once)")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    results = [run_suite(s, args.subset, args.cache.resolve(), args.timeout)
-               for s in SUITES if not args.suite or s.name in args.suite]
+    try:
+        results = [run_suite(s, args.subset, args.cache.resolve(), args.timeout)
+                   for s in SUITES if not args.suite or s.name in args.suite]
+    except RuntimeError as exc:
+        print(f"upstream suites: {exc}", file=sys.stderr)
+        return 2
     text, unexpected = summarize(results)
     print(text)
     print(f"upstream suites ({args.subset}) on {sys.executable}: "
