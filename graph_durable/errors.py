@@ -87,10 +87,12 @@ class ReadOnlyDatabase(GraphDurableError):
     message says what needed write access and how to get it."""
 
     @classmethod
-    def refused(cls, what: str, cause: BaseException, *,
-                thread_id: str | None = None) -> ReadOnlyDatabase:
+    def refused(cls, what: str, cause: BaseException, *, thread_id: str | None = None,
+                tool_call_id: str | None = None) -> ReadOnlyDatabase:
         """The error for `what` (e.g. "this write") refused with `cause`."""
         where = f"thread {thread_id!r}: " if thread_id is not None else ""
+        if tool_call_id is not None:
+            where = f"{where[:-2]}, tool call {tool_call_id!r}: "
         detail = " ".join(str(cause).split())[:200]
         return cls(
             f"{where}{what} needs write access, but the saver's connection is read-only "
@@ -98,7 +100,8 @@ class ReadOnlyDatabase(GraphDurableError):
             "the CLI's read commands) works on it; to run the graph, record effects, "
             "take leases or delete, open the database read-write: SQLite without "
             "mode=ro and as a user who may write the file, PostgreSQL on the primary "
-            "and without default_transaction_read_only.", thread_id=thread_id)
+            "and without default_transaction_read_only.", thread_id=thread_id,
+            tool_call_id=tool_call_id)
 
 
 class InvalidDecision(GraphDurableError):

@@ -279,7 +279,9 @@ class SqliteTransactions:
             self._deferred_rolled_back()  # type: ignore[attr-defined]
             for item in batch:
                 item.error = item.error or (
-                    SqliteReadOnly.refused(WRITE_NEEDS, exc, thread_id=item.write.thread_id)
+                    SqliteReadOnly.refused(WRITE_NEEDS, exc, thread_id=item.write.thread_id,
+                                           tool_call_id=getattr(item.write, "tool_call_id",
+                                                                None))
                     if is_read_only(exc) else exc)
         finally:
             cur.close()

@@ -105,6 +105,7 @@ def test_a_sync_saver_on_a_read_only_connection_reads_and_refuses_writes(db: str
         with pytest.raises(ReadOnlyDatabase) as claim:
             saver.claim(intent("k2"))
         _assert_refused(claim.value, sqlite3.OperationalError)
+        assert claim.value.tool_call_id == "c-k2" and "tool call 'c-k2'" in str(claim.value)
     with DurableSqliteSaver.from_conn_string(db) as writer:
         assert [r.key for r in writer.effects("t")] == ["k1"]  # nothing was written
 
