@@ -8,9 +8,11 @@ import io
 import tarfile
 from pathlib import Path
 
-from graph_durable.testing.upstream import fetch
+import pytest
+
+from graph_durable.testing.upstream import fetch, run
 from graph_durable.testing.upstream.known import KNOWN, known_reason
-from graph_durable.testing.upstream.run import Result, summarize
+from graph_durable.testing.upstream.run import SUITES, Result, summarize
 
 
 def _outcome(outcome: str, message: str = "") -> dict:
@@ -42,6 +44,33 @@ def test_a_documented_divergence_is_shown_with_its_reason_and_passes() -> None:
     assert unexpected == 0
     assert f"known: {test}: stock passed, ours failed" in text and reason in text
     assert all(k.reason for k in KNOWN)
+
+
+def test_a_divergence_is_run_again_and_one_that_does_not_reproduce_is_a_flake(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    flake, real = "tests/test_a.py::test_race[postgres_aio]", "tests/test_a.py::test_x[sqlite]"
+    runs = [
+        {"stock": {flake: _outcome("passed"), real: _outcome("passed")},
+         "ours": {flake: _outcome("failed", "order"), real: _outcome("failed", "bug")}},
+        {"stock": {flake: _outcome("passed"), real: _outcome("passed")},
+         "ours": {flake: _outcome("passed"), real: _outcome("failed", "bug")}},
+    ]
+    asked: list[tuple[str, ...]] = []
+
+    def run_both(suite, src, paths, out, name, deadline):
+        asked.append(paths)
+        return runs[len(asked) - 1]
+
+    monkeypatch.setattr(run, "_run_both", run_both)
+    monkeypatch.setattr(run, "installed", lambda dist: "1.0")
+    monkeypatch.setattr(run, "unpacked_tests", lambda dist, version, cache: tmp_path)
+    result = run.run_suite(SUITES[0], "ci", tmp_path, 60.0)
+    assert asked[1] == (flake, real)  # only the diverging tests run again
+    assert list(result.flaky) == [flake]
+    text, unexpected = summarize([result])
+    assert unexpected == 1
+    assert f"flaky: {flake}: stock passed, ours failed" in text
+    assert f"DIVERGES: {real}: stock passed, ours failed" in text
 
 
 def test_a_cached_sdist_is_unpacked_without_its_package(tmp_path: Path) -> None:

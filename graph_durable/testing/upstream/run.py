@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,22 +68,22 @@ SIDES = ("stock", "ours")
 
 
 def _pytest(suite: Suite, src: Path, paths: tuple[str, ...], side: str,
-            out: Path) -> subprocess.Popen[bytes]:
+            out: Path, name: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env[plugin.SIDE] = side
-    env[plugin.REPORT] = str(out / f"{suite.name}-{side}.json")
+    env[plugin.REPORT] = str(out / f"{name}-{side}.json")
     env[plugin.FILTER] = ("" if not suite.savers_only else
                           "savers-ci" if paths == suite.ci else "savers")
     env.pop("PYTEST_ADDOPTS", None)
-    (out / f"{suite.name}-{side}.json").unlink(missing_ok=True)
-    existing = [p for p in paths if (src / p).exists()]
+    (out / f"{name}-{side}.json").unlink(missing_ok=True)
+    existing = [p for p in paths if "::" in p or (src / p).exists()]
     if not existing:
         raise RuntimeError(f"{suite.name}: none of {paths} is in its sdist ({src})")
     cmd = [sys.executable, "-m", "pytest", "-p", "graph_durable.testing.upstream.plugin",
            "-p", "no:cacheprovider", "-o", "addopts=", "-q", "-W", "ignore",
            "--continue-on-collection-errors", "--rootdir", str(src),
            "-c", str(src / "pyproject.toml"), *existing]
-    with open(out / f"{suite.name}-{side}.log", "wb") as log:
+    with open(out / f"{name}-{side}.log", "wb") as log:
         return subprocess.Popen(cmd, cwd=src, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -122,32 +122,59 @@ class Result:
     stock: dict[str, dict[str, Any]]
     ours: dict[str, dict[str, Any]]
     seconds: float
+    # Divergences that did not reproduce when run again on both sides, with what happened.
+    flaky: dict[str, str] = field(default_factory=dict)
+
+
+def _run_both(suite: Suite, src: Path, paths: tuple[str, ...], out: Path, name: str,
+              deadline: float) -> dict[str, dict[str, dict[str, Any]]]:
+    """Run `paths` (files or test ids) on both sides at once; their outcomes by side."""
+    procs = {side: _pytest(suite, src, paths, side, out, name) for side in SIDES}
+    outcomes = {}
+    for side, proc in procs.items():
+        log = out / f"{name}-{side}.log"
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _stop(procs)
+            raise RuntimeError(f"{suite.name} ({side}) ran past its time box; see {log}") \
+                from None
+        report = out / f"{name}-{side}.json"
+        if not report.exists():
+            raise RuntimeError(f"{suite.name} ({side}) wrote no report (exit "
+                               f"{proc.returncode}); see {log}")
+        outcomes[side] = json.loads(report.read_text())
+    return outcomes
+
+
+def _outcome(side: dict[str, dict[str, Any]], test: str) -> str:
+    return str(side.get(test, {}).get("outcome", "absent"))
 
 
 def run_suite(suite: Suite, subset: str, cache: Path, timeout: float) -> Result:
+    """Run `suite` on both sides; then run each test whose outcome differs (and is not
+    documented) once more on both, to tell a divergence from a timing flake."""
     version = installed(suite.dist)
     src = unpacked_tests(suite.dist, version, cache)
     out = cache / "runs"
     out.mkdir(parents=True, exist_ok=True)
-    paths = suite.ci if subset == "ci" else suite.full
     started = time.monotonic()
-    procs = {side: _pytest(suite, src, paths, side, out) for side in SIDES}
-    outcomes = {}
-    for side, proc in procs.items():
-        try:
-            proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
-        except subprocess.TimeoutExpired:
-            _stop(procs)
-            raise RuntimeError(
-                f"{suite.name} ({side}) ran past {timeout:.0f} s; see "
-                f"{out / f'{suite.name}-{side}.log'}") from None
-        report = out / f"{suite.name}-{side}.json"
-        if not report.exists():
-            raise RuntimeError(f"{suite.name} ({side}) wrote no report (exit "
-                               f"{proc.returncode}); see {out / f'{suite.name}-{side}.log'}")
-        outcomes[side] = json.loads(report.read_text())
-    return Result(suite.name, version, outcomes["stock"], outcomes["ours"],
-                  time.monotonic() - started)
+    deadline = started + timeout
+    paths = suite.ci if subset == "ci" else suite.full
+    first = _run_both(suite, src, paths, out, suite.name, deadline)
+    stock, ours = first["stock"], first["ours"]
+    diverging = sorted(t for t in set(stock) | set(ours)
+                       if _outcome(stock, t) != _outcome(ours, t)
+                       and known_reason(suite.name, t) is None)
+    flaky: dict[str, str] = {}
+    if diverging:
+        again = _run_both(suite, src, tuple(diverging), out, f"{suite.name}-rerun", deadline)
+        for test in diverging:
+            if _outcome(again["stock"], test) == _outcome(again["ours"], test) != "absent":
+                flaky[test] = (f"on a rerun both {_outcome(again['stock'], test)}; the first "
+                               f"run's {_outcome(stock, test)}/{_outcome(ours, test)} was "
+                               "timing")
+    return Result(suite.name, version, stock, ours, time.monotonic() - started, flaky)
 
 
 def _short(counts: Counter[str]) -> str:
@@ -165,7 +192,7 @@ def summarize(results: list[Result]) -> tuple[str, int]:
         lines.append(f"{'config':<22}{'tests':>6}  {'stock':<16}{'ours':<16}"
                      f"{'divergent':>9}{'known':>7}{'s stock':>9}{'s ours':>8}")
         rows: dict[str, list[Counter[Any]]] = {}
-        diverging: list[tuple[str, str, str, str | None]] = []
+        diverging: list[tuple[str, str, str, str | None, bool]] = []
         for test in tests:
             stock = res.stock.get(test, {"outcome": "absent"})["outcome"]
             ours = res.ours.get(test, {"outcome": "absent"})["outcome"]
@@ -178,8 +205,9 @@ def summarize(results: list[Result]) -> tuple[str, int]:
             row[2][ours] += 1
             if stock != ours:
                 reason = known_reason(res.suite, test)
-                row[3]["known" if reason else "divergent"] += 1
-                diverging.append((test, stock, ours, reason))
+                flake = res.flaky.get(test)
+                row[3]["known" if reason else "flaky" if flake else "divergent"] += 1
+                diverging.append((test, stock, ours, reason or flake, bool(flake)))
         for config, (n, stock_c, ours_c, div) in sorted(rows.items()):
             lines.append(f"{config:<22}{n['tests']:>6}  {_short(stock_c):<16}"
                          f"{_short(ours_c):<16}{div['divergent']:>9}{div['known']:>7}"
@@ -189,14 +217,17 @@ def summarize(results: list[Result]) -> tuple[str, int]:
                    ("failed", "error"))
         if both:
             lines.append(f"({both} fail on both sides: not a divergence)")
-        for test, stock, ours, reason in diverging:
-            tag = "known" if reason else "DIVERGES"
+        if res.flaky:
+            lines.append(f"({len(res.flaky)} diverged once but not when run again on both "
+                         "sides: timing, listed as flaky)")
+        for test, stock, ours, reason, flake in diverging:
+            tag = "flaky" if flake else "known" if reason else "DIVERGES"
             lines.append(f"  {tag}: {test}: stock {stock}, ours {ours}")
             if reason:
                 lines.append(f"      why: {reason}")
             for side, got in (("stock", res.stock), ("ours", res.ours)):
                 msg = got.get(test, {}).get("message")
-                if msg and not reason:
+                if msg and (not reason or flake):
                     lines.append(f"      {side}: {msg}")
             unexpected += reason is None
     lines.append(f"\n{unexpected} divergence(s) outside the documented list "
