@@ -63,15 +63,16 @@ test-sweeps: $(STAMP)
 # SQLite, async SQLite and PostgreSQL sync, pool, pipeline and async; the saver tests of
 # langgraph-checkpoint-sqlite and -postgres) from the sdists of the installed releases,
 # on the stock savers and on ours side by side, on the newest and the oldest supported
-# releases. Fails on a divergence not listed in graph_durable/testing/upstream/known.py.
+# releases (about 12 minutes each on two cores). Fails on a divergence not listed in
+# graph_durable/testing/upstream/known.py.
 test-upstream: $(UPSTREAM_STAMP) $(FLOOR_UPSTREAM_STAMP)
 	$(PY) $(UPSTREAM) --subset full
 	$(FLOOR_VENV)/bin/python $(UPSTREAM) --subset full
 
 # The subset CI runs on every run (.ci/run, between make test and make test-sweeps),
-# time-boxed at 5 minutes a suite: langgraph's time travel and interruption tests on
-# SQLite (plain, encrypted, async) and sync PostgreSQL, and both packages' saver tests,
-# on the newest releases.
+# time-boxed at 5 minutes a suite (it takes about 2 on two cores): langgraph's time
+# travel and interruption tests on every saver, and both packages' saver tests, on the
+# newest releases.
 test-upstream-ci: $(UPSTREAM_STAMP)
 	$(PY) $(UPSTREAM) --subset ci --timeout 300
 

@@ -9,10 +9,7 @@ Set by the runner through the environment:
 - `GRAPH_DURABLE_UPSTREAM_REPORT`: a JSON file the outcome of every test is written to.
 - `GRAPH_DURABLE_UPSTREAM_FILTER`: `savers` keeps, of langgraph's tests, only those
   parametrised by a SQLite or PostgreSQL checkpointer (and drops the Redis cache, whose
-  server the suites do not start); `savers-ci` only those on SQLite (plain, encrypted,
-  async) or on PostgreSQL's sync saver on one connection: the pool, pipeline and async
-  PostgreSQL variants are left to the full run (in CI, langgraph-checkpoint-postgres's
-  saver tests run on them).
+  server the suites do not start).
 
 The suites' PostgreSQL tests expect a server at a fixed port; the plugin starts a
 throwaway one (`PostgresServer`, in `/dev/shm` where there is one and with `fsync`
@@ -38,9 +35,6 @@ SAVER_PARAMS = frozenset({
     "sqlite", "sqlite_aes", "sqlite_aio", "postgres", "postgres_pipe", "postgres_pool",
     "postgres_aio", "postgres_aio_pipe", "postgres_aio_pool",
 })
-
-# The subset CI runs on every run.
-CI_SAVER_PARAMS = frozenset({"sqlite", "sqlite_aes", "sqlite_aio", "postgres"})
 
 _outcomes: dict[str, dict[str, Any]] = {}
 _server: Any = None
@@ -98,14 +92,12 @@ def _base_uri() -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep the saver-parametrised tests (when asked); point the suite at our server."""
-    selection = os.environ.get(FILTER)
-    if selection in ("savers", "savers-ci"):
-        wanted = SAVER_PARAMS if selection == "savers" else CI_SAVER_PARAMS
+    if os.environ.get(FILTER) == "savers":
         kept, dropped = [], []
         for item in items:
             params = getattr(getattr(item, "callspec", None), "params", {})
             savers = {v for k, v in params.items() if "checkpointer" in k}
-            ok = bool(savers & wanted) and params.get("cache") != "redis"
+            ok = bool(savers & SAVER_PARAMS) and params.get("cache") != "redis"
             (kept if ok else dropped).append(item)
         items[:] = kept
         config.hook.pytest_deselected(items=dropped)

@@ -53,16 +53,13 @@ _POSTGRES_TESTS = (
     "tests/test_prune.py",
 )
 SUITES = (
-    # CI: time travel and interruption, on SQLite and on one PostgreSQL connection
-    # (`plugin.CI_SAVER_PARAMS`); the full run takes every test on every saver.
+    # CI: time travel and interruption, on every saver; the full run takes every test.
     Suite("langgraph", "langgraph", ("tests",),
           ("tests/test_time_travel.py", "tests/test_time_travel_async.py",
            "tests/test_interruption.py"), savers_only=True),
-    # The saver tests of both packages (not their stores'); CI leaves out PostgreSQL's
-    # retention and delta-channel tests (71 + 19 tests, a fresh database each).
+    # The saver tests of both packages (not their stores'), whole in CI too.
     Suite("sqlite", "langgraph-checkpoint-sqlite", _SQLITE_TESTS, _SQLITE_TESTS),
-    Suite("postgres", "langgraph-checkpoint-postgres", _POSTGRES_TESTS,
-          ("tests/test_sync.py", "tests/test_async.py")),
+    Suite("postgres", "langgraph-checkpoint-postgres", _POSTGRES_TESTS, _POSTGRES_TESTS),
 )
 SIDES = ("stock", "ours")
 
@@ -72,8 +69,7 @@ def _pytest(suite: Suite, src: Path, paths: tuple[str, ...], side: str,
     env = dict(os.environ)
     env[plugin.SIDE] = side
     env[plugin.REPORT] = str(out / f"{name}-{side}.json")
-    env[plugin.FILTER] = ("" if not suite.savers_only else
-                          "savers-ci" if paths == suite.ci else "savers")
+    env[plugin.FILTER] = "savers" if suite.savers_only else ""
     env.pop("PYTEST_ADDOPTS", None)
     (out / f"{name}-{side}.json").unlink(missing_ok=True)
     existing = [p for p in paths if "::" in p or (src / p).exists()]
