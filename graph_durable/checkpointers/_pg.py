@@ -226,13 +226,17 @@ class PostgresReadOnly(ReadOnlyDatabase, _read_only_base()):  # type: ignore[mis
     as the stock saver's error is, so code written against it catches ours too."""
 
 
-def read_only_refused(exc: BaseException, thread_id: str | None) -> PostgresReadOnly | None:
+SETUP_NEEDS = ("Creating or migrating the checkpoint and ledger tables (setup(), on "
+               "first use)")
+
+
+def read_only_refused(exc: BaseException, thread_id: str | None,
+                      what: str = "This write (a checkpoint, a ledger entry, a lease or "
+                                  "a deletion)") -> PostgresReadOnly | None:
     """The error for a write PostgreSQL refused as read-only (a read-only transaction,
     a hot standby), or None when `exc` is something else."""
     if isinstance(exc, _read_only_base()) and not isinstance(exc, ReadOnlyDatabase):
-        return PostgresReadOnly.refused(
-            "This write (a checkpoint, a ledger entry, a lease or a deletion)", exc,
-            thread_id=thread_id)
+        return PostgresReadOnly.refused(what, exc, thread_id=thread_id)
     return None
 
 

@@ -220,13 +220,19 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                 self.is_setup = True
                 return
             pool = self.conn
-            async with _setup_mutex(pool) as held:
-                self.conn = held
-                try:
-                    await super().setup()
-                    await self._migrate()
-                finally:
-                    self.conn = pool
+            try:
+                async with _setup_mutex(pool) as held:
+                    self.conn = held
+                    try:
+                        await super().setup()
+                        await self._migrate()
+                    finally:
+                        self.conn = pool
+            except BaseException as exc:
+                refused = _pg.read_only_refused(exc, None, _pg.SETUP_NEEDS)
+                if refused is not None:
+                    raise refused from exc
+                raise
             self.is_setup = True
 
     async def _schema_current(self) -> bool:

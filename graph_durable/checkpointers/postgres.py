@@ -88,6 +88,7 @@ from graph_durable.checkpointers._pg import (
     pg_sql,
     read_only_refused,
 )
+from graph_durable.checkpointers._pg import SETUP_NEEDS
 from graph_durable.checkpointers._pg import lease_and_clock as _lease_and_clock
 from graph_durable.checkpointers._postgres_aio import AsyncDurablePostgresSaver
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
@@ -269,16 +270,22 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
                 self.is_setup = True
                 return
             pool = self.conn
-            with _setup_mutex(pool) as held:
-                # The whole setup runs on the connection that holds the setup lock: a
-                # pool of one connection (or two savers sharing a pool of two) would
-                # otherwise wait for a second connection while holding the first.
-                self.conn = held
-                try:
-                    super().setup()
-                    self._migrate()
-                finally:
-                    self.conn = pool
+            try:
+                with _setup_mutex(pool) as held:
+                    # The whole setup runs on the connection that holds the setup lock:
+                    # a pool of one connection (or two savers sharing a pool of two)
+                    # would otherwise wait for a second connection while holding the first.
+                    self.conn = held
+                    try:
+                        super().setup()
+                        self._migrate()
+                    finally:
+                        self.conn = pool
+            except BaseException as exc:
+                refused = read_only_refused(exc, None, SETUP_NEEDS)
+                if refused is not None:
+                    raise refused from exc
+                raise
             self.is_setup = True
 
     def _schema_current(self) -> bool:

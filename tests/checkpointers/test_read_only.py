@@ -172,6 +172,14 @@ def test_a_postgres_saver_on_a_read_only_connection_reads_and_refuses_writes(
         _assert_refused(put.value, psycopg.errors.ReadOnlySqlTransaction)
 
 
+def test_postgres_setup_that_must_create_the_tables_on_a_read_only_connection_says_so(
+        postgres_conninfo) -> None:
+    with _read_only(postgres_conninfo) as conn:
+        with pytest.raises(ReadOnlyDatabase, match=r"Creating or migrating the checkpoint "
+                                                   r"and ledger tables .* needs write access"):
+            DurablePostgresSaver(conn).setup()
+
+
 async def test_an_async_postgres_saver_on_a_read_only_connection_reads_and_refuses_writes(
         postgres_conninfo) -> None:
     async with AsyncDurablePostgresSaver.from_conn_string(postgres_conninfo) as writer:
@@ -182,6 +190,7 @@ async def test_an_async_postgres_saver_on_a_read_only_connection_reads_and_refus
             options="-c default_transaction_read_only=on") as conn:
         saver = AsyncDurablePostgresSaver(conn)
         assert [r.key for r in await saver.aeffects("t")] == ["k1"]
+        assert await saver.aget_tuple(ROOT) is None  # no checkpoint was put, reads work
         with pytest.raises(ReadOnlyDatabase) as claim:
             await saver.aclaim(intent("k2"))
         _assert_refused(claim.value, psycopg.errors.ReadOnlySqlTransaction)
