@@ -63,7 +63,7 @@ test-sweeps: $(STAMP)
 # SQLite, async SQLite and PostgreSQL sync, pool, pipeline and async; the saver tests of
 # langgraph-checkpoint-sqlite and -postgres) from the sdists of the installed releases,
 # on the stock savers and on ours side by side, on the newest and the oldest supported
-# releases (about 12 minutes each on two cores). Fails on a divergence not listed in
+# releases (9 to 12 minutes each on two cores). Fails on a divergence not listed in
 # graph_durable/testing/upstream/known.py.
 test-upstream: $(UPSTREAM_STAMP) $(FLOOR_UPSTREAM_STAMP)
 	$(PY) $(UPSTREAM) --subset full
