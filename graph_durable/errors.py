@@ -5,6 +5,7 @@ The hierarchy::
     GraphDurableError (Exception)
     ├── DurabilityError          effects refused: the requesting step is not durably saved
     ├── DatabaseUnavailable      the database connection broke under a write
+    ├── ReadOnlyDatabase         a write tried on a read-only connection or replica
     ├── InvalidDecision          a resume value that does not answer the pending interrupt
     ├── FlowVersionMismatch      a thread pinned to another flow version
     ├── LeaseHeld                another live owner holds the thread
@@ -41,6 +42,7 @@ __all__ = [
     "MiddlewareOrderError",
     "NotApplied",
     "NotDurableCheckpointer",
+    "ReadOnlyDatabase",
     "Retryable",
     "ThreadCancelled",
     "UnkeyableToolCall",
@@ -81,6 +83,30 @@ class DatabaseUnavailable(GraphDurableError):
     connection was terminated). The write was not committed, unless the break hit its
     `COMMIT`; either way nothing is lost: running the thread again reconciles it from its
     ledger. A read is retried once on a fresh pooled connection instead."""
+
+
+class ReadOnlyDatabase(GraphDurableError):
+    """A write was tried through a saver whose connection may only read (SQLite opened
+    `mode=ro` or on a file this process may not write, a PostgreSQL read replica or
+    read-only transaction). Nothing was written. Reads work on such a connection; the
+    message says what needed write access and how to get it."""
+
+    @classmethod
+    def refused(cls, what: str, cause: BaseException, *, thread_id: str | None = None,
+                tool_call_id: str | None = None) -> ReadOnlyDatabase:
+        """The error for `what` (e.g. "this write") refused with `cause`."""
+        where = f"thread {thread_id!r}: " if thread_id is not None else ""
+        if tool_call_id is not None:
+            where = f"{where[:-2]}, tool call {tool_call_id!r}: "
+        detail = " ".join(str(cause).split())[:200]
+        return cls(
+            f"{where}{what} needs write access, but the saver's connection is read-only "
+            f"({detail}). Nothing was written. Reading (get_state, history, the ledger, "
+            "the CLI's read commands) works on it; to run the graph, record effects, "
+            "take leases or delete, open the database read-write: SQLite without "
+            "mode=ro and as a user who may write the file, PostgreSQL on the primary "
+            "and without default_transaction_read_only.", thread_id=thread_id,
+            tool_call_id=tool_call_id)
 
 
 class InvalidDecision(GraphDurableError):

@@ -20,11 +20,14 @@ from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import actor_of
-from graph_durable.errors import DatabaseUnavailable
+from graph_durable.errors import DatabaseUnavailable, ReadOnlyDatabase
 from graph_durable.ledger import EffectRecord, TransitionWrite
 
 __all__ = [
+    "LANGGRAPH_APPLIED",
+    "SCHEMA_TABLES",
     "ImplicitNotReadCommitted",
+    "PostgresReadOnly",
     "TransactionDeferred",
     "arun",
     "arun_counted",
@@ -34,6 +37,7 @@ __all__ = [
     "lease_and_clock",
     "lock_keys",
     "pg_sql",
+    "read_only_refused",
 ]
 
 LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
@@ -203,6 +207,37 @@ def _carried_sql(update_sql: str) -> str:
         f"{_EFFECT_BEFORE} FROM (SELECT 1) AS one LEFT JOIN effects e ON e.thread_id = %s "
         "AND e.key = %s"
     )
+
+
+# What `setup()` reads before deciding it has anything to do (see `_schema.is_current`).
+SCHEMA_TABLES = ("SELECT table_name FROM information_schema.tables "
+                 "WHERE table_schema = current_schema()")
+LANGGRAPH_APPLIED = "SELECT COALESCE(MAX(v), -1) FROM checkpoint_migrations"
+
+
+def _read_only_base() -> type[Exception]:
+    from psycopg.errors import ReadOnlySqlTransaction
+
+    return ReadOnlySqlTransaction
+
+
+class PostgresReadOnly(ReadOnlyDatabase, _read_only_base()):  # type: ignore[misc]
+    """`ReadOnlyDatabase` on PostgreSQL; still a `psycopg.errors.ReadOnlySqlTransaction`,
+    as the stock saver's error is, so code written against it catches ours too."""
+
+
+SETUP_NEEDS = ("Creating or migrating the checkpoint and ledger tables (setup(), on "
+               "first use)")
+
+
+def read_only_refused(exc: BaseException, thread_id: str | None,
+                      what: str = "This write (a checkpoint, a ledger entry, a lease or "
+                                  "a deletion)") -> PostgresReadOnly | None:
+    """The error for a write PostgreSQL refused as read-only (a read-only transaction,
+    a hot standby), or None when `exc` is something else."""
+    if isinstance(exc, _read_only_base()) and not isinstance(exc, ReadOnlyDatabase):
+        return PostgresReadOnly.refused(what, exc, thread_id=thread_id)
+    return None
 
 
 def broke_under_write(exc: BaseException, thread_id: str | None,

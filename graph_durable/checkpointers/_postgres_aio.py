@@ -40,6 +40,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import (
     AsyncConnection,
     AsyncCursor,
+    AsyncPipeline,
     DatabaseError,
     IsolationLevel,
     OperationalError,
@@ -59,7 +60,10 @@ from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
     PG_MIGRATIONS,
     PG_MIGRATIONS_TABLE,
+    SETUP_STATE,
+    SETUP_TABLES,
     check_readable,
+    is_current,
     statements,
 )
 from graph_durable.checkpointers._twins import SyncFromAsync
@@ -120,6 +124,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     Args:
         conn: A psycopg `AsyncConnection` (autocommit, `dict_row`) or an
             `AsyncConnectionPool` of them.
+        pipe: A pipeline of `conn` (not of a pool), as `AsyncPostgresSaver` takes it.
         serde: Serializer for checkpoints, stored tool results and, when it encrypts
             (`EncryptedSerializer`), everything the ledger keeps about a call.
         flow_version: Version of the graph's flow: a thread's first write pins it, and a
@@ -133,13 +138,14 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     def __init__(
         self,
         conn: _ainternal.Conn,
-        *,
+        pipe: AsyncPipeline | None = None,
         serde: SerializerProtocol | None = None,
+        *,
         flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (),
         key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> None:
-        super().__init__(conn, serde=serde)
+        super().__init__(conn, pipe, serde=serde)
         self._init_durable(flow_version, compatible_flow_versions, key_secret)
         self.is_setup = False
         self._setup_lock = asyncio.Lock()
@@ -151,15 +157,16 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     @classmethod
     @asynccontextmanager
     async def from_conn_string(  # type: ignore[override]
-        cls, conn_string: str, *, flow_version: str | None = None,
+        cls, conn_string: str, *, pipeline: bool = False, flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
         key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> AsyncIterator[AsyncDurablePostgresSaver]:
-        """Connect to `conn_string` (a libpq string or URL) and yield a saver on it."""
+        """Connect to `conn_string` (a libpq string or URL) and yield a saver on it
+        (`pipeline=True`: in pipeline mode, as `AsyncPostgresSaver.from_conn_string`)."""
         async with await AsyncConnection.connect(
             conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
-        ) as conn:
-            yield cls(conn, flow_version=flow_version,
+        ) as conn, (conn.pipeline() if pipeline else nullcontext()) as pipe:
+            yield cls(conn, pipe, flow_version=flow_version,
                       compatible_flow_versions=compatible_flow_versions, serde=serde,
                       key_secret=key_secret)
 
@@ -209,15 +216,37 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
         async with self._setup_lock:
             if self.is_setup:
                 return
+            if await self._schema_current():
+                self.is_setup = True
+                return
             pool = self.conn
-            async with _setup_mutex(pool) as held:
-                self.conn = held
-                try:
-                    await super().setup()
-                    await self._migrate()
-                finally:
-                    self.conn = pool
+            try:
+                async with _setup_mutex(pool) as held:
+                    self.conn = held
+                    try:
+                        await super().setup()
+                        await self._migrate()
+                    finally:
+                        self.conn = pool
+            except BaseException as exc:
+                refused = _pg.read_only_refused(exc, None, _pg.SETUP_NEEDS)
+                if refused is not None:
+                    raise refused from exc
+                raise
             self.is_setup = True
+
+    async def _schema_current(self) -> bool:
+        """Whether every table is up to date (see `DurablePostgresSaver._schema_current`)."""
+        async with self._own_lock(), _ainternal.get_connection(self.conn) as conn, \
+                conn.cursor(row_factory=tuple_row) as cur:
+            tables = {row[0] for row in await (await cur.execute(_pg.SCHEMA_TABLES)).fetchall()}
+            if "checkpoint_migrations" not in tables or (await (await cur.execute(
+                    _pg.LANGGRAPH_APPLIED)).fetchone())[0] + 1 < len(self.MIGRATIONS):
+                return False
+            if not SETUP_TABLES <= tables:
+                return False
+            state = await (await cur.execute(SETUP_STATE)).fetchone()
+            return is_current(tables, lambda: state, len(PG_MIGRATIONS))
 
     async def _migrate(self) -> None:
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
@@ -264,8 +293,11 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                     if not conn.broken:
                         raise
                     raise self._unavailable(exc, writing) from exc
-                except BaseException:
+                except BaseException as exc:
                     self._deferred_rolled_back()
+                    refused = _pg.read_only_refused(exc, writing)
+                    if refused is not None:
+                        raise refused from exc
                     raise
                 else:
                     self._deferred_committed()
@@ -309,6 +341,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                         raise _pg.ImplicitNotReadCommitted(str(exc)) from exc
                     if isinstance(exc, OperationalError) and conn.broken:
                         raise self._unavailable(exc, thread_id) from exc
+                    refused = _pg.read_only_refused(exc, thread_id)
+                    if refused is not None:
+                        raise refused from exc
                     raise
                 finally:
                     for _, outcome in carried:

@@ -19,9 +19,32 @@ __all__ = [
     "MIGRATIONS_TABLE",
     "PG_MIGRATIONS",
     "PG_MIGRATIONS_TABLE",
+    "SETUP_STATE",
+    "SETUP_TABLES",
     "check_readable",
+    "is_current",
     "statements",
 ]
+
+# What `setup()` reads first: on a database already up to date it writes nothing (no
+# write lock taken, so it neither waits behind a writer nor fails on a read-only
+# connection). Run only once `graph_durable_migrations` and `ledger_meta` exist.
+SETUP_STATE = (
+    "SELECT (SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations), "
+    "(SELECT COUNT(*) FROM ledger_meta WHERE name = 'key_secret')"
+)
+SETUP_TABLES = frozenset({"graph_durable_migrations", "ledger_meta"})
+
+
+def is_current(tables: Collection[str], state: Callable[[], Any], migrations: int) -> bool:
+    """Whether the ledger's schema is up to date and the database's key secret stored:
+    `tables` are the database's tables, `state()` the row of `SETUP_STATE` (only asked
+    once the tables are there), `migrations` how many this release has."""
+    if not SETUP_TABLES <= set(tables):
+        return False
+    applied, secrets = state()
+    return applied + 1 >= migrations and secrets > 0
+
 
 LEDGER_TABLES = frozenset({"effects", "effect_events", "graph_durable_migrations"})
 LATEST_APPLIED = "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations"

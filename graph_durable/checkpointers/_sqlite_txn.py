@@ -24,6 +24,7 @@ from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import IntentExists, actor_of
+from graph_durable.checkpointers._sqlite_ro import WRITE_NEEDS, SqliteReadOnly, is_read_only
 from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
@@ -106,9 +107,11 @@ class SqliteTransactions:
             if thread_id is not None:
                 self._check_write_txn(cur, thread_id, config)
             yield cur
-        except BaseException:
+        except BaseException as exc:
             conn.rollback()
             self._deferred_rolled_back()  # type: ignore[attr-defined]
+            if is_read_only(exc):
+                raise SqliteReadOnly.refused(WRITE_NEEDS, exc, thread_id=thread_id) from exc
             raise
         else:
             conn.commit()
@@ -275,7 +278,11 @@ class SqliteTransactions:
             conn.rollback()
             self._deferred_rolled_back()  # type: ignore[attr-defined]
             for item in batch:
-                item.error = item.error or exc
+                item.error = item.error or (
+                    SqliteReadOnly.refused(WRITE_NEEDS, exc, thread_id=item.write.thread_id,
+                                           tool_call_id=getattr(item.write, "tool_call_id",
+                                                                None))
+                    if is_read_only(exc) else exc)
         finally:
             cur.close()
             for item in batch:

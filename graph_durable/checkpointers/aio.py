@@ -31,7 +31,15 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._aiosqlite import on_connection_thread
 from graph_durable.checkpointers._base import DurableSaverMixin
-from graph_durable.checkpointers._schema import MIGRATIONS, MIGRATIONS_TABLE, statements
+from graph_durable.checkpointers._sqlite_ro import (
+    SETUP_NEEDS,
+    SqliteReadOnly,
+    check_read_only,
+    is_read_only,
+    migrate,
+    read_only_uri,
+    schema_current,
+)
 from graph_durable.checkpointers._sqlite_txn import (
     CheckpointWrite,
     QueuedWrite,
@@ -95,36 +103,51 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncSqlite
                       compatible_flow_versions=compatible_flow_versions, serde=serde,
                       key_secret=key_secret)
 
+    @classmethod
+    async def open_read_only(
+        cls, path: str, *, serde: SerializerProtocol | None = None
+    ) -> AsyncDurableSqliteSaver:
+        """A saver that only reads the database at `path` (see
+        `DurableSqliteSaver.open_read_only`: `mode=ro`, never creates, migrates or
+        writes it); close its `conn` when done (`await saver.conn.close()`).
+
+        Raises:
+            GraphDurableError: no such file; not a SQLite database; a LangGraph database
+                without graph_durable's ledger; or a ledger an older graph_durable wrote
+                and a writer has not migrated yet. Each says what to do.
+        """
+        conn = await aiosqlite.connect(read_only_uri(path), uri=True)
+        try:
+            await on_connection_thread(conn, check_read_only, path, "AsyncDurableSqliteSaver")
+        except BaseException:
+            await conn.close()
+            raise
+        saver = cls(conn, serde=serde)
+        saver.is_setup = saver._migrated = True  # creating or migrating is not ours
+        saver._lenient = True
+        return saver
+
     async def setup(self) -> None:
-        """Create LangGraph's tables and apply pending ledger migrations (safe to repeat)."""
+        """Create LangGraph's tables and apply pending ledger migrations (safe to repeat).
+
+        On a database already up to date it only reads (see `DurableSqliteSaver.setup`:
+        no write lock, works on a read-only connection).
+        """
         if self._migrated:
             return
-        await super().setup()
-        async with self.lock:
-            if self._migrated:
-                return
-            await self.conn.execute("PRAGMA synchronous=FULL")
-            await self.conn.execute(MIGRATIONS_TABLE)
-            await self.conn.commit()
-            await self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                async with self.conn.execute(
-                    "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations"
-                ) as cur:
-                    applied = (await cur.fetchone())[0]
-                for version in range(applied + 1, len(MIGRATIONS)):
-                    for statement in statements(MIGRATIONS[version]):
-                        await self.conn.execute(statement)
-                    await self.conn.execute(
-                        "INSERT INTO graph_durable_migrations (v, applied_at) VALUES (?, ?)",
-                        (version, time.time()),
-                    )
-                await self.conn.execute(_sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
-            except BaseException:
-                await self.conn.rollback()
-                raise
-            await self.conn.commit()
-            self._migrated = True
+        try:
+            await super().setup()
+            async with self.lock:
+                if self._migrated:
+                    return
+                await self.conn.execute("PRAGMA synchronous=FULL")
+                if not await on_connection_thread(self.conn, schema_current):
+                    await on_connection_thread(self.conn, migrate, self._db_secret_params())
+                self._migrated = True
+        except sqlite3.OperationalError as exc:
+            if is_read_only(exc):
+                raise SqliteReadOnly.refused(SETUP_NEEDS, exc) from exc
+            raise
 
     async def _write(
         self, body: Callable[[sqlite3.Cursor], T], thread_id: str | None = None,

@@ -48,7 +48,14 @@ require("postgres", "DurablePostgresSaver", "psycopg", "psycopg_pool",
         "langgraph.checkpoint.postgres")
 
 from langgraph.checkpoint.postgres import PostgresSaver, _internal  # noqa: E402
-from psycopg import Connection, Cursor, DatabaseError, IsolationLevel, OperationalError
+from psycopg import (
+    Connection,
+    Cursor,
+    DatabaseError,
+    IsolationLevel,
+    OperationalError,
+    Pipeline,
+)
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 from psycopg.rows import dict_row, tuple_row
@@ -61,12 +68,14 @@ from graph_durable.checkpointers._pg import (
     DELETE_NULL_RESUME,
     DELETE_THREAD_CHECKPOINTS,
     FENCE_REFUSED,
+    LANGGRAPH_APPLIED,
     LOCK_THREAD,
     LOCK_THREAD_READ_LEASE,
     NOW,
     RENEW_LEASE_AT,
     SELECT_LEASE_WITH_CLOCK,
     SELECT_LIVE_LEASES_AT,
+    SCHEMA_TABLES,
     SELECT_RUN_CHECKPOINTS,
     TRY_LOCK_SETUP,
     TRY_LOCK_THREAD,
@@ -77,7 +86,9 @@ from graph_durable.checkpointers._pg import (
     claim_call,
     lock_keys,
     pg_sql,
+    read_only_refused,
 )
+from graph_durable.checkpointers._pg import SETUP_NEEDS
 from graph_durable.checkpointers._pg import lease_and_clock as _lease_and_clock
 from graph_durable.checkpointers._postgres_aio import AsyncDurablePostgresSaver
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
@@ -86,7 +97,9 @@ from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
     PG_MIGRATIONS,
     PG_MIGRATIONS_TABLE,
+    SETUP_STATE,
     check_readable,
+    is_current,
     statements,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync
@@ -167,6 +180,7 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
 
     Args:
         conn: A psycopg `Connection` (autocommit, `dict_row`) or a `ConnectionPool`.
+        pipe: A pipeline of `conn` (not of a pool), as `PostgresSaver` takes it.
         serde: Serializer for checkpoints, stored tool results and, when it encrypts
             (`EncryptedSerializer`), everything the ledger keeps about a call.
         flow_version: Version of the graph's flow: a thread's first write pins it, and a
@@ -180,13 +194,14 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
     def __init__(
         self,
         conn: _internal.Conn,
-        *,
+        pipe: Pipeline | None = None,
         serde: SerializerProtocol | None = None,
+        *,
         flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (),
         key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> None:
-        super().__init__(conn, serde=serde)
+        super().__init__(conn, pipe, serde=serde)
         self._init_durable(flow_version, compatible_flow_versions, key_secret)
         self.is_setup = False
         self._setup_lock = threading.Lock()
@@ -194,15 +209,16 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
     @classmethod
     @contextmanager
     def from_conn_string(  # type: ignore[override]
-        cls, conn_string: str, *, flow_version: str | None = None,
+        cls, conn_string: str, *, pipeline: bool = False, flow_version: str | None = None,
         compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
         key_secret: str | bytes | Sequence[str | bytes] | None = None,
     ) -> Iterator[DurablePostgresSaver]:
-        """Connect to `conn_string` (a libpq string or URL) and yield a saver on it."""
+        """Connect to `conn_string` (a libpq string or URL) and yield a saver on it
+        (`pipeline=True`: in pipeline mode, as `PostgresSaver.from_conn_string`)."""
         with Connection.connect(
             conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
-        ) as conn:
-            yield cls(conn, flow_version=flow_version,
+        ) as conn, (conn.pipeline() if pipeline else nullcontext()) as pipe:
+            yield cls(conn, pipe, flow_version=flow_version,
                       compatible_flow_versions=compatible_flow_versions, serde=serde,
                       key_secret=key_secret)
 
@@ -250,18 +266,39 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         with self._setup_lock:
             if self.is_setup:
                 return
+            if self._schema_current():
+                self.is_setup = True
+                return
             pool = self.conn
-            with _setup_mutex(pool) as held:
-                # The whole setup runs on the connection that holds the setup lock: a
-                # pool of one connection (or two savers sharing a pool of two) would
-                # otherwise wait for a second connection while holding the first.
-                self.conn = held
-                try:
-                    super().setup()
-                    self._migrate()
-                finally:
-                    self.conn = pool
+            try:
+                with _setup_mutex(pool) as held:
+                    # The whole setup runs on the connection that holds the setup lock:
+                    # a pool of one connection (or two savers sharing a pool of two)
+                    # would otherwise wait for a second connection while holding the first.
+                    self.conn = held
+                    try:
+                        super().setup()
+                        self._migrate()
+                    finally:
+                        self.conn = pool
+            except BaseException as exc:
+                refused = read_only_refused(exc, None, SETUP_NEEDS)
+                if refused is not None:
+                    raise refused from exc
+                raise
             self.is_setup = True
+
+    def _schema_current(self) -> bool:
+        """Whether LangGraph's tables and the ledger's are up to date: only reads, takes
+        no lock (so setup on a read-only connection or a replica works)."""
+        with self._own_lock(), _internal.get_connection(self.conn) as conn, \
+                conn.cursor(row_factory=tuple_row) as cur:
+            tables = {row[0] for row in cur.execute(SCHEMA_TABLES).fetchall()}
+            if "checkpoint_migrations" not in tables or \
+                    cur.execute(LANGGRAPH_APPLIED).fetchone()[0] + 1 < len(self.MIGRATIONS):
+                return False
+            return is_current(tables, lambda: cur.execute(SETUP_STATE).fetchone(),
+                              len(PG_MIGRATIONS))
 
     def _migrate(self) -> None:
         with self.lock, _internal.get_connection(self.conn) as conn, conn.transaction():
@@ -301,8 +338,11 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
                 if not conn.broken:
                     raise
                 raise _unavailable(exc, thread_id) from exc
-            except BaseException:
+            except BaseException as exc:
                 self._deferred_rolled_back()
+                refused = read_only_refused(exc, thread_id)
+                if refused is not None:
+                    raise refused from exc
                 raise
             self._deferred_committed()
 
@@ -355,6 +395,9 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
                     raise ImplicitNotReadCommitted(str(exc)) from exc
                 if isinstance(exc, OperationalError) and conn.broken:
                     raise _unavailable(exc, thread_id) from exc
+                refused = read_only_refused(exc, thread_id)
+                if refused is not None:
+                    raise refused from exc
                 raise
             finally:
                 for _, outcome in carried:

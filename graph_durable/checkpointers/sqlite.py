@@ -15,10 +15,8 @@ Retention and the ledger:
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
-import urllib.parse
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import Any
@@ -36,12 +34,14 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._reads import SyncLedgerReads
-from graph_durable.checkpointers._schema import (
-    LATEST_APPLIED,
-    MIGRATIONS,
-    MIGRATIONS_TABLE,
-    check_readable,
-    statements,
+from graph_durable.checkpointers._sqlite_ro import (
+    SETUP_NEEDS,
+    SqliteReadOnly,
+    check_read_only,
+    is_read_only,
+    migrate,
+    read_only_uri,
+    schema_current,
 )
 from graph_durable.checkpointers._sqlite_txn import (
     CheckpointWrite,
@@ -49,7 +49,6 @@ from graph_durable.checkpointers._sqlite_txn import (
     SqliteTransactions,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync
-from graph_durable.errors import GraphDurableError
 from graph_durable.leases import Lease
 from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite
 from graph_durable.faults import fault_point
@@ -117,20 +116,9 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
                 without graph_durable's ledger; or a ledger an older graph_durable wrote
                 and a writer has not migrated yet. Each says what to do.
         """
-        if not os.path.isfile(path):
-            raise GraphDurableError(
-                f"{path!r}: no such file. Check the path; read commands never create a "
-                "database.")
-        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
         try:
-            tables = {row[0] for row in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")}
-            check_readable(path, "DurableSqliteSaver", tables,
-                           lambda: conn.execute(LATEST_APPLIED).fetchone()[0], len(MIGRATIONS))
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise GraphDurableError(f"{path!r} is not a SQLite database ({exc}).") from None
+            check_read_only(conn, path, "DurableSqliteSaver")
         except BaseException:
             conn.close()
             raise
@@ -140,31 +128,26 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
         return saver
 
     def setup(self) -> None:
-        """Create LangGraph's tables and apply pending ledger migrations (safe to repeat)."""
+        """Create LangGraph's tables and apply pending ledger migrations (safe to repeat).
+
+        On a database already up to date it only reads: it takes no write lock (so it
+        does not wait behind another process's write) and works on a read-only
+        connection. Creating or migrating the schema needs write access; on a read-only
+        connection that raises `ReadOnlyDatabase`.
+        """
         if self.is_setup:
             return
-        super().setup()
-        self.is_setup = False
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.execute(MIGRATIONS_TABLE)
-        self.conn.commit()
-        self.conn.execute("BEGIN IMMEDIATE")
         try:
-            applied = self.conn.execute(
-                "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations"
-            ).fetchone()[0]
-            for version in range(applied + 1, len(MIGRATIONS)):
-                for statement in statements(MIGRATIONS[version]):
-                    self.conn.execute(statement)
-                self.conn.execute(
-                    "INSERT INTO graph_durable_migrations (v, applied_at) VALUES (?, ?)",
-                    (version, time.time()),
-                )
-            self.conn.execute(_sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
-        except BaseException:
-            self.conn.rollback()
+            super().setup()
+            self.is_setup = False
+            self.conn.execute("PRAGMA synchronous=FULL")
+            if not schema_current(self.conn):
+                migrate(self.conn, self._db_secret_params())
+        except sqlite3.OperationalError as exc:
+            self.is_setup = False
+            if is_read_only(exc):
+                raise SqliteReadOnly.refused(SETUP_NEEDS, exc) from exc
             raise
-        self.conn.commit()
         self.is_setup = True
 
     @contextmanager

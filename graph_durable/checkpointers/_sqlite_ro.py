@@ -1,0 +1,97 @@
+"""SQLite on a read-only connection: opening one, telling a refused write, and the
+check that lets `setup()` write nothing on a database already up to date.
+
+Shared by `DurableSqliteSaver` and `AsyncDurableSqliteSaver` (which runs these on its
+connection's worker thread).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import urllib.parse
+from typing import Any
+
+from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers._schema import (
+    LATEST_APPLIED,
+    MIGRATIONS,
+    MIGRATIONS_TABLE,
+    SETUP_STATE,
+    check_readable,
+    is_current,
+    statements,
+)
+from graph_durable.errors import GraphDurableError, ReadOnlyDatabase
+
+__all__ = ["SETUP_NEEDS", "SqliteReadOnly", "WRITE_NEEDS", "check_read_only", "is_read_only", "migrate",
+           "read_only_uri", "schema_current"]
+
+SETUP_NEEDS = ("Creating or migrating the checkpoint and ledger tables (setup(), on "
+               "first use)")
+WRITE_NEEDS = "This write (a checkpoint, a ledger entry, a lease or a deletion)"
+
+
+class SqliteReadOnly(ReadOnlyDatabase, sqlite3.OperationalError):
+    """`ReadOnlyDatabase` on SQLite; still a `sqlite3.OperationalError`, as the stock
+    saver's error is, so code written against it catches ours too."""
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def schema_current(conn: sqlite3.Connection) -> bool:
+    """Whether the ledger's schema is up to date (read only: no write lock taken)."""
+    return is_current(_tables(conn), lambda: conn.execute(SETUP_STATE).fetchone(),
+                      len(MIGRATIONS))
+
+
+def migrate(conn: sqlite3.Connection, secret_params: tuple[Any, ...]) -> None:
+    """Create or migrate the ledger's tables and store the database's key secret (the
+    first writer's stays), in one `BEGIN IMMEDIATE` transaction."""
+    conn.execute(MIGRATIONS_TABLE)
+    conn.commit()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        applied = conn.execute(LATEST_APPLIED).fetchone()[0]
+        for version in range(applied + 1, len(MIGRATIONS)):
+            for statement in statements(MIGRATIONS[version]):
+                conn.execute(statement)
+            conn.execute("INSERT INTO graph_durable_migrations (v, applied_at) VALUES (?, ?)",
+                         (version, time.time()))
+        conn.execute(_sql.INSERT_DB_KEY_SECRET, secret_params)
+    except BaseException:
+        conn.rollback()
+        raise
+    conn.commit()
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """Whether `exc` is SQLite refusing a write on a read-only database."""
+    if not isinstance(exc, sqlite3.OperationalError) or isinstance(exc, ReadOnlyDatabase):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF == sqlite3.SQLITE_READONLY
+    return "readonly database" in str(exc)
+
+
+def read_only_uri(path: str) -> str:
+    """The `mode=ro` URI of the database file at `path` (which must exist)."""
+    if not os.path.isfile(path):
+        raise GraphDurableError(
+            f"{path!r}: no such file. Check the path; read commands never create a "
+            "database.")
+    return "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+
+
+def check_read_only(conn: sqlite3.Connection, path: str, saver: str) -> None:
+    """Refuse what a reader cannot read (see `check_readable`); `conn` stays open."""
+    try:
+        check_readable(path, saver, _tables(conn),
+                       lambda: conn.execute(LATEST_APPLIED).fetchone()[0], len(MIGRATIONS))
+    except sqlite3.DatabaseError as exc:
+        raise GraphDurableError(f"{path!r} is not a SQLite database ({exc}).") from None
