@@ -14,7 +14,7 @@ UPSTREAM := -m graph_durable.testing.upstream
 FLOOR_TESTS := tests/nodes tests/test_review_subgraphs.py tests/test_explorer_regressions.py \
 	tests/test_crash_forks.py tests/test_exports.py tests/test_versions.py
 
-.PHONY: demo test test-sweeps test-upstream test-upstream-ci notebooks bench soak clean
+.PHONY: demo test test-sweeps test-upstream test-upstream-ci notebooks bench soak docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -87,6 +87,17 @@ bench: $(STAMP)
 	-$(PY) -m pip install --quiet -r benchmarks/requirements.txt
 	$(PY) -m benchmarks
 
+# The documentation site (mkdocs.yml, docs/) into site/, the API reference drawn from the
+# docstrings; any warning (a broken link, a page left out of the nav, a docstring
+# mkdocstrings cannot read) fails the build. Installs the `docs` extra first.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 # Randomized explorer: generated episodes crashed in real processes, for SOAK_MINUTES.
 # SOAK_PATHS=all adds the path classes of known bugs; SOAK_ARGS passes more options.
 SOAK_MINUTES ?= 30
@@ -95,4 +106,4 @@ soak: $(STAMP)
 	$(PY) -m graph_durable.testing.explorer --minutes $(SOAK_MINUTES) --paths $(SOAK_PATHS) $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info demo-run
+	rm -rf $(VENV) $(FLOOR_VENV) build *.egg-info demo-run site

@@ -156,6 +156,7 @@ if TYPE_CHECKING:
         ThreadCancelled,
     )
     from graph_durable.flow import flow_version_of
+    from graph_durable.inbox import InboxItem, ainbox, arecord_decisions, inbox, record_decisions
     from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
     from graph_durable.nodes.context import current_effect
     from graph_durable.nodes.writes import guarded
@@ -166,3 +167,4 @@ if TYPE_CHECKING:
     from graph_durable.policy import Compensation, Effect
     from graph_durable.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status
     from graph_durable.review import Review, areview, review
+    from graph_durable.secrets import SecretUnavailable, redact_keys

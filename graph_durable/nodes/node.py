@@ -89,8 +89,11 @@ class EffectGuardNode(ToolNode):
             themselves: `NotApplied` -> failed, `Retryable` -> retried, anything else ->
             unknown, because turning an unknown outcome into an error message would let
             the model send the effect again.
-        wrap_tool_call / awrap_tool_call: Your own wrappers, run around the guard.
-        name, tags, messages_key: As for `ToolNode`.
+        name: As for `ToolNode`.
+        tags: As for `ToolNode`.
+        messages_key: As for `ToolNode`.
+        wrap_tool_call: Your own wrapper, run around the guard.
+        awrap_tool_call: Your own async wrapper, run around the guard.
 
     Each call that needs a human is asked in its own interrupt (LangChain's per-call
     shape, with a `response_schema`); resume with `Command(resume={interrupt_id:
