@@ -55,9 +55,9 @@ def mail(tmp_path: Path, mode: str = "blind") -> FakeProvider:
     return FakeProvider(str(tmp_path / f"mail-{mode}.sqlite"), mode, name="mail")
 
 
-def agent(provider: FakeProvider, policy: Effect) -> StateGraph:
-    """A model that emails ana once (asked anew each time the graph starts afresh)."""
-    ask = AIMessage(content="", tool_calls=[{"name": "send", "args": {"to": "ana"}, "id": "c0"}])
+def agent(provider: FakeProvider, policy: Effect, to: str = "ana") -> StateGraph:
+    """A model that emails `to` once (asked anew each time the graph starts afresh)."""
+    ask = AIMessage(content="", tool_calls=[{"name": "send", "args": {"to": to}, "id": "c0"}])
     model = ScriptedChatModel(script=[ask, AIMessage(content="done")] * 3)
 
     @tool
@@ -80,10 +80,10 @@ def agent(provider: FakeProvider, policy: Effect) -> StateGraph:
     return builder
 
 
-def nested(provider: FakeProvider, policy: Effect) -> StateGraph:
+def nested(provider: FakeProvider, policy: Effect, to: str = "ana") -> StateGraph:
     """A parent whose only node is the guarded agent, as a subgraph."""
     builder = StateGraph(Parent)
-    builder.add_node("child", agent(provider, policy).compile())
+    builder.add_node("child", agent(provider, policy, to).compile())
     builder.add_edge(START, "child")
     return builder
 
@@ -101,9 +101,11 @@ def crash_after_the_effect(graph: Any) -> None:
 def restarted_subgraph_orphan(saver: DurableSqliteSaver, provider: FakeProvider,
                               policy: Effect) -> Any:
     """The first run's call `in_flight`; the parent resumed from its named checkpoint,
-    which restarts the subgraph: it asks and sends anew, under another key."""
-    graph = nested(provider, policy).compile(checkpointer=saver)
-    crash_after_the_effect(graph)
+    which restarts the subgraph, and its model, asked again, now asks for another call
+    (an email to bo): a new request, under another key, and the first one is left open
+    with no task to reconcile it."""
+    crash_after_the_effect(nested(provider, policy).compile(checkpointer=saver))
+    graph = nested(provider, policy, to="bo").compile(checkpointer=saver)
     graph.invoke(None, graph.get_state(CONFIG).config, durability="sync")
     return graph
 
@@ -281,12 +283,13 @@ NESTED = "graph_durable.testing.scenarios_forks:build_nested_charge_agent"
 
 
 @pytest.mark.crash
-def test_a_subgraph_call_killed_mid_call_is_resumable_then_a_named_resume_orphans_it(
+def test_a_subgraph_call_killed_mid_call_is_resumable_and_a_named_resume_leaves_no_orphan(
         tmp_path: Path) -> None:
     """SIGKILLed after the charge reached the provider, inside the subgraph: resuming the
     thread as it stands runs the call's task again, so it is not an orphan. Resuming the
-    parent from its named checkpoint restarts the subgraph (under new task ids), which
-    leaves the first call's intent to nobody: then it is one, until its lookup settles it."""
+    parent from its named checkpoint restarts the subgraph (under new task ids); its model
+    asks for the same call again, which takes the first call's key and is reconciled by
+    lookup, so no intent is left to nobody."""
     from graph_durable.testing import FaultPlan as Plan
     from graph_durable.testing.child import run_child
     from graph_durable.testing.scenarios_forks import run_fork_child
@@ -307,15 +310,10 @@ def test_a_subgraph_call_killed_mid_call_is_resumable_then_a_named_resume_orphan
     assert resumed.done, resumed.stderr[-2000:]
     with DurableSqliteSaver.from_conn_string(kwargs["db_path"]) as saver:
         first = saver.effect(record.key, THREAD)
-        if first.status is not S.IN_FLIGHT:
-            pytest.skip("the named resume reconciled the first call: nothing was orphaned")
-        [orphan] = find_orphans(saver)
-        assert orphan.key == record.key
-        assert thread_status(saver, THREAD).status == "needs_human"
-        settled = resolve_orphan(saver, THREAD, record.key,
-                                 effects={"charge": Effect(lookup=provider.find)})
-        assert settled.status is S.APPLIED and settled.receipt == provider.find(record.key)
+        assert first.status is S.APPLIED and first.receipt == provider.find(record.key)
+        assert [r.key for r in saver.effects(THREAD)] == [record.key]
         assert find_orphans(saver) == [] and thread_status(saver, THREAD).status == "done"
+    assert provider.count() == 1
 
 
 def test_on_postgres_an_orphan_is_found_and_a_humans_word_settles_it(tmp_path,
