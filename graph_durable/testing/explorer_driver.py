@@ -28,6 +28,7 @@ from graph_durable.testing.explorer_checks import (
 from graph_durable.testing.explorer_child import DOCUMENTED_ERRORS
 from graph_durable.testing.explorer_model import STABLE_PATHS, Crash, Episode, Resume
 from graph_durable.testing.explorer_scenario import explorer_saver, open_providers
+from graph_durable.testing.explorer_shapes import SUBGRAPHS, UNSAFE_STACKS
 from graph_durable.testing.forkserver import ForkServer
 from graph_durable.testing.providers import FakeProvider
 
@@ -135,6 +136,12 @@ class _Reviewer:
         valid = by_interrupt_id(self.decide(interrupts), interrupts)
         self.rounds -= 1
         first = interrupts[0]["value"]
+        if self.episode.topology == "subgraph_send":
+            # Each `Send` branch is a task of its own, refused apart: a bad answer stops
+            # the calls of its branch only, so the other branch is not answered at all.
+            branch = str(first["args"].get("item", ""))[:2]
+            valid = {i["id"]: valid[i["id"]] for i in interrupts
+                     if str(i["value"]["args"].get("item", ""))[:2] == branch}
         approval = first["type"] in APPROVALS
         broken = rng.choice([
             {"type": "bogus"},
@@ -164,6 +171,14 @@ def by_interrupt_id(decisions: dict[str, Any], interrupts: list[dict[str, Any]]
 
 class _Stop(Exception):
     """An episode that cannot go on; the message is its problem line."""
+
+
+class _Refused(Exception):
+    """A thread graph_durable refused to run, as documented for its setup."""
+
+    def __init__(self, message: str, thread_id: str) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
 
 
 class _Run:
@@ -197,9 +212,18 @@ class _Run:
         providers = open_providers(self.files["provider_dir"], self.episode.tools)
         for item, (tool, faults) in self.episode.faults().items():
             providers[tool].script_faults(*faults, operation=item)  # type: ignore[arg-type]
-        self.drive("t", Resume("start"))
-        while self.queue:
-            self.drive(self.queue.pop(0), Resume("plain"))
+        thread_id, how = "t", Resume("start")
+        while True:
+            try:
+                self.drive(thread_id, how)
+            except _Refused as refused:
+                # The documented refusal of an unsafe setup: the thread stops there,
+                # and what it left behind is checked like any crash.
+                self.abandoned.append(refused.thread_id)
+                self.result.log.append(f"refused as documented: {refused}")
+            if not self.queue:
+                return
+            thread_id, how = self.queue.pop(0), Resume("plain")
 
     def child(self, thread_id: str, how: Resume, *, crashable: bool = True,
               **extra: Any) -> tuple[Crash | None, dict[str, Any]]:
@@ -212,7 +236,7 @@ class _Run:
         spec = {**self.files, "tools": self.episode.tools,
                 "turns": self.episode.scenario_turns(), "thread_id": thread_id, "via": via,
                 "pick": how.pick, "flavour": flavour, "sequential": self.episode.sequential,
-                **extra}
+                "topology": self.episode.topology, "stack": self.episode.stack, **extra}
         if self.episode.leased or via == "recover":
             spec["lease"] = {"owner": f"worker-{self.result.processes}", "ttl": LEASE_TTL}
         outcome = self.server.run(STEP, spec, fault=armed.plan() if armed else None,
@@ -335,6 +359,8 @@ class _Run:
         if lease_expired or dead_worker:
             self.wait_for_dead_lease()
             return True
+        if raised["documented"] and self.episode.stack in UNSAFE_STACKS:
+            raise _Refused(f"{raised['type']}: {raised['message'][:300]}", report["thread_id"])
         documented = "documented" if raised["documented"] else "undocumented"
         raise _Stop(f"EXCEPTION ({documented}) {raised['type']} in {report['via']}: "
                     f"{raised['message'][:600]}"
@@ -344,7 +370,7 @@ class _Run:
         """Report a known bug met at run time if its class is enabled (`False`), else
         count it and tell the caller to step around it (`True`)."""
         if path_class in self.classes:
-            if problem not in self.result.problems:
+            if problem and problem not in self.result.problems:
                 self.result.problems.append(problem)
             return False
         self.result.sidesteps[path_class] += 1
@@ -403,6 +429,9 @@ class _Run:
         payload = self.reviewer.malformed(interrupts)
         if payload is None:
             return
+        if self.episode.stack == "tool_retry_outside" and self.known_bug(
+                "retry_swallows_refusal", ""):
+            return
         self.wait_for_dead_lease()
         before = (ledger_snapshot(self.files["db_path"], self.episode.sealed),
                   provider_effects(self.files["provider_dir"], self.episode.tools))
@@ -443,7 +472,7 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
         run.files["db_path"], run.files["provider_dir"], episode.tools, run.threads,
         run.finished, run.abandoned,
         forked=bool({"time_travel", "update_state"} & set(run.result.vias)),
-        sealed=episode.sealed)
+        sealed=episode.sealed, one_request_per_item=episode.topology in SUBGRAPHS)
     run.result.costs.update(_resume_costs(run.files["db_path"], run.threads, episode.sealed))
     run.result.duration = time.monotonic() - started
     return run.result

@@ -51,14 +51,53 @@ HANG_SECONDS = 0.05
 RESUME_PATHS = ("plain", "async", "recover", "copy_thread", "checkpoint_config",
                 "time_travel", "update_state", "copy_both")
 """Ways a thread is resumed after a crash."""
-SHAPE_PATHS = ("slow_timeout_lookup", "edit_unchanged", "duplicate_call_id", "reused_call_id")
+SHAPE_PATHS = ("slow_timeout_lookup", "edit_unchanged", "duplicate_call_id", "reused_call_id",
+               "subgraph", "subgraph_nested", "subgraph_send", "create_agent",
+               "tool_retry_outside", "model_retry", "tool_retry_inside",
+               "error_tool_exception", "error_message", "error_validation",
+               "artifact_result", "non_json_result", "command_result", "subgraph_refork")
 """Call shapes the generator may produce besides the everyday ones."""
-RUNTIME_PATHS = ("recover_after_decision", "recover_misjudged")
+NAMED_RUNS = ("checkpoint_config", "time_travel", "update_state")
+"""Resume paths that run from a named checkpoint id (of the parent, above a subgraph)."""
+TOPOLOGY_PATHS = ("subgraph", "subgraph_nested", "subgraph_send", "create_agent")
+"""Where the guarded tools sit (`explorer_shapes`); `flat` when none is enabled."""
+STACK_PATHS = ("tool_retry_outside", "model_retry", "tool_retry_inside")
+"""`create_agent` middleware lists other than the guard alone (`explorer_shapes.STACKS`)."""
+ERROR_PATHS = {"error_tool_exception": "tool_exception", "error_message": "error_message",
+               "error_validation": "validation"}
+"""How a write tool reports an error it cannot tell about, by path class."""
+RESULT_PATHS = {"artifact_result": "artifact", "non_json_result": "non_json",
+                "command_result": "command"}
+"""What a write tool returns, by path class."""
+FOLLOWUP_TOOL = "audit"
+RUNTIME_PATHS = ("recover_after_decision", "recover_misjudged", "retry_swallows_refusal")
 """Situations that arise, rather than being generated: known bugs the driver reports
 when enabled, or steps around."""
 ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
 
-KNOWN_BUGS: dict[str, str] = {}
+KNOWN_BUGS: dict[str, str] = {
+    "error_tool_exception": "a write whose tool reports the lost answer as a ToolException "
+    "(handle_tool_error=True) is recorded `failed` though the provider applied it "
+    "(seeds 216, 218): the guard takes the error ToolMessage for a call that did not "
+    "happen. Fix coming: an error reported after the tool body ran is `unknown`.",
+    "error_message": "the same, for a tool that returns ToolMessage(status='error').",
+    "tool_retry_inside": "ToolRetryMiddleware listed after EffectGuardMiddleware retries "
+    "the tool body inside one claimed call: a lost answer is sent again under the same "
+    "key (seeds 341, 363: duplicates at a blind provider). Fix coming: that order is "
+    "refused with a documented error before anything is sent.",
+    "subgraph_refork": "a call a restarted subgraph first sent in an `update_state` fork "
+    "of the parent is sent again by a run from a parent checkpoint before that fork "
+    "(time travel; seed 335, shrunk: two turns, a crash after the first write, an "
+    "update_state fork that sends the second, then time travel to the first checkpoint): "
+    "the restart finds no earlier run of the call on its own branch of the history.",
+    "error_validation": "the same, for a pydantic ValidationError raised in the tool body.",
+    "retry_swallows_refusal": "ToolRetryMiddleware listed before EffectGuardMiddleware "
+    "(`tool_retry_outside`, the safe order) catches the guard's InvalidDecision and "
+    "answers the call with an error ToolMessage (seed 219): a malformed decision is not "
+    "refused, the call is answered as failed without being sent, and the thread goes "
+    "on. The driver tries no malformed decision under that stack unless this class is "
+    "enabled.",
+}
 """Path classes that fail today (being fixed), and what the explorer sees; a class named
 here is generated only when asked for, and the driver steps around a runtime one. None
 is open. Every class the explorer found failing has been fixed and is now stable, each
@@ -145,6 +184,11 @@ class Episode:
     (resume by hand instead of through `review`: keyed by interrupt id, or, while one
     interrupt is pending, a bare decision or keyed by tool_call_id), `edit_unchanged`.
     Every third round with several calls pending answers only half of them."""
+    topology: str = "flat"
+    """Where the guarded tools sit: `flat`, `subgraph`, `subgraph_nested`,
+    `subgraph_send`, `create_agent` (`explorer_shapes`)."""
+    stack: str = ""
+    """A `create_agent` middleware list (`explorer_shapes.STACKS`)."""
 
     def scenario_turns(self) -> list[list[dict[str, Any]]]:
         """The turns as the scenario factory takes them."""
@@ -152,8 +196,11 @@ class Episode:
                 for turn in self.turns]
 
     def faults(self) -> dict[str, tuple[str, list[str]]]:
-        """`{item: (tool, faults)}` of the calls that meet faults."""
-        return {c.item: (c.tool, c.faults) for turn in self.turns for c in turn if c.faults}
+        """`{item: (tool, faults)}` of the calls that meet faults (each `Send` branch's
+        item of a call meets them)."""
+        prefixes = ("b0", "b1") if self.topology == "subgraph_send" else ("",)
+        return {p + c.item: (c.tool, c.faults) for turn in self.turns for c in turn
+                if c.faults for p in prefixes}
 
     def paths(self) -> set[str]:
         """The path classes this episode exercises."""
@@ -173,6 +220,15 @@ class Episode:
                     found.add("slow_timeout_lookup")
         if self.reviewer.get("edit_unchanged"):
             found.add("edit_unchanged")
+        if self.topology != "flat":
+            found.add(self.topology)
+        if self.topology in SUBGRAPHS and _refork(self):
+            found.add("subgraph_refork")
+        if self.stack and self.stack != "guard":
+            found.add(self.stack)
+        for spec in self.tools.values():
+            found |= {name for name, kind in ERROR_PATHS.items() if spec.get("errors") == kind}
+            found |= {name for name, kind in RESULT_PATHS.items() if spec.get("result") == kind}
         return found
 
     def to_json(self) -> str:
@@ -196,7 +252,11 @@ class Episode:
             extra = ["approval" + (" of odd items" if approval == "odd" else "") if approval
                      else "",
                      f"retries={spec['retries']}" if spec.get("retries") else "",
-                     f"timeout={spec['timeout']}" if spec.get("timeout") else ""]
+                     f"timeout={spec['timeout']}" if spec.get("timeout") else "",
+                     f"errors={spec['errors']}" if spec.get("errors", "raise") != "raise"
+                     else "",
+                     f"result={spec['result']}" if spec.get("result", "receipt") != "receipt"
+                     else ""]
             lines.append(f"tool {name}: provider {spec['mode']}, policy {spec['policy']} "
                          + " ".join(e for e in extra if e))
         for number, turn in enumerate(self.turns):
@@ -214,6 +274,8 @@ class Episode:
             lines.append(f"once done: {self.after.via} (pick {self.after.pick}), run to the end")
         reviewer = [k for k in ("malformed", "raw", "edit_unchanged") if self.reviewer.get(k)]
         lines.append(f"{self.flavour}, {'sequential' if self.sequential else 'parallel'} calls"
+                     + (f", {self.topology}" if self.topology != "flat" else "")
+                     + (f" with middleware {self.stack}" if self.stack else "")
                      + (", leased runs" if self.leased else "")
                      + (f", reviewer: {', '.join(reviewer)}" if reviewer else ""))
         return "\n".join(lines)
@@ -239,8 +301,13 @@ class Episode:
                 if call.faults:
                     out.append(self._with_turn(t, [*turn[:i], replace(call, faults=[]),
                                                    *turn[i + 1:]]))
+        if self.topology != "flat":
+            out.append(replace(self, topology="flat", stack=""))
+        if self.stack not in ("", "guard"):
+            out.append(replace(self, stack="guard"))
         for name, spec in self.tools.items():
-            for option, plain in (("approval", False), ("retries", 0), ("timeout", None)):
+            for option, plain in (("approval", False), ("retries", 0), ("timeout", None),
+                                  ("errors", "raise"), ("result", "receipt")):
                 if spec.get(option, plain) != plain:
                     out.append(replace(self, tools={**self.tools, name: {**spec, option: plain}}))
         for option, plain in (("flavour", "sync"), ("sequential", True), ("leased", False)):
@@ -250,6 +317,8 @@ class Episode:
             if self.reviewer.get(option):
                 out.append(replace(self, reviewer={**self.reviewer, option: False}))
         used = {c.tool for turn in self.turns for c in turn}
+        if any(self.tools[t].get("result") == "command" for t in used):
+            used.add(FOLLOWUP_TOOL)
         if set(self.tools) - used:
             out.append(replace(self, tools={k: v for k, v in self.tools.items() if k in used}))
         return out
@@ -389,4 +458,63 @@ def generate(seed: int, paths: Iterable[str] = STABLE_PATHS, *,
     episode.reviewer = {"seed": rng.randrange(2**31), "malformed": rng.random() < 0.4,
                         "raw": rng.random() < 0.3,
                         "edit_unchanged": rng.random() < 0.3 and "edit_unchanged" in paths}
+    _shapes(random.Random(f"shapes-{seed}"), episode, paths)
     return episode
+
+
+SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
+
+
+def _refork(episode: Episode) -> bool:
+    """Whether a run from a named checkpoint follows an `update_state` fork."""
+    vias = [c.then.via for c in episode.crashes] + (
+        [episode.after.via] if episode.after is not None else [])
+    forked = False
+    for via in vias:
+        if forked and via in NAMED_RUNS:
+            return True
+        forked = forked or via == "update_state"
+    return False
+
+
+def _shapes(rng: random.Random, episode: Episode, paths: frozenset[str]) -> None:
+    """Draw the topology, middleware and tool shapes (`explorer_shapes`) of the enabled
+    classes, on a generator of their own: an episode without them is what it was."""
+    topologies = [p for p in TOPOLOGY_PATHS if p in paths]
+    if topologies and rng.random() < 0.5:
+        episode.topology = rng.choice(topologies)
+    if (episode.topology in SUBGRAPHS and "subgraph_refork" not in paths
+            and _refork(episode)):
+        # Keep the episode, without the runs after the fork that make it that class.
+        forked = False
+        for crash in episode.crashes:
+            if forked and crash.then.via in NAMED_RUNS:
+                crash.then = Resume()
+            forked = forked or crash.then.via == "update_state"
+        if _refork(episode):
+            episode.after = None
+    if episode.topology == "create_agent":
+        episode.stack = rng.choice(["guard", *(p for p in STACK_PATHS if p in paths)])
+    errors = [kind for name, kind in ERROR_PATHS.items() if name in paths]
+    results = [kind for name, kind in RESULT_PATHS.items() if name in paths
+               and not (kind == "command" and episode.topology == "create_agent")]
+    command = None
+    for name, spec in episode.tools.items():
+        if spec["mode"] == "read":
+            continue
+        if errors and rng.random() < 0.4:
+            spec["errors"] = rng.choice(errors)
+            for call in (c for turn in episode.turns for c in turn if c.tool == name):
+                # Errors the tool cannot tell about: the answer lost after the write,
+                # or no answer before it.
+                if rng.random() < 0.4:
+                    call.faults = [rng.choice(["lost", "hang"])]
+        kinds = [k for k in results if not (k == "artifact"
+                                            and spec.get("errors") == "error_message")]
+        if kinds and rng.random() < 0.4:
+            spec["result"] = rng.choice(kinds)
+            command = command or (name if spec["result"] == "command" else None)
+    if command is not None:
+        spec = episode.tools[command]
+        episode.tools[FOLLOWUP_TOOL] = {"mode": spec["mode"], "policy": spec["policy"],
+                                        "approval": False, "retries": 0, "timeout": None}

@@ -23,7 +23,6 @@ the ToolMessage content, so a test can read back under which key a call was appl
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -33,14 +32,25 @@ from typing import Any
 import aiosqlite
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
-from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
-from graph_durable.nodes import EffectGuardNode, current_effect
+from graph_durable.nodes import EffectGuardNode
 from graph_durable.policy import Effect
 from graph_durable.testing.explorer_model import HANG_SECONDS, SLOW_SECONDS
+from graph_durable.testing.explorer_shapes import (
+    BRANCHES,
+    SUBGRAPHS,
+    branch_of,
+    build_create_agent,
+    followup_node,
+    model_view,
+    parse_answer,
+    write_tool,
+    wrap_in_parent,
+)
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
 from graph_durable.testing.scenarios import EffectsAgent
@@ -66,11 +76,12 @@ def open_providers(provider_dir: str, tools: dict[str, dict[str, Any]]
     }
 
 
-def script_for(turns: list[list[dict[str, Any]]]) -> list[AIMessage]:
-    """One AIMessage per turn carrying its calls, then a closing answer."""
+def script_for(turns: list[list[dict[str, Any]]], branch: str = "") -> list[AIMessage]:
+    """One AIMessage per turn carrying its calls, then a closing answer; `branch`
+    prefixes the items (a `Send` branch of `subgraph_send`)."""
     script = [
         AIMessage(content="", tool_calls=[
-            {"name": call["tool"], "args": {"item": call["item"], "n": call["n"]},
+            {"name": call["tool"], "args": {"item": branch + call["item"], "n": call["n"]},
              "id": call["id"]}
             for call in calls
         ])
@@ -99,23 +110,6 @@ def _policy(spec: dict[str, Any], provider: FakeProvider | None) -> Effect:
     return Effect(**options)
 
 
-def _write_tool(provider: FakeProvider) -> StructuredTool:
-    def write(item: str, n: int) -> dict[str, Any]:
-        effect = current_effect()
-        return provider.apply(effect.key, {"item": item, "n": n}, operation=item,
-                              fencing_token=effect.fencing_token)
-
-    async def awrite(item: str, n: int) -> dict[str, Any]:
-        effect = current_effect()
-        # In a worker thread, as a network client would be: a timeout abandons the
-        # attempt, which may still land, instead of blocking the event loop.
-        return await asyncio.to_thread(provider.apply, effect.key, {"item": item, "n": n},
-                                       operation=item, fencing_token=effect.fencing_token)
-
-    return StructuredTool.from_function(write, coroutine=awrite, name=provider.name,
-                                        description=f"Write one item to {provider.name}.")
-
-
 def _read_tool(name: str) -> StructuredTool:
     def read(item: str, n: int) -> dict[str, Any]:
         return {"read": item, "n": n}
@@ -128,24 +122,50 @@ def _read_tool(name: str) -> StructuredTool:
 
 
 def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
-              turns: list[list[dict[str, Any]]]) -> EffectsAgent:
+              turns: list[list[dict[str, Any]]], topology: str = "flat",
+              stack: str = "") -> EffectsAgent:
     providers = open_providers(provider_dir, tools)
-    node_tools = [_write_tool(providers[name]) if name in providers else _read_tool(name)
-                  for name in tools]
+    node_tools = [write_tool(providers[name], tools[name]) if name in providers
+                  else _read_tool(name) for name in tools]
     effects = {name: _policy(spec, providers.get(name)) for name, spec in tools.items()}
-    model = ScriptedChatModel(script=script_for(turns))
+    inputs = {"messages": [HumanMessage("Go.")]}
+    if topology == "create_agent":
+        graph = build_create_agent(saver, turns, node_tools, effects, stack)
+        return EffectsAgent(graph=graph, saver=saver, providers=providers, inputs=inputs)
+    scripts = {branch: script_for(turns, branch) for branch in ("", *BRANCHES)}
+    model = ScriptedChatModel(script=scripts[""])
+    commands = {name for name, spec in tools.items() if spec.get("result") == "command"}
 
     def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
+        seen = model_view(state["messages"])
+        script = scripts[branch_of(seen)]
+        return {"messages": [model.model_copy(update={"script": script}).invoke(seen)]}
+
+    def after_tools(state: MessagesState) -> str:
+        # A command result's `goto` leads to `followup`; nothing else goes on then.
+        for message in reversed(state["messages"]):
+            if message.type != "tool":
+                break
+            if message.name in commands and message.status != "error" and isinstance(
+                    parse_answer(message.content), dict):
+                return END
+        return "agent"
 
     builder = StateGraph(MessagesState)
     builder.add_node("agent", agent)
     builder.add_node("tools", EffectGuardNode(node_tools, effects=effects))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
+    if commands:
+        builder.add_node("followup", followup_node)
+        builder.add_conditional_edges("tools", after_tools, ["agent", END])
+        builder.add_edge("followup", "tools")
+    else:
+        builder.add_edge("tools", "agent")
+    if topology in SUBGRAPHS:
+        builder = wrap_in_parent(builder, topology)
     return EffectsAgent(graph=builder.compile(checkpointer=saver), saver=saver,
-                        providers=providers, inputs={"messages": [HumanMessage("Go.")]})
+                        providers=providers, inputs=inputs)
 
 
 def explorer_serde(sealed: bool) -> Any:
@@ -167,18 +187,20 @@ def explorer_saver(db_path: str, sealed: bool) -> Iterator[DurableSqliteSaver]:
 
 
 def build_explorer_agent(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
-                         turns: list[list[dict[str, Any]]], sealed: bool = False
+                         turns: list[list[dict[str, Any]]], sealed: bool = False,
+                         topology: str = "flat", stack: str = ""
                          ) -> EffectsAgent:
     """Build the episode's agent on a `DurableSqliteSaver` (see the module docstring)."""
     saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
                                serde=explorer_serde(sealed))
-    return _assemble(saver, provider_dir, tools, turns)
+    return _assemble(saver, provider_dir, tools, turns, topology, stack)
 
 
 async def build_explorer_agent_async(db_path: str, provider_dir: str,
                                      tools: dict[str, dict[str, Any]],
                                      turns: list[list[dict[str, Any]]],
-                                     sealed: bool = False) -> EffectsAgent:
+                                     sealed: bool = False, topology: str = "flat",
+                                     stack: str = "") -> EffectsAgent:
     """`build_explorer_agent` on an `AsyncDurableSqliteSaver` (same arguments)."""
     saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path), serde=explorer_serde(sealed))
-    return _assemble(saver, provider_dir, tools, turns)
+    return _assemble(saver, provider_dir, tools, turns, topology, stack)
