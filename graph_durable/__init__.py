@@ -51,6 +51,7 @@ __all__ = [
     "compensate",
     "current_effect",
     "flow_version_of",
+    "guarded",
     "inbox",
     "record_decisions",
     "recover",
@@ -79,6 +80,7 @@ _HOMES = {
     "areview": "graph_durable.review",
     "current_effect": "graph_durable.nodes.context",
     "flow_version_of": "graph_durable.flow",
+    "guarded": "graph_durable.nodes.writes",
     "InboxItem": "graph_durable.inbox",
     "inbox": "graph_durable.inbox",
     "ainbox": "graph_durable.inbox",
@@ -150,6 +152,7 @@ if TYPE_CHECKING:
     from graph_durable.flow import flow_version_of
     from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
     from graph_durable.nodes.context import current_effect
+    from graph_durable.nodes.writes import guarded
     from graph_durable.nodes.middleware import EffectGuardMiddleware
     from graph_durable.nodes.node import EffectGuardNode
     from graph_durable.compensation import CancelReport, cancel, compensate

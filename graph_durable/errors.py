@@ -8,8 +8,10 @@ The hierarchy::
     ├── InvalidDecision          a resume value that does not answer the pending interrupt
     ├── FlowVersionMismatch      a thread pinned to another flow version
     ├── LeaseHeld                another live owner holds the thread
+    ├── MiddlewareOrderError     a middleware inside the guard re-calls or answers for a tool
     ├── NotDurableCheckpointer   the graph was compiled without a durable saver
-    ├── UnkeyableToolCall        tool-call arguments that cannot be canonically encoded
+    ├── UnkeyableToolCall        a call with no stable key: args not canonical JSON, no id,
+    │                            or a requesting AIMessage without an id
     └── IllegalTransition        a ledger status change the lifecycle forbids
 
     LeaseLost (BaseException)    a write made with a stale fencing token
@@ -34,6 +36,7 @@ __all__ = [
     "InvalidDecision",
     "LeaseHeld",
     "LeaseLost",
+    "MiddlewareOrderError",
     "NotApplied",
     "NotDurableCheckpointer",
     "Retryable",
@@ -116,14 +119,26 @@ class LeaseHeld(GraphDurableError):
         self.expires_at = expires_at
 
 
+class MiddlewareOrderError(GraphDurableError):
+    """A `create_agent` middleware that may call the tool handler again, or answer in
+    the tool's place, is listed after `EffectGuardMiddleware`, so it runs inside the guard.
+
+    Raised before anything is sent a second time. List such middleware
+    (`ToolRetryMiddleware`, a per-call `HumanInTheLoopMiddleware`, ...) before the guard
+    and run the thread again; what the refused call had done is reconciled then.
+    """
+
+
 class NotDurableCheckpointer(GraphDurableError):
     """The graph running an effect guard was compiled without a durable saver."""
 
 
 class UnkeyableToolCall(GraphDurableError, TypeError):
-    """A tool call that cannot be keyed: arguments that are not canonical JSON, or no id.
+    """A tool call that cannot be keyed: arguments that are not canonical JSON, no id, or
+    a requesting AIMessage without an id (a state without `add_messages`, or a message
+    built by hand; see `graph_durable.nodes.anchor`).
 
-    Without them there is no stable idempotency key, so nothing is sent.
+    Without them there is no stable idempotency key, so nothing is claimed or sent.
     """
 
 

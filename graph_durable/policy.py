@@ -36,6 +36,16 @@ class Effect:
     Returns the receipt (what the tool would have returned) if it does, `None` if it
     certainly does not; raising means "cannot tell" and leads to `unknown`.
     May be a coroutine function when the graph runs async.
+
+    A lookup answers for the tool only when a crash left the outcome unknown: after the
+    effect, before its receipt was recorded. A plain receipt then gives the model a
+    ToolMessage carrying it (JSON unless a string). A tool that returns more (a
+    `Command` with a state update or a `goto`, an artifact) gets it back only if the
+    lookup returns it too: a lookup may return a `ToolMessage` or a `Command`, which is
+    used as the tool's result, its ToolMessage made to answer the call (`tool_call_id`
+    and `name` set; a Command for this graph carries exactly one). A result a plain
+    receipt could not rebuild is recorded at once, so a crash after the tool returned
+    replays it as it was, lookup or not.
     """
 
     approval: bool | ApprovalPredicate = False

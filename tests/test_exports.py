@@ -34,6 +34,7 @@ EXPECTED = [
     "compensate",
     "current_effect",
     "flow_version_of",
+    "guarded",
     "inbox",
     "record_decisions",
     "recover",

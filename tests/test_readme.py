@@ -27,3 +27,16 @@ def test_the_first_python_block_of_the_readme_runs_as_written(tmp_path: Path) ->
         "print(FakeProvider('payments.sqlite', 'dedupe').count())")],
         cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert again.stdout.strip() == "1", again.stderr
+
+
+def test_the_guarded_writes_example_runs_as_written(tmp_path: Path) -> None:
+    section = README.read_text().split("## Writes outside ToolNode", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block, "README has no example of guarded writes"
+    code = block.group(1)
+    (tmp_path / "example.py").write_text(code)
+    result = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    promised = re.search(r"print\(.*\)\s+# (.+)", code)
+    assert promised and result.stdout.strip().splitlines()[-1] == promised.group(1).strip()

@@ -2,8 +2,8 @@
 
 A key must be the same for the same requested call on every path LangGraph offers
 (resume, `get_state().config`, time travel, `update_state` forks, `copy_thread`), and
-new for a call that is new, even when a model reuses a tool_call_id in a later turn.
-The task's checkpoint namespace fails the first rule: its task id comes from the
+new for a call that is new, even when a model reuses a tool_call_id and args in a later
+turn. The task's checkpoint namespace fails the first rule: its task id comes from the
 checkpoint id, and a run that names a checkpoint id writes a new fork checkpoint. The
 requesting message passes both: `add_messages` gives every message an id, which every
 fork and copy of the history keeps, and a later turn is a new message.
@@ -11,10 +11,20 @@ fork and copy of the history keeps, and a later turn is a new message.
 The rule, in order:
 1. `msg:<id>` — the id of the last AIMessage in the state whose `tool_calls` hold the
    call's id.
-2. `idx:<n>` — that message's position, when it has no id (a state without the
-   `add_messages` reducer); stable while history is only appended to.
+2. refused (`UnkeyableToolCall`, before anything is claimed or sent) — when that
+   message has no id (a state without `add_messages`). Nothing else about an id-less
+   message is both stable and new for a new request: its position repeats when a
+   reducer keeps the last N messages, in every `Send` payload (index 0), and in a fork
+   where time travel re-ran the model; its content repeats when a scripted model asks
+   again. LangGraph's own marks of the step fail the other rule: checkpoint and task
+   ids are new in every fork, the messages channel's version is new when `update_state`
+   writes the messages again, and a `Send` payload never enters the channels at all.
+   An earlier receipt given to a later request would tell the model a charge was made
+   that was never sent, so the guard asks for an id.
 3. the task's checkpoint namespace — when no message in the state asked for the call
-   (a tool call made up by a wrapper); such a call is keyed per task, as before.
+   (a tool call made up by a wrapper). It names the checkpoint the step ran from and the
+   task's place in it, so a later request, which runs from a later checkpoint, never
+   shares it; a fork of the step gets a new one, so such a call is keyed per task.
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage
+
+from graph_durable.errors import UnkeyableToolCall
 
 __all__ = ["call_anchor", "messages_of"]
 
@@ -39,13 +51,29 @@ def messages_of(state: Any, messages_key: str = "messages") -> Sequence[Any]:
 
 
 def call_anchor(state: Any, tool_call_id: str | None, fallback: str,
-                messages_key: str = "messages") -> str:
-    """The anchor of the call `tool_call_id` in `state` (see the module docstring)."""
-    messages = messages_of(state, messages_key)
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        if isinstance(message, AIMessage) and any(
-            call.get("id") == tool_call_id for call in message.tool_calls
-        ):
-            return f"msg:{message.id}" if message.id else f"idx:{index}"
+                messages_key: str = "messages", *, thread_id: str | None = None) -> str:
+    """The anchor of the call `tool_call_id` in `state` (see the module docstring).
+
+    Raises:
+        UnkeyableToolCall: the requesting AIMessage has no id.
+    """
+    for message in reversed(messages_of(state, messages_key)):
+        if not isinstance(message, AIMessage):
+            continue
+        asked = [call for call in message.tool_calls if call.get("id") == tool_call_id]
+        if not asked:
+            continue
+        if message.id:
+            return f"msg:{message.id}"
+        raise UnkeyableToolCall(
+            f"The AIMessage that requested call {tool_call_id!r} to {asked[0].get('name')!r} "
+            f"in thread {thread_id!r} has no id; nothing was sent. A key is anchored to the "
+            "id of the requesting message: without one, a later request that repeats this "
+            "tool_call_id and args (a history that keeps the last N messages, AIMessages "
+            "built by hand and sent with Send) would be answered with this one's receipt. "
+            "Give the AIMessage an id, e.g. use the add_messages reducer / MessagesState, "
+            "or set AIMessage(id=...). Nothing was claimed, so the step runs once its "
+            "message has one (e.g. graph.update_state with the message given an id).",
+            thread_id=thread_id, tool_call_id=tool_call_id,
+        )
     return fallback

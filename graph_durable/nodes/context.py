@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from contextvars import ContextVar
 from dataclasses import dataclass
+
+from graph_durable.ledger import canonical_json
 
 __all__ = ["EffectContext", "current_effect"]
 
@@ -24,6 +27,33 @@ class EffectContext:
     """1 for the first call with this key, 2 for the next, ..."""
     fencing_token: int | None = None
     """Fencing token of the lease the run holds, if any (for providers that fence)."""
+
+    def subkey(self, name: str) -> str:
+        """The idempotency key of one of several provider writes this call makes.
+
+        The rule is one provider write per guarded tool: the ledger records one intent
+        and one receipt per call, and reconciles the call by its one key (a lookup of
+        `key`, a re-send the provider dedupes by `key`). A tool that must make two
+        writes (charge, then email the receipt) gives each its own sub-key,
+        `subkey("charge")` and `subkey("email")`, and passes it where it would pass
+        `key`. A sub-key depends only on the call's key and `name`, so it is the same
+        after any crash, resume, fork or copy that keeps the key, differs for every
+        other name and call, and has the form of a key (`gd-` and 40 hex digits).
+
+        After a crash the guard re-runs the whole tool, so every write is re-sent
+        under its sub-key: use sub-keys with providers that dedupe by key, and declare
+        the tool `Effect(idempotent=True)` only if every one of its writes does. A
+        write that cannot be deduped (only looked up, or neither) belongs in a tool of
+        its own, where the guard can look it up or ask a human about it.
+
+        Args:
+            name: Names the write within the call (`"charge"`, `"email"`); fixed in
+                the code, never derived from data that may change between runs.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"subkey() needs a non-empty name, got {name!r}")
+        material = canonical_json(["subkey", self.key, name]).encode()
+        return "gd-" + hashlib.sha256(material).hexdigest()[:40]
 
 
 _CURRENT: ContextVar[EffectContext | None] = ContextVar("graph_durable_effect", default=None)

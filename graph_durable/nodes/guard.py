@@ -32,7 +32,7 @@ from graph_durable._langgraph import (
 )
 from graph_durable._langgraph import interrupt_id as _interrupt_id
 from graph_durable.checkpointers._base import actor_of, durable_saver
-from graph_durable.errors import DurabilityError, GraphDurableError, NotDurableCheckpointer
+from graph_durable.errors import DurabilityError, MiddlewareOrderError, NotDurableCheckpointer
 from graph_durable.leases import active_lease, check_fence
 from graph_durable.ledger import (
     EffectRecord,
@@ -45,6 +45,7 @@ from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
 from graph_durable.nodes.restarts import earlier_effect, fork_sources, with_call_id
+from graph_durable.nodes.reentry import ReentryRefused, ToolGate
 from graph_durable.nodes.protocol import (
     Ask,
     CallContext,
@@ -309,12 +310,18 @@ class GuardCore:
 
         `keying` is `saver.keying(thread_id)`: the thread whose id keys the effects, and
         whether the thread may hold effects under legacy keys. The key's anchor is the
-        AIMessage in `state` that requested the call (`graph_durable.nodes.anchor`).
+        AIMessage in `state` that requested the call (`graph_durable.nodes.anchor`); one
+        without an id is refused here, before anything is claimed or sent.
         """
-        anchor = call_anchor(state, tool_call.get("id"), task.checkpoint_ns, self.messages_key)
+        anchor = self._anchor(task, tool_call, state)
         return CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call),
                            self.policy_for(tool_call["name"]), keying.key_thread, anchor,
                            secret=keying.secret, key_scheme=keying.pin)
+
+    def _anchor(self, task: _Task, tool_call: Mapping[str, Any], state: Any) -> str:
+        """What the call's key is anchored to: the AIMessage that requested it."""
+        return call_anchor(state, tool_call.get("id"), task.checkpoint_ns, self.messages_key,
+                           thread_id=task.thread_id)
 
     @staticmethod
     def _adopt_legacy_key(ctx: CallContext, legacy: EffectRecord | None) -> None:
@@ -665,7 +672,10 @@ class GuardCore:
         still_running = self._still_running(task, op)
         if still_running is not None:
             return still_running
+        gate = self._gate(task, ctx)
         call_request = self._edited(request, op)
+        if gate is not None:
+            call_request = gate.request(call_request)
         effect = self._effect_context(task, op)
 
         def call() -> ToolResult:
@@ -678,13 +688,13 @@ class GuardCore:
         timeout = ctx.policy.timeout
         if timeout is None:
             try:
-                return Outcome(value=call())
+                return _gated(gate, Outcome(value=call()))
             except GraphInterrupt as paused:
-                return Outcome(paused=self._inner_pause(task, ctx, paused))
+                return _gated(gate, Outcome(paused=self._inner_pause(task, ctx, paused)))
             except GraphBubbleUp:
                 raise
-            except Exception as exc:
-                return Outcome(error=exc)
+            except (Exception, ReentryRefused) as exc:
+                return _gated(gate, Outcome(error=exc))
         box: dict[str, Any] = {}
 
         def target() -> None:
@@ -704,6 +714,10 @@ class GuardCore:
                 self._abandoned[(task.thread_id, op.record.key)] = worker
             return Outcome(timed_out=True)
         error = box.get("error")
+        if gate is not None and gate.refused:
+            return _gated(gate, Outcome(error=error))
+        if error is None:
+            return _gated(gate, Outcome(value=box.get("value")))
         if isinstance(error, GraphInterrupt):
             return Outcome(paused=self._inner_pause(task, ctx, error))
         if isinstance(error, GraphBubbleUp) or (
@@ -711,6 +725,13 @@ class GuardCore:
         ):
             raise error
         return Outcome(value=box.get("value"), error=error)
+
+    refuse_reentry = False
+    """Set by `EffectGuardMiddleware`: the middleware inside it may enter the tool once
+    per attempt (`nodes.reentry`)."""
+
+    def _gate(self, task: _Task, ctx: CallContext) -> ToolGate | None:
+        return ToolGate(task.thread_id, ctx.tool_call_id, ctx.tool) if self.refuse_reentry else None
 
     refuse_inner_approvals = False
     """Set by `EffectGuardMiddleware`: a per-call approval of LangChain's
@@ -731,7 +752,7 @@ class GuardCore:
             value = getattr(interrupt, "value", None)
             if (isinstance(value, dict) and value.get("type") == "tool_approval"
                     and "key" not in value and value.get("tool_call_id") == ctx.tool_call_id):
-                return GraphDurableError(
+                return MiddlewareOrderError(
                     f"HumanInTheLoopMiddleware asks about tool call {ctx.tool_call_id!r} "
                     f"({ctx.tool}) in thread {task.thread_id!r} from inside "
                     "EffectGuardMiddleware: an edit would then send arguments the ledger "
@@ -838,25 +859,28 @@ class GuardCore:
         op: CallTool,
     ) -> Outcome:
         self._check_lease(task)
+        gate = self._gate(task, ctx)
         call_request = self._edited(request, op)
+        if gate is not None:
+            call_request = gate.request(call_request)
         token = _CURRENT.set(self._effect_context(task, op))
         try:
             if ctx.policy.timeout is None:
-                return Outcome(value=await execute(call_request))
-            return Outcome(
+                return _gated(gate, Outcome(value=await execute(call_request)))
+            return _gated(gate, Outcome(
                 value=await asyncio.wait_for(execute(call_request), ctx.policy.timeout)
-            )
+            ))
         except asyncio.TimeoutError:
-            return Outcome(timed_out=True)
+            return _gated(gate, Outcome(timed_out=True))
         except GraphInterrupt as paused:
-            return Outcome(paused=self._inner_pause(task, ctx, paused))
+            return _gated(gate, Outcome(paused=self._inner_pause(task, ctx, paused)))
         except GraphBubbleUp:
             raise
         except asyncio.CancelledError:
             await self._acancelled_in_flight(task, ctx, op)
             raise
-        except Exception as exc:
-            return Outcome(error=exc)
+        except (Exception, ReentryRefused) as exc:
+            return _gated(gate, Outcome(error=exc))
         finally:
             _CURRENT.reset(token)
 
@@ -923,6 +947,18 @@ async def _aperform_reads(saver: Any, reads: Generator[Read, Any, Any]) -> Any:
         except StopIteration as done:
             return done.value
         value = await getattr(saver, "a" + op.name)(*op.args)
+
+
+def _gated(gate: ToolGate | None, outcome: Outcome) -> Outcome:
+    """`outcome`, unless the middleware inside the guard overruled the tool (entered it
+    twice, or answered for it after it raised): then the tool's outcome is unknown
+    whatever the middleware made of it, and the run stops with the refusal once the
+    ledger says so."""
+    if gate is None or not gate.overruled(answered=outcome.error is None
+                                          and outcome.paused is None
+                                          and not outcome.timed_out):
+        return outcome
+    return Outcome(error=ReentryRefused(gate.lost()), refused=gate.error())
 
 
 def _is_async_callable(fn: Any) -> bool:

@@ -35,6 +35,12 @@ class EffectGuardMiddleware(AgentMiddleware):
     raises its own interrupt; `review(graph, config)` builds the resume command for all
     of them. Compile the agent with a durable saver and run it with `durability="sync"`.
 
+    List it after any middleware that may call the tool handler again or answer for it
+    (`ToolRetryMiddleware`, a per-call `HumanInTheLoopMiddleware`): those then run
+    outside the guard, and each of their calls goes through the ledger under the same
+    key. Listed after the guard, such a middleware is refused (`MiddlewareOrderError`)
+    before it sends anything a second time.
+
     Args:
         effects: `{tool_name: Effect(...)}`; tools not named get `default`.
         default: Policy of unnamed tools; `Effect()` (no dedupe, no lookup) if omitted.
@@ -46,6 +52,7 @@ class EffectGuardMiddleware(AgentMiddleware):
         super().__init__()
         self.guard = GuardCore(effects, default)
         self.guard.refuse_inner_approvals = True
+        self.guard.refuse_reentry = True
 
     def wrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]

@@ -18,6 +18,7 @@ from typing import Any
 
 from langchain_core.messages import ToolMessage
 from langgraph.prebuilt.tool_node import ToolInvocationError
+from langgraph.types import Command
 
 from graph_durable.errors import NotApplied, Retryable, UnkeyableToolCall
 from graph_durable.ledger import (
@@ -34,6 +35,7 @@ from graph_durable.ledger import (
     key_of_encoded,
 )
 from graph_durable.nodes.decisions import approval_payload, unknown_payload
+from graph_durable.nodes.results import answering, note_edit, rebuilt_by_lookup, receipt_of
 from graph_durable.policy import Effect
 from graph_durable.faults import fault_point
 
@@ -123,6 +125,11 @@ class Outcome:
     """An earlier attempt of this process may still land (it timed out, or is still
     running): nothing may be sent again until a lookup finds the effect or a human
     decides, since a lookup's "absent" is not conclusive while an attempt is out."""
+    refused: BaseException | None = None
+    """A middleware inside the guard overruled the tool in this attempt (called it a
+    second time, refused before it reached the tool, or answered in its place after it
+    raised; see `nodes.reentry`): what the tool did is not known, `error` says why; this
+    is raised once journaled."""
 
 
 @dataclass
@@ -201,40 +208,32 @@ class CallContext:
 Protocol = Generator[Any, Any, Any]
 
 
-_JSON_STARTS = frozenset('{["-0123456789tfnNI')
-"""The first characters of every text `json.loads` accepts (after JSON whitespace)."""
-
-
-def receipt_of(result: Any) -> Any:
-    """What to keep as the receipt of a tool's result (JSON-friendly, for people)."""
-    if isinstance(result, ToolMessage):
-        content: Any = result.content
-        # Plain text, a common answer, is not parsed: a failed parse costs an exception.
-        if isinstance(content, str) and content.lstrip(" \t\n\r")[:1] in _JSON_STARTS:
-            try:
-                content = json.loads(content)
-            except ValueError:
-                pass
-        if result.artifact is not None:
-            return {"content": content, "artifact": result.artifact}
-        return content
-    return {"result": repr(result)}
-
-
-def _note_edit(result: Any, args: dict[str, Any]) -> Any:
-    """Tell the model that a reviewer edited the arguments it asked for."""
-    note = f"[arguments edited by reviewer: {json.dumps(args, ensure_ascii=False, default=str)}]"
-    if isinstance(result, ToolMessage) and isinstance(result.content, str):
-        return result.model_copy(update={"content": f"{note} {result.content}"})
-    return result
-
-
 def _error_text(outcome: Outcome, timeout: float | None) -> str:
     if outcome.timed_out:
         return (f"no answer within {timeout} s (timeout); the attempt may still land, so "
                 "nothing is sent again until the effect is found or a human decides")
     error = outcome.error
     return f"{type(error).__name__}: {error}"
+
+
+def _found_answer(ctx: CallContext, found: Outcome) -> Outcome:
+    """A lookup's outcome with what it found as the call's `(result, receipt)`.
+
+    A lookup that returns the ToolMessage or Command the tool would have returned gives
+    that result, made to answer this call; any other value is the receipt, and the model
+    gets a ToolMessage carrying it. A Command that cannot answer the call is a lookup
+    that cannot tell.
+    """
+    if found.error is not None or found.value is None:
+        return found
+    value = found.value
+    if not isinstance(value, ToolMessage | Command):
+        return Outcome(value=(ctx.message(value), value))
+    try:
+        result = answering(value, ctx.tool_call_id, ctx.tool)
+    except ValueError as exc:
+        return Outcome(error=exc)
+    return Outcome(value=(result, receipt_of(result)))
 
 
 def run_call(ctx: CallContext) -> Protocol:
@@ -301,6 +300,14 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
                 record, S.IN_FLIGHT, "paused", decision={"type": "resume_tool"},
                 data={"reason": "the tool paused on its own interrupt before applying anything"}))
             raise outcome.paused
+        if outcome.refused is not None:
+            # The call stays in flight, as after a crash: the next run reconciles it
+            # (lookup, same-key re-send, or a human) instead of trusting a middleware
+            # that re-calls tools inside the guard.
+            yield Write(ctx.transition(
+                record, S.IN_FLIGHT, "refused", error=_error_text(outcome, None),
+                data={"reason": "a middleware inside the guard overruled the tool"}))
+            raise outcome.refused
         error = outcome.error
         if not outcome.timed_out and error is None:
             result = outcome.value
@@ -315,13 +322,15 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
             # for any other; only the message to the model says what was edited.
             receipt = receipt_of(result)
             if record.args != ctx.tool_call["args"]:
-                result = _note_edit(result, record.args)
+                result = note_edit(result, record.args)
             # A receipt that a lookup or a same-key re-send could recover rides on the
-            # step's own commit; one only a human could recover is committed now.
+            # step's own commit; one only a human could recover is committed now, and
+            # so is a result a lookup could not rebuild, so that a crash replays it.
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                        receipt=receipt, result=result,
                                        data={"source": "tool"},
-                                       defer=ctx.policy.reconcilable and ctx.defer_receipts))
+                                       defer=ctx.policy.reconcilable and ctx.defer_receipts
+                                       and rebuilt_by_lookup(result, ctx.message(receipt))))
             fault_point("after_receipt", tool=ctx.tool)
             return result
         if isinstance(error, NotApplied | ToolInvocationError):
@@ -353,12 +362,13 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
     (told `why` the outcome is unknown, when the record does not say)."""
     policy = ctx.policy
     if policy.lookup is not None:
-        found = yield Lookup(record.key)
+        found = _found_answer(ctx, (yield Lookup(record.key)))
         if found.error is None and found.value is not None:
-            message = ctx.message(found.value)
-            yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None, receipt=found.value,
-                                       result=message, data={"source": "lookup"}))
-            return message
+            result, receipt = found.value
+            yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
+                                       receipt=receipt, result=result,
+                                       data={"source": "lookup"}))
+            return result
         if found.error is None and may_resend:
             [record] = yield Write(ctx.transition(
                 record, S.IN_FLIGHT, "attempt", bump_attempts=True,
@@ -442,13 +452,13 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
     if kind == "retry" and ctx.policy.lookup is not None:
         # A lookup is cheap and conclusive now that no attempt is out: a late landing of
         # an earlier attempt is found, not sent again.
-        found = yield Lookup(record.key)
+        found = _found_answer(ctx, (yield Lookup(record.key)))
         if found.error is None and found.value is not None:
-            message = ctx.message(found.value)
+            result, receipt = found.value
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
-                                       receipt=found.value, result=message, decision=None,
+                                       receipt=receipt, result=result, decision=None,
                                        data={**data, "source": "lookup"}))
-            return message
+            return result
     if kind in ("approve", "edit", "retry", "reject", "respond"):
         sent = yield Read("sent_in_family", (record.key, ctx.thread_id))
         # An approval or an edit assumes nothing was sent; a copy (or the source) of this

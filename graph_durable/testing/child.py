@@ -77,9 +77,11 @@ def load_factory(spec: str) -> Any:
 
 
 def summarize(state: Any) -> dict[str, Any]:
-    """A thread's state snapshot as plain JSON: messages (no ids), next nodes, interrupts."""
+    """A thread's state snapshot as plain JSON: messages (no ids), next nodes, interrupts;
+    for a state without messages (a custom-node or functional-API graph), its values."""
+    values = state.values if isinstance(state.values, dict) else {}
     messages = []
-    for message in state.values.get("messages", []):
+    for message in values.get("messages", []):
         item = {"type": message.type, "content": message.content}
         if message.type == "tool":
             item.update(tool_call_id=message.tool_call_id, status=message.status)
@@ -88,8 +90,11 @@ def summarize(state: Any) -> dict[str, Any]:
                 {"name": c["name"], "args": c["args"], "id": c["id"]} for c in message.tool_calls
             ]
         messages.append(item)
+    summary: dict[str, Any] = {"messages": messages}
+    if "messages" not in values and state.values is not None:
+        summary["values"] = json.loads(json.dumps(state.values, default=str))
     return {
-        "messages": messages,
+        **summary,
         "next": list(state.next),
         "interrupts": [interrupt.value for interrupt in state.interrupts],
     }

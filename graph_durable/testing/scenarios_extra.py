@@ -1,5 +1,6 @@
 """More scenarios for crash sweeps: LangChain's `create_agent` guarded by the middleware,
-and a stock `ToolNode` with no guard at all.
+a stock `ToolNode` with no guard at all, and a tool that makes two provider writes
+under sub-keys of its one key (`build_two_writes_agent`).
 
 `build_effects_agent` (in `scenarios`) dispatches every call of a step in one
 `ToolNode` task. `create_agent` dispatches one `Send` per tool call, so each call is its
@@ -15,12 +16,14 @@ import os
 import sqlite3
 from typing import Any
 
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
 from langgraph.prebuilt import ToolNode
 
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+from graph_durable.faults import fault_point
 from graph_durable.nodes import current_effect
+from graph_durable.policy import Effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
 from graph_durable.testing.scenarios import (
@@ -30,7 +33,8 @@ from graph_durable.testing.scenarios import (
     script_of,
 )
 
-__all__ = ["build_create_agent", "build_stock_agent"]
+__all__ = ["BETWEEN_WRITES", "build_create_agent", "build_stock_agent",
+           "build_two_writes_agent"]
 
 
 def _provider_tool(provider: FakeProvider) -> StructuredTool:
@@ -113,3 +117,45 @@ def build_stock_agent(db_path: str, provider_dir: str,
                         tools_node=ToolNode)
     return EffectsAgent(graph=graph, saver=saver, providers=providers,
                         inputs={"messages": [HumanMessage("Go.")]})
+
+
+BETWEEN_WRITES = "pay_and_notify:charged"
+"""The `tool` of the `after_effect` fault point `build_two_writes_agent`'s tool reaches
+between its two writes (`FaultPlan("after_effect", tool=BETWEEN_WRITES)` kills there)."""
+
+
+def build_two_writes_agent(db_path: str, provider_dir: str) -> EffectsAgent:
+    """model -> `EffectGuardNode` -> model, one call of `pay_and_notify`, a tool that makes
+    two writes to one deduping `FakeProvider` (`<provider_dir>/payments.sqlite`): a
+    charge under `current_effect().subkey("charge")`, then a receipt email under
+    `subkey("receipt")`, with a fault point between them (`BETWEEN_WRITES`).
+
+    Args:
+        db_path: The agent's SQLite database (checkpoints and ledger).
+        provider_dir: Folder of the provider's database.
+    """
+    os.makedirs(provider_dir, exist_ok=True)
+    provider = FakeProvider(os.path.join(provider_dir, "payments.sqlite"), "dedupe",
+                            name="payments")
+
+    def pay_and_notify(customer: str, cents: int) -> dict[str, Any]:
+        effect = current_effect()
+        charge = provider.apply(effect.subkey("charge"), {"customer": customer,
+                                                          "cents": cents}, operation="charge")
+        fault_point("after_effect", tool=BETWEEN_WRITES)
+        email = provider.apply(effect.subkey("receipt"), {"to": customer,
+                                                          "charge": charge["id"]},
+                               operation="receipt")
+        return {"charge": charge["id"], "email": email["id"]}
+
+    tool = StructuredTool.from_function(
+        pay_and_notify, description="Charge a customer and email them the receipt.")
+    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    model = ScriptedChatModel(script=[
+        AIMessage(content="", tool_calls=[{"name": "pay_and_notify", "id": "call_pay",
+                                           "args": {"customer": "ana", "cents": 500}}]),
+        AIMessage(content="Charged and emailed.")])
+    graph = react_graph(model, [tool],
+                        {"pay_and_notify": Effect(idempotent=True)}, saver)
+    return EffectsAgent(graph=graph, saver=saver, providers={"payments": provider},
+                        inputs={"messages": [HumanMessage("Charge Ana 5 euros.")]})

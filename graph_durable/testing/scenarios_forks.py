@@ -204,7 +204,7 @@ def _fork_config(graph: Any, config: dict[str, Any], action: str) -> dict[str, A
     if action == "time_travel":
         return next(iter(graph.get_state_history(config))).config
     if action == "update_fork":
-        return graph.update_state(latest, {"messages": []})
+        return graph.update_state(latest, {})
     raise ValueError(f"unknown action {action!r}")
 
 
@@ -218,7 +218,7 @@ async def _afork_config(graph: Any, config: dict[str, Any], action: str
     if action == "time_travel":
         return [s async for s in graph.aget_state_history(config, limit=1)][0].config
     if action == "update_fork":
-        return await graph.aupdate_state(latest, {"messages": []})
+        return await graph.aupdate_state(latest, {})
     raise ValueError(f"unknown action {action!r}")
 
 

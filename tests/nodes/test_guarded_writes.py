@@ -1,0 +1,192 @@
+"""`guarded`: writes from custom nodes and `@task`s go through the ledger, in-process.
+
+The crash behaviour (real SIGKILLs) is in tests/test_crash_guarded_writes.py; here, the
+front end's own rules: where it may be called, which functions it takes, how approvals,
+rejections and failures reach the node, and how keys tell writes apart.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any, TypedDict
+
+import pytest
+from langgraph.func import entrypoint, task
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command
+
+from graph_durable import (
+    DurableSqliteSaver,
+    Effect,
+    EffectStatus,
+    GraphDurableError,
+    NotApplied,
+    current_effect,
+    guarded,
+)
+from graph_durable.testing import FakeProvider
+
+CONFIG = {"configurable": {"thread_id": "t"}}
+
+
+class State(TypedDict, total=False):
+    amounts: list[int]
+    receipts: list[Any]
+    error: str
+
+
+@pytest.fixture
+def saver(tmp_path: Path) -> Any:
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite",
+                                               check_same_thread=False))
+    yield saver
+    saver.conn.close()
+
+
+@pytest.fixture
+def provider(tmp_path: Path, request: pytest.FixtureRequest) -> FakeProvider:
+    return FakeProvider(str(tmp_path / "pay.sqlite"), "blind", name="pay")
+
+
+def one_node_graph(saver: Any, node: Any) -> Any:
+    builder = StateGraph(State)
+    builder.add_node("pay", node)
+    builder.add_edge(START, "pay")
+    builder.add_edge("pay", END)
+    return builder.compile(checkpointer=saver)
+
+
+def test_a_guarded_write_outside_a_run_is_refused(provider: FakeProvider) -> None:
+    @guarded(name="pay_outside")
+    def pay(cents: int) -> Any:
+        return provider.apply("k", {"cents": cents})
+
+    with pytest.raises(GraphDurableError, match="outside a LangGraph run"):
+        pay(5)
+    assert provider.count() == 0
+
+
+def test_functions_whose_arguments_cannot_be_named_are_refused() -> None:
+    with pytest.raises(TypeError, match="named parameters"):
+        guarded(name="pay_varargs")(lambda *cents: cents)
+
+
+def test_two_writes_under_one_name_are_refused() -> None:
+    def first(cents: int) -> int:
+        return cents
+
+    def second(cents: int) -> int:
+        return cents
+
+    guarded(name="pay_twice_named")(first)
+    with pytest.raises(GraphDurableError, match="name=..."):
+        guarded(name="pay_twice_named")(second)
+
+
+def test_each_write_of_a_node_gets_its_own_key_and_a_rerun_replays_them(
+        saver: Any, provider: FakeProvider) -> None:
+    @guarded(Effect(), name="pay_each")
+    def pay(cents: int) -> Any:
+        return provider.apply(current_effect().key, {"cents": cents})
+
+    def node(state: State) -> dict[str, Any]:
+        return {"receipts": [pay(cents) for cents in state["amounts"]]}
+
+    graph = one_node_graph(saver, node)
+    out = graph.invoke({"amounts": [5, 5, 7]}, CONFIG, durability="sync")
+    assert provider.count() == 3  # the same amount twice is two writes
+    assert len({r["key"] for r in out["receipts"]}) == 3
+    records = saver.effects("t")
+    assert [r.tool_call_id for r in records] == ["pay_each#0", "pay_each#1", "pay_each#2"]
+    assert {r.status for r in records} == {EffectStatus.APPLIED}
+
+
+def test_an_approval_pauses_the_node_and_a_rejection_raises_not_applied(
+        saver: Any, provider: FakeProvider) -> None:
+    @guarded(Effect(approval=True), name="pay_approved")
+    def pay(cents: int) -> Any:
+        return provider.apply(current_effect().key, {"cents": cents})
+
+    def node(state: State) -> dict[str, Any]:
+        receipts = []
+        for cents in state["amounts"]:
+            try:
+                receipts.append(pay(cents))
+            except NotApplied as refused:
+                receipts.append(str(refused))
+        return {"receipts": receipts}
+
+    graph = one_node_graph(saver, node)
+    graph.invoke({"amounts": [5, 9]}, CONFIG, durability="sync")
+    [first] = graph.get_state(CONFIG).interrupts
+    assert first.value["type"] == "tool_approval" and first.value["args"] == {"cents": 5}
+    graph.invoke(Command(resume={first.id: {"type": "approve"}}), CONFIG, durability="sync")
+    [second] = graph.get_state(CONFIG).interrupts
+    assert second.value["args"] == {"cents": 9}
+    out = graph.invoke(Command(resume={second.id: {"type": "reject", "message": "too much"}}),
+                       CONFIG, durability="sync")
+    assert provider.count() == 1
+    assert out["receipts"][0]["cents"] == 5
+    assert "too much" in out["receipts"][1]
+    assert [r.status for r in saver.effects("t")] == [EffectStatus.APPLIED,
+                                                       EffectStatus.REJECTED]
+
+
+def test_not_applied_reaches_the_caller_and_is_recorded_failed(
+        saver: Any, provider: FakeProvider) -> None:
+    @guarded(name="pay_refused")
+    def pay(cents: int) -> Any:
+        raise NotApplied("card declined")
+
+    def node(state: State) -> dict[str, Any]:
+        try:
+            pay(5)
+        except NotApplied as refused:
+            return {"error": str(refused)}
+        return {}
+
+    out = one_node_graph(saver, node).invoke({"amounts": []}, CONFIG, durability="sync")
+    assert "card declined" in out["error"]
+    assert [r.status for r in saver.effects("t")] == [EffectStatus.FAILED]
+
+
+def test_a_read_only_function_runs_without_the_ledger(saver: Any) -> None:
+    @guarded(Effect(read_only=True), name="quote")
+    def quote(cents: int) -> int:
+        return cents * 2
+
+    out = one_node_graph(saver, lambda s: {"receipts": [quote(4)]}).invoke(
+        {"amounts": []}, CONFIG, durability="sync")
+    assert out["receipts"] == [8]
+    assert saver.effects("t") == []
+
+
+async def test_async_writes_under_the_functional_api(saver: Any,
+                                                     provider: FakeProvider) -> None:
+    @guarded(Effect(lookup=provider.find), name="apay")
+    async def pay(cents: int) -> Any:
+        return provider.apply(current_effect().key, {"cents": cents})
+
+    @task
+    async def charge(cents: int) -> Any:
+        return await pay(cents)
+
+    @entrypoint(checkpointer=saver)
+    async def flow(amounts: list[int]) -> list[Any]:
+        return [await charge(cents) for cents in amounts]
+
+    out = await flow.ainvoke([3, 3], CONFIG, durability="sync")
+    assert provider.count() == 2 and len({r["key"] for r in out}) == 2
+    assert {r.status for r in await saver.aeffects("t")} == {EffectStatus.APPLIED}
+
+
+def test_a_write_without_a_durable_step_is_refused(saver: Any, provider: FakeProvider) -> None:
+    @guarded(name="pay_not_durable")
+    def pay(cents: int) -> Any:
+        return provider.apply(current_effect().key, {"cents": cents})
+
+    graph = one_node_graph(saver, lambda s: {"receipts": [pay(1)]})
+    with pytest.raises(GraphDurableError, match='durability="sync"'):
+        graph.invoke({"amounts": []}, CONFIG)
+    assert provider.count() == 0

@@ -1,0 +1,139 @@
+"""Writes made by `guarded` functions, from a custom node and from the functional API.
+
+Each sweep SIGKILLs a real child process at every fault point of the guard protocol,
+resumes the thread in new processes, and compares with the fault-free run: every write
+applied once at its provider (deduping or looked-up providers), or a pause a human
+answers (blind ones), never twice. The fork tests resume a killed thread from a named
+checkpoint (`get_state().config`, time travel, an `update_state` fork), which must keep
+each write's key.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.types import Command
+
+from graph_durable import DurableSqliteSaver, EffectStatus
+from graph_durable.testing import FakeProvider, FaultPlan
+from graph_durable.testing.child import run_child
+from graph_durable.testing.crash import GUARD_POINTS, CrashReport, crash_matrix
+from graph_durable.testing.scenarios_forks import run_fork_child
+from graph_durable.testing.scenarios_writes import build_write_graph
+
+pytestmark = pytest.mark.crash
+
+WRITES = "graph_durable.testing.scenarios_writes:build_write_graph"
+AWRITES = "graph_durable.testing.scenarios_writes:build_write_graph_async"
+
+
+def assert_clean(report: CrashReport) -> None:
+    print(report)
+    assert report.ok, report.render()
+    assert all(row.fired == len(row.schedule) for row in report.rows), report.render()
+
+
+@pytest.mark.parametrize(("shape", "mode"), [("node", "lookup"), ("node", "blind"),
+                                             ("functional", "dedupe"),
+                                             ("functional", "blind")])
+def test_every_fault_point_applies_each_guarded_write_once(tmp_path: Path, shape: str,
+                                                           mode: str) -> None:
+    assert_clean(crash_matrix(WRITES, {"mode": mode, "shape": shape}, workers=2,
+                              directory=tmp_path, progress=False))
+
+
+@pytest.mark.parametrize("shape", ["node", "functional"])
+def test_async_guarded_writes_apply_once_at_every_guard_point(tmp_path: Path,
+                                                              shape: str) -> None:
+    assert_clean(crash_matrix(AWRITES, {"mode": "lookup", "shape": shape},
+                              points=GUARD_POINTS, workers=2, directory=tmp_path,
+                              progress=False))
+
+
+@pytest.mark.backends
+@pytest.mark.parametrize(("factory", "backend"), [(WRITES, "postgres"),
+                                                  (AWRITES, "postgres-async")])
+@pytest.mark.parametrize("shape", ["node", "functional"])
+@pytest.mark.parametrize("mode", ["lookup", "blind"])
+def test_guarded_writes_apply_once_on_postgres(tmp_path: Path, postgres_conninfo: str,
+                                               factory: str, backend: str, shape: str,
+                                               mode: str) -> None:
+    kwargs = {"db_path": str(tmp_path / "unused.sqlite"), "provider_dir": str(tmp_path),
+              "mode": mode, "shape": shape,
+              "saver": {"backend": backend, "conninfo": postgres_conninfo}}
+    invoices, mail = providers(tmp_path, mode)
+    crashed = run_child(factory, kwargs, thread_id="t",
+                        fault=FaultPlan("after_effect", tool="create_invoice"))
+    assert crashed.killed and invoices.count() == 1
+    resumed = run_child(factory, kwargs, thread_id="t", action="resume")
+    assert invoices.count() == 1, f"sent again: {invoices.requests()}"
+    if mode == "blind":
+        [question] = resumed.interrupts
+        assert question["type"] == "effect_unknown"
+        [receipt] = [e["receipt"] for e in invoices.effects()]
+        resumed = run_child(factory, kwargs, thread_id="t", action="decide",
+                            resume={"type": "applied", "receipt": receipt})
+    assert resumed.done, resumed.summary
+    assert (invoices.count(), mail.count()) == (1, 1)
+
+
+# -- resumed from a named checkpoint ---------------------------------------------------
+
+
+def kwargs_for(tmp_path: Path, mode: str, shape: str) -> dict[str, Any]:
+    return {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+            "mode": mode, "shape": shape}
+
+
+def providers(tmp_path: Path, mode: str) -> tuple[FakeProvider, FakeProvider]:
+    return (FakeProvider(str(tmp_path / "invoice.sqlite"), mode),  # type: ignore[arg-type]
+            FakeProvider(str(tmp_path / "mail.sqlite"), mode))  # type: ignore[arg-type]
+
+
+FORKS = [("node", "resume_at_checkpoint"), ("node", "time_travel"), ("node", "update_fork"),
+         ("functional", "resume_at_checkpoint"), ("functional", "time_travel")]
+
+
+@pytest.mark.parametrize(("shape", "action"), FORKS)
+def test_a_fork_after_a_blind_write_asks_and_never_sends_again(tmp_path: Path, shape: str,
+                                                              action: str) -> None:
+    kwargs = kwargs_for(tmp_path, "blind", shape)
+    invoices, mail = providers(tmp_path, "blind")
+    crashed = run_fork_child(WRITES, kwargs, thread_id="t",
+                             fault=FaultPlan("after_effect", tool="create_invoice"))
+    assert crashed.killed and invoices.count() == 1
+    resumed = run_fork_child(WRITES, kwargs, thread_id="t", action=action)  # type: ignore[arg-type]
+    assert not resumed.killed, resumed.stderr[-2000:]
+    assert invoices.count() == 1, f"sent again: {invoices.requests()}"
+    [question] = resumed.interrupts
+    assert question["type"] == "effect_unknown" and question["name"] == "create_invoice"
+
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite",
+                                               check_same_thread=False))
+    agent = build_write_graph(**kwargs)
+    config = {"configurable": {"thread_id": "t"}}
+    [pending] = agent.graph.get_state(config).interrupts
+    [receipt] = [e["receipt"] for e in invoices.effects()]
+    agent.graph.invoke(Command(resume={pending.id: {"type": "applied", "receipt": receipt}}),
+                       config, durability="sync")
+    assert (invoices.count(), mail.count()) == (1, 1)
+    assert not agent.graph.get_state(config).next
+    assert {r.status for r in saver.effects("t")} == {EffectStatus.APPLIED}
+    saver.conn.close()
+
+
+@pytest.mark.parametrize(("shape", "action"), FORKS)
+def test_a_fork_after_a_looked_up_write_reconciles_it(tmp_path: Path, shape: str,
+                                                      action: str) -> None:
+    kwargs = kwargs_for(tmp_path, "lookup", shape)
+    invoices, mail = providers(tmp_path, "lookup")
+    crashed = run_fork_child(WRITES, kwargs, thread_id="t",
+                             fault=FaultPlan("after_effect", tool="create_invoice"))
+    assert crashed.killed
+    resumed = run_fork_child(WRITES, kwargs, thread_id="t", action=action)  # type: ignore[arg-type]
+    assert not resumed.killed, resumed.stderr[-2000:]
+    assert (invoices.count(), mail.count()) == (1, 1), invoices.requests()
+    assert resumed.done, resumed.summary
