@@ -19,7 +19,8 @@ kind:
   pending decision.
 - `ANSWER`: a finished thread answered a call applied, but not the way its tool answers
   (`explorer_shapes`): an `artifact` tool's ToolMessage without the receipt as its
-  artifact, a `non_json` tool's without its non-JSON value; a replay that lost them
+  artifact, a `non_json` tool's without its non-JSON value, a `command` tool's not the
+  ToolMessage of its Command; a replay that lost them
   (when the receipt came from the tool: a lookup or a person answers their own way).
 
 Above a subgraph (`one_request_per_item`) the model asks again when the subgraph
@@ -89,6 +90,8 @@ def _answer_shape(spec: dict[str, Any], answer: Any, receipt: dict[str, Any]) ->
             return f"artifact {artifact!r}, not the receipt {receipt.get('id')}"
     if result == "non_json" and not isinstance(receipt.get("raw"), bytes):
         return f"content {answer.content!r} lost the non-JSON value"
+    if result == "command" and not answer.additional_kwargs.get("command"):
+        return "a ToolMessage that is not the one its Command carried"
     return None
 
 

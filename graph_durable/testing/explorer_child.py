@@ -83,6 +83,8 @@ def _fork_update(snap: Any, spec: dict[str, Any]) -> tuple[dict[str, Any], str |
     """`(values, as_node)` of an `update_state` fork of `snap`: its last AIMessage
     written again by the model node; an update that adds nothing above a subgraph."""
     topology = spec.get("topology", "flat")
+    if spec.get("history"):
+        return {"messages": []}, "agent"  # a trimming reducer appends, never replaces
     if topology in ("flat", "create_agent"):
         node = "agent" if topology == "flat" else "model"
         return {"messages": [snap.values["messages"][-1]]}, node
@@ -91,7 +93,8 @@ def _fork_update(snap: Any, spec: dict[str, Any]) -> tuple[dict[str, Any], str |
 
 def _builder_args(spec: dict[str, Any]) -> tuple[Any, ...]:
     return (spec["db_path"], spec["provider_dir"], spec["tools"], spec["turns"],
-            spec.get("sealed", False), spec.get("topology", "flat"), spec.get("stack", ""))
+            spec.get("sealed", False), spec.get("topology", "flat"), spec.get("stack", ""),
+            spec.get("history", ""))
 
 
 def _classify(exc: BaseException) -> dict[str, Any]:

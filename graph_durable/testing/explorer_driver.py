@@ -28,7 +28,7 @@ from graph_durable.testing.explorer_checks import (
 from graph_durable.testing.explorer_child import DOCUMENTED_ERRORS
 from graph_durable.testing.explorer_model import STABLE_PATHS, Crash, Episode, Resume
 from graph_durable.testing.explorer_scenario import explorer_saver, open_providers
-from graph_durable.testing.explorer_shapes import SUBGRAPHS, UNSAFE_STACKS
+from graph_durable.testing.explorer_shapes import SAFE_ORDER, SUBGRAPHS, UNSAFE_STACKS
 from graph_durable.testing.forkserver import ForkServer
 from graph_durable.testing.providers import FakeProvider
 
@@ -136,12 +136,6 @@ class _Reviewer:
         valid = by_interrupt_id(self.decide(interrupts), interrupts)
         self.rounds -= 1
         first = interrupts[0]["value"]
-        if self.episode.topology == "subgraph_send":
-            # Each `Send` branch is a task of its own, refused apart: a bad answer stops
-            # the calls of its branch only, so the other branch is not answered at all.
-            branch = str(first["args"].get("item", ""))[:2]
-            valid = {i["id"]: valid[i["id"]] for i in interrupts
-                     if str(i["value"]["args"].get("item", ""))[:2] == branch}
         approval = first["type"] in APPROVALS
         broken = rng.choice([
             {"type": "bogus"},
@@ -197,6 +191,9 @@ class _Run:
         self.result = EpisodeResult(episode)
         self.reviewer = _Reviewer(episode, self.files["provider_dir"])
         self.crashes: list[Crash] = list(episode.crashes)
+        self.stack = episode.stack
+        """The middleware list the next children run with: an unsafe one, once refused,
+        is put in the safe order (`explorer_shapes.SAFE_ORDER`), as its owner would."""
         self.after = episode.after
         self.phase = 0
         self.threads = ["t"]
@@ -217,8 +214,8 @@ class _Run:
             try:
                 self.drive(thread_id, how)
             except _Refused as refused:
-                # The documented refusal of an unsafe setup: the thread stops there,
-                # and what it left behind is checked like any crash.
+                # Refused as documented for the episode's setup (a requesting message
+                # without an id): the thread stops, and what it left is checked.
                 self.abandoned.append(refused.thread_id)
                 self.result.log.append(f"refused as documented: {refused}")
             if not self.queue:
@@ -236,7 +233,8 @@ class _Run:
         spec = {**self.files, "tools": self.episode.tools,
                 "turns": self.episode.scenario_turns(), "thread_id": thread_id, "via": via,
                 "pick": how.pick, "flavour": flavour, "sequential": self.episode.sequential,
-                "topology": self.episode.topology, "stack": self.episode.stack, **extra}
+                "topology": self.episode.topology, "stack": self.stack,
+                "history": self.episode.history, **extra}
         if self.episode.leased or via == "recover":
             spec["lease"] = {"owner": f"worker-{self.result.processes}", "ttl": LEASE_TTL}
         outcome = self.server.run(STEP, spec, fault=armed.plan() if armed else None,
@@ -359,7 +357,13 @@ class _Run:
         if lease_expired or dead_worker:
             self.wait_for_dead_lease()
             return True
-        if raised["documented"] and self.episode.stack in UNSAFE_STACKS:
+        if raised["type"] == "MiddlewareOrderError" and self.stack in UNSAFE_STACKS:
+            # The documented refusal of an unsafe order: fix the order, run again.
+            self.result.log.append(f"refused as documented ({raised['type']}); the "
+                                   f"middleware put in order: {SAFE_ORDER[self.stack]}")
+            self.stack = SAFE_ORDER[self.stack]
+            return True
+        if raised["type"] == "UnkeyableToolCall" and self.episode.history == "idless":
             raise _Refused(f"{raised['type']}: {raised['message'][:300]}", report["thread_id"])
         documented = "documented" if raised["documented"] else "undocumented"
         raise _Stop(f"EXCEPTION ({documented}) {raised['type']} in {report['via']}: "
@@ -424,28 +428,45 @@ class _Run:
         """Sleep until the lease of a killed process has expired."""
         time.sleep(max(0.0, self.dead_lease_until - time.monotonic()))
 
+    def snapshot(self, keys: set[str] | None = None) -> list[Any]:
+        """The ledger's records and events and the providers' effects (under `keys`
+        only, if given), as plain data."""
+        records, events = ledger_snapshot(self.files["db_path"], self.episode.sealed)
+        effects = provider_effects(self.files["provider_dir"], self.episode.tools)
+        every = records + events + effects
+        return every if keys is None else [x for x in every if x["key"] in keys]
+
     def try_malformed(self, thread_id: str, interrupts: list[dict[str, Any]]) -> None:
         """Maybe answer with a malformed decision first: it must change nothing."""
         payload = self.reviewer.malformed(interrupts)
         if payload is None:
             return
-        if self.episode.stack == "tool_retry_outside" and self.known_bug(
+        if self.stack == "tool_retry_outside" and self.known_bug(
                 "retry_swallows_refusal", ""):
             return
         self.wait_for_dead_lease()
-        before = (ledger_snapshot(self.files["db_path"], self.episode.sealed),
-                  provider_effects(self.files["provider_dir"], self.episode.tools))
+        keys = None
+        if self.episode.topology in ("subgraph_send", "create_agent"):
+            # Each call of create_agent, each Send branch, is a task of its own: one that
+            # holds a decision journaled earlier may go on. Only the calls asked about
+            # must stay as they were.
+            keys = {i["value"]["key"] for i in interrupts}
+            if len(interrupts) > 1 and self.known_bug("malformed_across_tasks", ""):
+                # Answered alone, the other calls are asked again (an `asked` event).
+                payload = {interrupts[0]["id"]: payload[interrupts[0]["id"]]}
+                keys = {interrupts[0]["value"]["key"]}
+        before = self.snapshot(keys)
         _, report = self.child(thread_id, Resume("decide"), crashable=False,
                                decisions=payload, style="malformed")
         raised = report.get("raised") or {}
         if raised.get("type") != "InvalidDecision":
             raise _Stop(f"MALFORMED decision {payload} was not refused with InvalidDecision: "
                         f"{raised.get('type', 'accepted')} {raised.get('message', '')[:300]}")
-        after = (ledger_snapshot(self.files["db_path"], self.episode.sealed),
-                 provider_effects(self.files["provider_dir"], self.episode.tools))
+        after = self.snapshot(keys)
         if after != before:
+            changed = [x for x in after if x not in before]
             raise _Stop(f"MALFORMED decision {payload} was refused but changed the ledger or "
-                        "a provider")
+                        f"a provider: {str(changed)[:600]}")
         keys = {i["value"]["key"] for i in interrupts}
         if [i for i in report["interrupts"] if i["value"]["key"] in keys] != interrupts:
             raise _Stop(f"MALFORMED decision {payload} was refused but the pending interrupts "

@@ -55,7 +55,8 @@ SHAPE_PATHS = ("slow_timeout_lookup", "edit_unchanged", "duplicate_call_id", "re
                "subgraph", "subgraph_nested", "subgraph_send", "create_agent",
                "tool_retry_outside", "model_retry", "tool_retry_inside",
                "error_tool_exception", "error_message", "error_validation",
-               "artifact_result", "non_json_result", "command_result", "subgraph_refork")
+               "artifact_result", "non_json_result", "command_result", "subgraph_refork",
+               "trimmed_history", "idless_messages")
 """Call shapes the generator may produce besides the everyday ones."""
 NAMED_RUNS = ("checkpoint_config", "time_travel", "update_state")
 """Resume paths that run from a named checkpoint id (of the parent, above a subgraph)."""
@@ -70,7 +71,8 @@ RESULT_PATHS = {"artifact_result": "artifact", "non_json_result": "non_json",
                 "command_result": "command"}
 """What a write tool returns, by path class."""
 FOLLOWUP_TOOL = "audit"
-RUNTIME_PATHS = ("recover_after_decision", "recover_misjudged", "retry_swallows_refusal")
+RUNTIME_PATHS = ("recover_after_decision", "recover_misjudged", "retry_swallows_refusal",
+                 "malformed_across_tasks")
 """Situations that arise, rather than being generated: known bugs the driver reports
 when enabled, or steps around."""
 ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
@@ -81,16 +83,20 @@ KNOWN_BUGS: dict[str, str] = {
     "(seeds 216, 218): the guard takes the error ToolMessage for a call that did not "
     "happen. Fix coming: an error reported after the tool body ran is `unknown`.",
     "error_message": "the same, for a tool that returns ToolMessage(status='error').",
-    "tool_retry_inside": "ToolRetryMiddleware listed after EffectGuardMiddleware retries "
-    "the tool body inside one claimed call: a lost answer is sent again under the same "
-    "key (seeds 341, 363: duplicates at a blind provider). Fix coming: that order is "
-    "refused with a documented error before anything is sent.",
-    "subgraph_refork": "a call a restarted subgraph first sent in an `update_state` fork "
-    "of the parent is sent again by a run from a parent checkpoint before that fork "
-    "(time travel; seed 335, shrunk: two turns, a crash after the first write, an "
-    "update_state fork that sends the second, then time travel to the first checkpoint): "
-    "the restart finds no earlier run of the call on its own branch of the history.",
+    "subgraph_refork": "a call a restarted subgraph first sent in a run from a named "
+    "parent checkpoint (a fork: `get_state().config`, an `update_state` fork) is sent "
+    "again by a later run from a parent checkpoint on another branch of the history "
+    "(seed 335: an update_state fork sends the call, time travel to the checkpoint before "
+    "it sends it again; seed 439: a run from get_state().config sends it, an "
+    "update_state fork of the first checkpoint sends it again, under a new key): the "
+    "restart looks for the call's earlier run on its own branch only.",
     "error_validation": "the same, for a pydantic ValidationError raised in the tool body.",
+    "malformed_across_tasks": "a set of answers to calls that run as tasks of their own "
+    "(create_agent's calls, the branches of a Send) with one malformed answer raises "
+    "InvalidDecision, but the other tasks record and send their valid answers (seeds "
+    "301, 412, 430, 537), where README says one invalid answer runs none of the set. "
+    "The driver sends the malformed answer alone in such a set unless this class is "
+    "enabled.",
     "retry_swallows_refusal": "ToolRetryMiddleware listed before EffectGuardMiddleware "
     "(`tool_retry_outside`, the safe order) catches the guard's InvalidDecision and "
     "answers the call with an error ToolMessage (seed 219): a malformed decision is not "
@@ -189,6 +195,8 @@ class Episode:
     `subgraph_send`, `create_agent` (`explorer_shapes`)."""
     stack: str = ""
     """A `create_agent` middleware list (`explorer_shapes.STACKS`)."""
+    history: str = ""
+    """How a flat graph keeps its messages: `""` (`add_messages`), `trimmed`, `idless`."""
 
     def scenario_turns(self) -> list[list[dict[str, Any]]]:
         """The turns as the scenario factory takes them."""
@@ -224,6 +232,8 @@ class Episode:
             found.add(self.topology)
         if self.topology in SUBGRAPHS and _refork(self):
             found.add("subgraph_refork")
+        if self.history:
+            found.add({"trimmed": "trimmed_history", "idless": "idless_messages"}[self.history])
         if self.stack and self.stack != "guard":
             found.add(self.stack)
         for spec in self.tools.values():
@@ -276,6 +286,7 @@ class Episode:
         lines.append(f"{self.flavour}, {'sequential' if self.sequential else 'parallel'} calls"
                      + (f", {self.topology}" if self.topology != "flat" else "")
                      + (f" with middleware {self.stack}" if self.stack else "")
+                     + (f", {self.history} history" if self.history else "")
                      + (", leased runs" if self.leased else "")
                      + (f", reviewer: {', '.join(reviewer)}" if reviewer else ""))
         return "\n".join(lines)
@@ -303,6 +314,8 @@ class Episode:
                                                    *turn[i + 1:]]))
         if self.topology != "flat":
             out.append(replace(self, topology="flat", stack=""))
+        if self.history:
+            out.append(replace(self, history=""))
         if self.stack not in ("", "guard"):
             out.append(replace(self, stack="guard"))
         for name, spec in self.tools.items():
@@ -466,15 +479,10 @@ SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
 
 
 def _refork(episode: Episode) -> bool:
-    """Whether a run from a named checkpoint follows an `update_state` fork."""
+    """Whether a run from a named checkpoint follows another (each is a fork)."""
     vias = [c.then.via for c in episode.crashes] + (
         [episode.after.via] if episode.after is not None else [])
-    forked = False
-    for via in vias:
-        if forked and via in NAMED_RUNS:
-            return True
-        forked = forked or via == "update_state"
-    return False
+    return sum(1 for via in vias if via in NAMED_RUNS) > 1
 
 
 def _shapes(rng: random.Random, episode: Episode, paths: frozenset[str]) -> None:
@@ -486,13 +494,14 @@ def _shapes(rng: random.Random, episode: Episode, paths: frozenset[str]) -> None
     if (episode.topology in SUBGRAPHS and "subgraph_refork" not in paths
             and _refork(episode)):
         # Keep the episode, without the runs after the fork that make it that class.
-        forked = False
-        for crash in episode.crashes:
-            if forked and crash.then.via in NAMED_RUNS:
-                crash.then = Resume()
-            forked = forked or crash.then.via == "update_state"
-        if _refork(episode):
-            episode.after = None
+        episode.after = None
+        named = [c for c in episode.crashes if c.then.via in NAMED_RUNS]
+        for crash in named[1:]:
+            crash.then = Resume()
+    histories = [h for h, name in (("trimmed", "trimmed_history"),
+                                   ("idless", "idless_messages")) if name in paths]
+    if episode.topology == "flat" and histories and rng.random() < 0.3:
+        episode.history = rng.choice(histories)
     if episode.topology == "create_agent":
         episode.stack = rng.choice(["guard", *(p for p in STACK_PATHS if p in paths)])
     errors = [kind for name, kind in ERROR_PATHS.items() if name in paths]

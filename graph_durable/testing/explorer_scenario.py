@@ -43,11 +43,13 @@ from graph_durable.testing.explorer_model import HANG_SECONDS, SLOW_SECONDS
 from graph_durable.testing.explorer_shapes import (
     BRANCHES,
     SUBGRAPHS,
+    TrimmedState,
     branch_of,
     build_create_agent,
     followup_node,
     model_view,
     parse_answer,
+    trimmed_agent,
     write_tool,
     wrap_in_parent,
 )
@@ -123,7 +125,7 @@ def _read_tool(name: str) -> StructuredTool:
 
 def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
               turns: list[list[dict[str, Any]]], topology: str = "flat",
-              stack: str = "") -> EffectsAgent:
+              stack: str = "", history: str = "") -> EffectsAgent:
     providers = open_providers(provider_dir, tools)
     node_tools = [write_tool(providers[name], tools[name]) if name in providers
                   else _read_tool(name) for name in tools]
@@ -141,18 +143,18 @@ def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
         script = scripts[branch_of(seen)]
         return {"messages": [model.model_copy(update={"script": script}).invoke(seen)]}
 
-    def after_tools(state: MessagesState) -> str:
+    def after_tools(state: Any) -> str:
         # A command result's `goto` leads to `followup`; nothing else goes on then.
         for message in reversed(state["messages"]):
             if message.type != "tool":
                 break
-            if message.name in commands and message.status != "error" and isinstance(
-                    parse_answer(message.content), dict):
+            if message.name in commands and message.additional_kwargs.get("command"):
                 return END
         return "agent"
 
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
+    builder = StateGraph(TrimmedState if history else MessagesState)  # type: ignore[arg-type]
+    builder.add_node("agent", trimmed_agent(scripts[""], history == "idless") if history
+                     else agent)
     builder.add_node("tools", EffectGuardNode(node_tools, effects=effects))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
@@ -188,19 +190,19 @@ def explorer_saver(db_path: str, sealed: bool) -> Iterator[DurableSqliteSaver]:
 
 def build_explorer_agent(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
                          turns: list[list[dict[str, Any]]], sealed: bool = False,
-                         topology: str = "flat", stack: str = ""
+                         topology: str = "flat", stack: str = "", history: str = ""
                          ) -> EffectsAgent:
     """Build the episode's agent on a `DurableSqliteSaver` (see the module docstring)."""
     saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
                                serde=explorer_serde(sealed))
-    return _assemble(saver, provider_dir, tools, turns, topology, stack)
+    return _assemble(saver, provider_dir, tools, turns, topology, stack, history)
 
 
 async def build_explorer_agent_async(db_path: str, provider_dir: str,
                                      tools: dict[str, dict[str, Any]],
                                      turns: list[list[dict[str, Any]]],
                                      sealed: bool = False, topology: str = "flat",
-                                     stack: str = "") -> EffectsAgent:
+                                     stack: str = "", history: str = "") -> EffectsAgent:
     """`build_explorer_agent` on an `AsyncDurableSqliteSaver` (same arguments)."""
     saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path), serde=explorer_serde(sealed))
-    return _assemble(saver, provider_dir, tools, turns, topology, stack)
+    return _assemble(saver, provider_dir, tools, turns, topology, stack, history)

@@ -19,8 +19,15 @@ way LangChain lets tools answer:
 - a write tool's `result`: `receipt` (the receipt dict, JSON content), `artifact`
   (`response_format="content_and_artifact"`: the receipt as content and as artifact),
   `non_json` (a dict with a `bytes` value: its content is the dict's `repr`), `command`
-  (a `Command` whose update carries the answer and whose `goto` is `followup`, a node
-  that asks for one more guarded write, `audit`, of the same item with suffix `a`).
+  (a `Command` whose update carries the answer, marked `additional_kwargs["command"]`,
+  and whose `goto` is `followup`, a node that asks for one more guarded write, `audit`,
+  of the same item with suffix `a`; an answer found by lookup or given by a person is
+  no Command, and the thread goes on to the model).
+- `history` (`Episode.history`, flat graphs): `""` (`add_messages`, which gives every
+  message an id), `trimmed` (a reducer that keeps the last `KEEP_LAST` messages and
+  assigns no ids; the model's messages carry their own), `idless` (the same, the
+  model's messages without ids: graph_durable refuses to key their calls,
+  `UnkeyableToolCall`, before anything is sent).
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-from typing import Annotated, Any
+import uuid
+from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import InjectedToolCallId, StructuredTool, ToolException
@@ -40,7 +48,7 @@ from graph_durable.nodes import current_effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
 
-__all__ = ["STACKS", "SUBGRAPHS", "TOPOLOGIES", "UNSAFE_STACKS", "branch_items",
+__all__ = ["KEEP_LAST", "STACKS", "TrimmedState", "keep_last", "trimmed_agent", "SUBGRAPHS", "TOPOLOGIES", "UNSAFE_STACKS", "branch_items",
            "build_create_agent", "parse_answer", "write_tool", "wrap_in_parent"]
 
 TOPOLOGIES = ("flat", "subgraph", "subgraph_nested", "subgraph_send", "create_agent")
@@ -94,7 +102,8 @@ def _shape(result: str, receipt: dict[str, Any], name: str, tool_call_id: str) -
     if result == "non_json":
         return {**receipt, "raw": str(receipt["id"]).encode()}
     if result == "command":
-        answer = ToolMessage(content=json.dumps(receipt), tool_call_id=tool_call_id, name=name)
+        answer = ToolMessage(content=json.dumps(receipt), tool_call_id=tool_call_id, name=name,
+                             additional_kwargs={"command": True})
         return Command(update={"messages": [answer]}, goto="followup")
     return receipt
 
@@ -132,7 +141,7 @@ def write_tool(provider: FakeProvider, spec: dict[str, Any]) -> StructuredTool:
         response_format="content_and_artifact" if result == "artifact" else "content")
 
 
-def followup_node(state: MessagesState) -> dict[str, Any]:
+def followup_node(state: Any) -> dict[str, Any]:
     """After a `command` result: ask for one `audit` write per command answer of the
     last tools step (a message of its own, not the model's: `name="followup"`)."""
     messages = state["messages"]
@@ -145,7 +154,8 @@ def followup_node(state: MessagesState) -> dict[str, Any]:
             answers.append(receipt)
     calls = [{"name": FOLLOWUP_TOOL, "args": {"item": f"{r['item']}a", "n": 0},
               "id": f"audit_{r['item']}"} for r in reversed(answers)]
-    return {"messages": [AIMessage(content="", name="followup", tool_calls=calls)]}
+    return {"messages": [AIMessage(content="", name="followup", tool_calls=calls,
+                                   id=f"followup-{uuid.uuid4().hex[:12]}")]}
 
 
 def model_view(messages: list[Any]) -> list[Any]:
@@ -196,8 +206,11 @@ STACKS = {
 }
 """`create_agent` middleware lists (first listed is outermost). `tool_retry_inside` lists
 `ToolRetryMiddleware` after the guard, so a retry would re-send a call the guard
-claimed once: graph_durable refuses that order with a documented error."""
+claimed once: graph_durable refuses that order (`MiddlewareOrderError`) before it
+sends anything twice; the explorer then lists them in the safe order and runs again."""
 UNSAFE_STACKS = ("tool_retry_inside",)
+SAFE_ORDER = {"tool_retry_inside": "tool_retry_outside"}
+"""What an unsafe list becomes once graph_durable refused it (`MiddlewareOrderError`)."""
 
 
 class _FlakyModel(ScriptedChatModel):
@@ -234,3 +247,34 @@ def build_create_agent(saver: Any, turns: list[list[dict[str, Any]]], tools: lis
                                                         jitter=False)}
     return create_agent(model, tools=tools, middleware=[made[name]() for name in names],
                         checkpointer=saver)
+
+
+KEEP_LAST = 6
+"""How many messages a `trimmed` history keeps (a turn of five calls and its model
+message fit)."""
+
+
+def keep_last(left: list[Any] | None, right: Any) -> list[Any]:
+    """A trimming reducer: append, keep the last `KEEP_LAST` (ids are not assigned)."""
+    added = right if isinstance(right, list) else [right]
+    return (list(left or []) + added)[-KEEP_LAST:]
+
+
+class TrimmedState(TypedDict):
+    """A state whose messages are trimmed; the model counts its turns itself."""
+
+    messages: Annotated[list[Any], keep_last]
+    turn: int
+
+
+def trimmed_agent(script: list[AIMessage], idless: bool) -> Any:
+    """The model node of a `trimmed` or `idless` history: the `turn`-th answer of the
+    script, with a fresh id (as a model gives) or none."""
+
+    def agent(state: TrimmedState) -> dict[str, Any]:
+        turn = state.get("turn", 0)
+        answer = script[min(turn, len(script) - 1)].model_copy(deep=True)
+        answer.id = None if idless else f"ai-{uuid.uuid4().hex[:12]}"
+        return {"messages": [answer], "turn": turn + 1}
+
+    return agent
