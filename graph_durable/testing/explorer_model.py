@@ -13,7 +13,24 @@ Path classes name what the generator may produce. Resume paths: `plain`, `async`
 and the original). Call shapes: `slow_timeout_lookup` (a looked-up tool whose call
 outlives its timeout), `edit_unchanged` (an approval edit that keeps the arguments),
 `duplicate_call_id` (one id twice in an AIMessage), `reused_call_id` (a later turn
-reuses an earlier turn's ids). `KNOWN_BUGS` are the classes that fail today, with why.
+reuses an earlier turn's ids). Where the tools sit (`explorer_shapes`, drawn on a
+generator of their own so an episode without them stays what it was): `subgraph`,
+`subgraph_nested` (two levels down), `subgraph_send` (two `Send` branches into the
+subgraph), each resumed every way above (a named checkpoint is the parent's);
+`subgraph_refork` (a subgraph episode with two runs from named checkpoints, the second
+on another branch of the history); `create_agent` (`EffectGuardMiddleware`, one task per
+call) with middleware lists `tool_retry_outside` (`ToolRetryMiddleware` first),
+`model_retry` (`ModelRetryMiddleware`, a model that fails once per turn) and
+`tool_retry_inside` (`ToolRetryMiddleware` after the guard: refused with
+`MiddlewareOrderError`, then put in order). How write tools answer: `error_tool_exception`,
+`error_message`, `error_validation` (the tool reports a lost answer after its write, or
+a hang before it, as a `ToolException` with `handle_tool_error=True`, an error
+ToolMessage, a `ValidationError` raised in its body); `artifact_result`,
+`non_json_result`, `command_result` (a `Command` whose `goto` makes one more guarded
+write). Histories of a flat graph: `trimmed_history` (a reducer keeping the last
+messages, ids from the model), `idless_messages` (the same, messages without ids:
+refused with `UnkeyableToolCall` before anything is sent). `RUNTIME_PATHS` arise rather
+than being generated. `KNOWN_BUGS` are the classes that fail today, with why.
 """
 
 from __future__ import annotations
