@@ -27,6 +27,8 @@ swallow it: once a worker has lost its thread it must stop, not carry on.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 __all__ = [
     "DatabaseUnavailable",
     "DurabilityError",
@@ -182,14 +184,32 @@ class ThreadCancelled(LeaseLost):
         self.cancelled_by = cancelled_by
 
 
-class NotApplied(Exception):
+_REPORTED: ContextVar[list[Exception] | None] = ContextVar("graph_durable_reported",
+                                                          default=None)
+"""Set by the guard while it runs a tool: the `NotApplied` and `Retryable` errors made
+meanwhile, so that one an error handler turns into an error ToolMessage is still told
+apart from an error after which the effect may exist."""
+
+
+class _ToolOutcome(Exception):
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        reported = _REPORTED.get()
+        if reported is not None:
+            reported.append(self)
+
+
+class NotApplied(_ToolOutcome):
     """Raised by a tool: the provider certainly did not apply the effect.
 
-    The effect becomes `failed` and the model sees an error ToolMessage.
+    The effect becomes `failed` and the model sees an error ToolMessage. Once a tool has
+    started, this is the only way to say "not applied": any other error (an exception,
+    a `ToolException` that `handle_tool_error` turns into a message, an error
+    ToolMessage the tool returns) leaves the outcome `unknown`.
     """
 
 
-class Retryable(Exception):
+class Retryable(_ToolOutcome):
     """Raised by a tool: not applied, and worth another attempt with the same key.
 
     The guard retries up to `Effect.retries` times with backoff, then records `failed`.

@@ -22,6 +22,14 @@ class Effect:
     A tool with no policy is treated as `Effect()`: a write that the provider neither
     dedupes nor lets us look up. That is the safest default: after a crash its outcome
     is `unknown` and a human decides.
+
+    Outcomes: a tool's return value is the receipt (`applied`). Only `NotApplied`, a
+    `Retryable` with no attempts left, or args that fail the tool's own schema (checked
+    before sending) mean `failed`, "certainly not applied". Once the tool's body has run,
+    any other error (an exception, a timeout, a `ValidationError` raised in the body, a
+    `ToolException` turned into a message by `handle_tool_error`, an error ToolMessage
+    the tool returns) leaves the outcome `unknown`, reconciled with `lookup`, a same-key
+    re-send if `idempotent`, or a human.
     """
 
     read_only: bool = False
@@ -34,7 +42,11 @@ class Effect:
     """Asks the provider whether the keyed effect exists.
 
     Returns the receipt (what the tool would have returned) if it does, `None` if it
-    certainly does not; raising means "cannot tell" and leads to `unknown`.
+    certainly does not. Any value but `None` and a bool is a receipt, `{}`, `0` and `""`
+    included; a bool is refused (it says neither what was applied nor that nothing
+    was). A refused answer, an exception, or no answer within `timeout` means "cannot
+    tell": an `idempotent` tool is then re-sent with the same key (unless an attempt may
+    still land), any other becomes `unknown` and a human decides.
     May be a coroutine function when the graph runs async.
 
     A lookup answers for the tool only when a crash left the outcome unknown: after the
@@ -60,7 +72,9 @@ class Effect:
     """Extra attempts after a `Retryable` error, with the same key and backoff."""
 
     timeout: float | None = None
-    """Seconds to wait for the tool; a call that does not answer in time is `unknown`."""
+    """Seconds to wait for the tool, and for each lookup; a call that does not answer in
+    time is `unknown` (and not sent again while it may still land), a lookup that does
+    not answer in time cannot tell."""
 
     description: str | None = None
     """Shown to the reviewer in approval interrupts."""

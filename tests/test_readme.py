@@ -11,16 +11,22 @@ from pathlib import Path
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_the_first_python_block_of_the_readme_runs_as_written(tmp_path: Path) -> None:
-    block = re.search(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert block, "README has no Python example"
+def run_first_block(text: str, folder: Path) -> None:
+    """Run the first Python block of `text` in `folder`; its last line printed must be
+    what the comment after its `print(...)` says."""
+    block = re.search(r"```python\n(.*?)```", text, re.S)
+    assert block, "no Python example"
     code = block.group(1)
-    (tmp_path / "example.py").write_text(code)
-    result = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True,
+    (folder / "example.py").write_text(code)
+    result = subprocess.run([sys.executable, "example.py"], cwd=folder, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     promised = re.search(r"print\(.*\)\s+# (.+)", code)
     assert promised and result.stdout.strip().splitlines()[-1] == promised.group(1).strip()
+
+
+def test_the_first_python_block_of_the_readme_runs_as_written(tmp_path: Path) -> None:
+    run_first_block(README.read_text(), tmp_path)
     # The payment provider holds one charge.
     again = subprocess.run([sys.executable, "-c", (
         "from graph_durable.testing import FakeProvider\n"
@@ -30,13 +36,4 @@ def test_the_first_python_block_of_the_readme_runs_as_written(tmp_path: Path) ->
 
 
 def test_the_guarded_writes_example_runs_as_written(tmp_path: Path) -> None:
-    section = README.read_text().split("## Writes outside ToolNode", 1)[1]
-    block = re.search(r"```python\n(.*?)```", section, re.S)
-    assert block, "README has no example of guarded writes"
-    code = block.group(1)
-    (tmp_path / "example.py").write_text(code)
-    result = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    promised = re.search(r"print\(.*\)\s+# (.+)", code)
-    assert promised and result.stdout.strip().splitlines()[-1] == promised.group(1).strip()
+    run_first_block(README.read_text().split("## Writes outside ToolNode", 1)[1], tmp_path)

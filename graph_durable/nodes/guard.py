@@ -44,8 +44,14 @@ from graph_durable.ledger import (
 from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
-from graph_durable.nodes.restarts import earlier_effect, fork_sources, with_call_id
+from graph_durable.nodes.outcomes import (
+    call_with_timeout,
+    read_reports,
+    refused_args,
+    watch_reports,
+)
 from graph_durable.nodes.reentry import ReentryRefused, ToolGate
+from graph_durable.nodes.restarts import earlier_effect, fork_sources, with_call_id
 from graph_durable.nodes.protocol import (
     Ask,
     CallContext,
@@ -674,8 +680,25 @@ class GuardCore:
             return still_running
         gate = self._gate(task, ctx)
         call_request = self._edited(request, op)
+        refused = refused_args(call_request)
+        if refused is not None:
+            return Outcome(error=refused, args_refused=True)
         if gate is not None:
             call_request = gate.request(call_request)
+        with watch_reports() as reported:
+            return read_reports(self._call_entered(task, ctx, call_request, execute, op, gate),
+                                reported)
+
+    def _call_entered(
+        self,
+        task: _Task,
+        ctx: CallContext,
+        call_request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], ToolResult],
+        op: CallTool,
+        gate: ToolGate | None,
+    ) -> Outcome:
+        """Call the tool, whose args its schema accepts: its body runs."""
         effect = self._effect_context(task, op)
 
         def call() -> ToolResult:
@@ -778,12 +801,16 @@ class GuardCore:
             "land; not sent again. Decide once it has ended, or mark it applied or skip it"))
 
     def _lookup(self, ctx: CallContext, op: Lookup) -> Outcome:
+        """Ask the provider, for at most the policy's timeout (on a worker thread, then
+        abandoned: a lookup that does not answer cannot tell)."""
         lookup = ctx.policy.lookup
         assert lookup is not None
-        try:
-            found = lookup(op.key)
-        except Exception as exc:
-            return Outcome(error=exc)
+        answered, found, error = call_with_timeout(
+            lambda: lookup(op.key), ctx.policy.timeout, f"graph-durable-lookup-{ctx.tool}")
+        if not answered:
+            return Outcome(timed_out=True)
+        if error is not None:
+            return Outcome(error=error)
         if inspect.isawaitable(found):
             if inspect.iscoroutine(found):
                 found.close()
@@ -861,8 +888,25 @@ class GuardCore:
         self._check_lease(task)
         gate = self._gate(task, ctx)
         call_request = self._edited(request, op)
+        refused = refused_args(call_request)
+        if refused is not None:
+            return Outcome(error=refused, args_refused=True)
         if gate is not None:
             call_request = gate.request(call_request)
+        with watch_reports() as reported:
+            return read_reports(
+                await self._acall_entered(task, ctx, call_request, execute, op, gate), reported)
+
+    async def _acall_entered(
+        self,
+        task: _Task,
+        ctx: CallContext,
+        call_request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
+        op: CallTool,
+        gate: ToolGate | None,
+    ) -> Outcome:
+        """Call the tool, whose args its schema accepts: its body runs."""
         token = _CURRENT.set(self._effect_context(task, op))
         try:
             if ctx.policy.timeout is None:
@@ -890,8 +934,9 @@ class GuardCore:
         or `rollback` multitask strategy, a client gone with `on_disconnect="cancel"`. The
         request may have left, and a sync tool even runs on in its thread, so the effect
         may land after the next run's lookup found nothing. Unless the provider dedupes
-        (then the next run re-sends under the same key), the effect becomes `unknown`
-        and the next run asks a human instead of sending it again. Best effort: if this
+        (then the next run re-sends under the same key), the effect becomes `unknown`:
+        the next run looks the key up if it can (a hit is the receipt) and otherwise asks
+        a human instead of sending it again. Best effort: if this
         write fails too, the next run reconciles the open intent as after a crash."""
         if ctx.policy.idempotent:
             return
@@ -904,20 +949,24 @@ class GuardCore:
             pass
 
     async def _alookup(self, ctx: CallContext, op: Lookup) -> Outcome:
-        """Ask the provider; a sync lookup (a blocking HTTP or database call) runs on a
-        worker thread, never on the event loop, which the Agent Server refuses."""
+        """Ask the provider, for at most the policy's timeout; a sync lookup (a blocking
+        HTTP or database call) runs on a worker thread, never on the event loop, which
+        the Agent Server refuses."""
         lookup = ctx.policy.lookup
         assert lookup is not None
-        try:
+
+        async def ask() -> Any:
             if _is_async_callable(lookup):
-                found = await lookup(op.key)
-            else:
-                found = await asyncio.to_thread(lookup, op.key)
-                if inspect.isawaitable(found):
-                    found = await found
+                return await lookup(op.key)
+            found = await asyncio.to_thread(lookup, op.key)
+            return (await found) if inspect.isawaitable(found) else found
+
+        try:
+            return Outcome(value=await asyncio.wait_for(ask(), ctx.policy.timeout))
+        except asyncio.TimeoutError:
+            return Outcome(timed_out=True)
         except Exception as exc:
             return Outcome(error=exc)
-        return Outcome(value=found)
 
 
 def _answering(ctx: CallContext, result: Any) -> Any:

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import ToolMessage
-from langgraph.prebuilt.tool_node import ToolInvocationError
 from langgraph.types import Command
 
-from graph_durable.errors import NotApplied, Retryable, UnkeyableToolCall
+from graph_durable.errors import GraphDurableError, NotApplied, Retryable, UnkeyableToolCall
 from graph_durable.ledger import (
     SENT_STATUSES,
     TERMINAL_STATUSES,
@@ -121,6 +120,9 @@ class Outcome:
     paused: BaseException | None = None
     """The tool asked a question of its own (LangGraph's `interrupt()`) before applying
     anything; re-raised once journaled, and the tool is called again with the answer."""
+    args_refused: bool = False
+    """The tool's body never ran: its args fail the tool's own schema (`error` says
+    how), so the effect was certainly not applied."""
     outstanding: bool = False
     """An earlier attempt of this process may still land (it timed out, or is still
     running): nothing may be sent again until a lookup finds the effect or a human
@@ -216,6 +218,36 @@ def _error_text(outcome: Outcome, timeout: float | None) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+def _reported_error(result: ToolMessage) -> str:
+    return ("the tool reported an error after it started, so the effect may exist: "
+            f"{result.content}")
+
+
+def _looked_up(ctx: CallContext, found: Outcome) -> Outcome:
+    """A lookup's answer as the protocol reads it: `None` is "certainly absent", any
+    other value but a bool is the receipt (`{}`, `0` and `""` included); a bool, a
+    timeout or an error means "cannot tell"."""
+    if found.error is None and not found.timed_out and isinstance(found.value, bool):
+        return Outcome(error=GraphDurableError(
+            f"the lookup of tool {ctx.tool!r} returned {found.value!r} for tool call "
+            f"{ctx.tool_call_id!r} in thread {ctx.thread_id!r}, which is neither a receipt "
+            "nor None; make the lookup return the provider's record of the effect when it "
+            "exists and None when it certainly does not",
+            thread_id=ctx.thread_id, tool_call_id=ctx.tool_call_id))
+    return found
+
+
+def _cannot_tell(found: Outcome) -> bool:
+    return found.error is not None or found.timed_out
+
+
+def _lookup_error_text(ctx: CallContext, found: Outcome) -> str:
+    if found.timed_out:
+        return (f"lookup failed: no answer within {ctx.policy.timeout} s (timeout), "
+                "so it cannot tell whether the effect exists")
+    return f"lookup failed: {_error_text(found, None)}"
+
+
 def _found_answer(ctx: CallContext, found: Outcome) -> Outcome:
     """A lookup's outcome with what it found as the call's `(result, receipt)`.
 
@@ -224,7 +256,8 @@ def _found_answer(ctx: CallContext, found: Outcome) -> Outcome:
     gets a ToolMessage carrying it. A Command that cannot answer the call is a lookup
     that cannot tell.
     """
-    if found.error is not None or found.value is None:
+    found = _looked_up(ctx, found)
+    if _cannot_tell(found) or found.value is None:
         return found
     value = found.value
     if not isinstance(value, ToolMessage | Command):
@@ -287,6 +320,17 @@ def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
         if sent is not None and (sent.status in SENT_STATUSES or not ctx.policy.idempotent):
             return (yield from _adopt_family_send(ctx, record, sent, {}))
         return (yield from _reconcile(ctx, record, may_resend=True))
+    if record.status is S.UNKNOWN and ctx.policy.lookup is not None:
+        # An outcome left unknown (a cancelled run, a timeout, an error once the tool had
+        # started) may have been settled since: a hit is the receipt. A miss proves
+        # nothing while an attempt may still land, so it is never sent again from here.
+        found = _found_answer(ctx, (yield Lookup(record.key)))
+        if not _cannot_tell(found) and found.value is not None:
+            result, receipt = found.value
+            yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
+                                       receipt=receipt, result=result, asked=False,
+                                       data={"source": "lookup"}))
+            return result
     # awaiting_approval or unknown, and no decision yet: ask (again).
     return (yield from _ask(ctx, record))
 
@@ -309,14 +353,9 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
                 data={"reason": "a middleware inside the guard overruled the tool"}))
             raise outcome.refused
         error = outcome.error
-        if not outcome.timed_out and error is None:
-            result = outcome.value
-            if isinstance(result, ToolMessage) and result.status == "error":
-                # A tool (or argument validation before it) that reports an error has
-                # not applied the effect.
-                yield Write(ctx.transition(record, S.FAILED, "failure", error=str(result.content),
-                                           result=result))
-                return result
+        result = outcome.value
+        if not outcome.timed_out and error is None and not (
+                isinstance(result, ToolMessage) and result.status == "error"):
             fault_point("after_effect", tool=ctx.tool)
             # The receipt is the provider's answer, the same shape for an edited call as
             # for any other; only the message to the model says what was edited.
@@ -333,7 +372,11 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
                                        and rebuilt_by_lookup(result, ctx.message(receipt))))
             fault_point("after_receipt", tool=ctx.tool)
             return result
-        if isinstance(error, NotApplied | ToolInvocationError):
+        if outcome.args_refused or isinstance(error, NotApplied):
+            # Only these say "not applied": the args never reached the tool's body, or
+            # the tool says so. Any other error once the body ran (an exception, an
+            # error ToolMessage, a `ToolException` a handler turned into one) leaves the
+            # effect unknown.
             message = ctx.message(f"Not applied: {error}", status="error")
             yield Write(ctx.transition(record, S.FAILED, "failure",
                                        error=_error_text(outcome, None), result=message))
@@ -350,8 +393,9 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
             yield Write(ctx.transition(record, S.FAILED, "failure",
                                        error=_error_text(outcome, None), result=message))
             return message
-        [record] = yield Write(ctx.transition(
-            record, S.UNKNOWN, "unknown", error=_error_text(outcome, ctx.policy.timeout)))
+        why = (_reported_error(result) if error is None and not outcome.timed_out
+               else _error_text(outcome, ctx.policy.timeout))
+        [record] = yield Write(ctx.transition(record, S.UNKNOWN, "unknown", error=why))
         return (yield from _reconcile(
             ctx, record, may_resend=may_resend and not (outcome.timed_out or outcome.outstanding)))
 
@@ -363,21 +407,22 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
     policy = ctx.policy
     if policy.lookup is not None:
         found = _found_answer(ctx, (yield Lookup(record.key)))
-        if found.error is None and found.value is not None:
+        if not _cannot_tell(found) and found.value is not None:
             result, receipt = found.value
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                        receipt=receipt, result=result,
                                        data={"source": "lookup"}))
             return result
-        if found.error is None and may_resend:
+        if may_resend and (not _cannot_tell(found) or policy.idempotent):
+            reason = ("lookup found no effect for the key" if not _cannot_tell(found) else
+                      f"{_lookup_error_text(ctx, found)}; the provider dedupes: re-send "
+                      "with the same key")
             [record] = yield Write(ctx.transition(
-                record, S.IN_FLIGHT, "attempt", bump_attempts=True,
-                data={"reason": "lookup found no effect for the key"}))
+                record, S.IN_FLIGHT, "attempt", bump_attempts=True, data={"reason": reason}))
             return (yield from _send(ctx, record, may_resend=False))
-        if found.error is not None:
+        if _cannot_tell(found):
             [record] = yield Write(ctx.transition(
-                record, S.UNKNOWN, "unknown",
-                error=f"lookup failed: {_error_text(found, None)}"))
+                record, S.UNKNOWN, "unknown", error=_lookup_error_text(ctx, found)))
     elif policy.idempotent and may_resend:
         [record] = yield Write(ctx.transition(
             record, S.IN_FLIGHT, "attempt", bump_attempts=True,
@@ -453,7 +498,7 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
         # A lookup is cheap and conclusive now that no attempt is out: a late landing of
         # an earlier attempt is found, not sent again.
         found = _found_answer(ctx, (yield Lookup(record.key)))
-        if found.error is None and found.value is not None:
+        if not _cannot_tell(found) and found.value is not None:
             result, receipt = found.value
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                        receipt=receipt, result=result, decision=None,
