@@ -95,11 +95,6 @@ when enabled, or steps around."""
 ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
 
 KNOWN_BUGS: dict[str, str] = {
-    "error_tool_exception": "a write whose tool reports the lost answer as a ToolException "
-    "(handle_tool_error=True) is recorded `failed` though the provider applied it "
-    "(seeds 216, 218): the guard takes the error ToolMessage for a call that did not "
-    "happen. Fix coming: an error reported after the tool body ran is `unknown`.",
-    "error_message": "the same, for a tool that returns ToolMessage(status='error').",
     "subgraph_refork": "a call a restarted subgraph first sent in a run from a named "
     "parent checkpoint (a fork: `get_state().config`, an `update_state` fork) is sent "
     "again by a later run from a parent checkpoint on another branch of the history "
@@ -135,7 +130,11 @@ threads, `review()` asked again about decided calls). The last of
 `recover_after_decision` (seeds 277, 40084) was the explorer's own: it took a thread
 that `recover()` passed by, because the killed worker's lease still held it, for one
 asked twice; it now waits for that lease and recovers again, and a run that resumes a
-thread and still leaves decided calls pending fails the episode."""
+thread and still leaves decided calls pending fails the episode. `error_tool_exception`,
+`error_message` and `error_validation` (seeds 216, 218: a write whose tool reported the
+lost answer itself was recorded `failed` though applied) are stable since an error
+reported after the tool body ran is an unknown outcome; `tool_retry_inside` (seeds 341,
+363: a lost charge re-sent by the retry middleware) since that order is refused."""
 STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
 
 WRITE_TOOLS = ("charge", "email", "ticket", "crm")
