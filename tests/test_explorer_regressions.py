@@ -609,3 +609,48 @@ def test_one_malformed_answer_runs_none_of_a_create_agent_set(tmp_path) -> None:
                            CONFIG, durability="sync")
     assert agent.providers["charge"].count() == 0
     assert all(r.status is EffectStatus.AWAITING_APPROVAL for r in agent.saver.effects("t"))
+
+
+def _hitl_agent(tmp_path):
+    from graph_durable.testing.explorer_scenario import build_explorer_agent
+
+    return build_explorer_agent(str(tmp_path / "a.sqlite"), str(tmp_path / "p"),
+                                {"charge": _tool(approval=True)},
+                                [[{"tool": "charge", "id": "c1", "item": "x00", "n": 0}]],
+                                topology="create_agent", stack="hitl_before_guard")
+
+
+@pytest.mark.xfail(strict=True, reason="open: review() reads an effect key every question "
+                   "of HumanInTheLoopMiddleware lacks")
+def test_review_reads_a_thread_paused_by_human_in_the_loop_before_the_guard(tmp_path) -> None:
+    """`hitl_review`: with a per-call `HumanInTheLoopMiddleware` listed before the guard
+    (the order README recommends), `review(graph, config)` raised `KeyError('key')`."""
+    agent = _hitl_agent(tmp_path)
+    agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    result = review(agent.graph, CONFIG).approve("c1").resume()
+    assert result["messages"][-1].content == "All done."
+    assert agent.providers["charge"].count() == 1
+
+
+@pytest.mark.xfail(strict=True, reason="open: HumanInTheLoopMiddleware asks again after a "
+                   "crash, and a different answer sends a second charge")
+def test_a_call_approved_through_human_in_the_loop_and_crashed_is_not_asked_again(
+        tmp_path) -> None:
+    """Seeds 1013, 1028 (`hitl_asked_again`): a call approved through a per-call
+    `HumanInTheLoopMiddleware` listed before the guard, killed after the charge, was
+    asked about again on resume; answered with an edit this time, it was charged a
+    second time (the first charge, as first asked, had been applied)."""
+    agent = _hitl_agent(tmp_path)
+    [question] = agent.graph.invoke(agent.inputs, CONFIG, durability="sync")["__interrupt__"]
+    arm(FaultPlan("after_effect", tool="charge", action="raise"))
+    with pytest.raises(InjectedCrash):
+        agent.graph.invoke(Command(resume={question.id: {"type": "approve"}}), CONFIG,
+                           durability="sync")
+    disarm()
+    assert agent.providers["charge"].count() == 1
+    result = agent.graph.invoke(None, CONFIG, durability="sync")
+    for question in result.get("__interrupt__", []):
+        edit = {"type": "edit", "edited_action": {"name": "charge",
+                                                  "args": {"item": "x00", "n": 1}}}
+        agent.graph.invoke(Command(resume={question.id: edit}), CONFIG, durability="sync")
+    assert agent.providers["charge"].count() == 1

@@ -73,13 +73,14 @@ SHAPE_PATHS = ("slow_timeout_lookup", "edit_unchanged", "duplicate_call_id", "re
                "tool_retry_outside", "model_retry", "tool_retry_inside",
                "error_tool_exception", "error_message", "error_validation",
                "artifact_result", "non_json_result", "command_result", "subgraph_refork",
-               "trimmed_history", "idless_messages")
+               "trimmed_history", "idless_messages", "hitl_before_guard", "hitl_after_guard")
 """Call shapes the generator may produce besides the everyday ones."""
 NAMED_RUNS = ("checkpoint_config", "time_travel", "update_state")
 """Resume paths that run from a named checkpoint id (of the parent, above a subgraph)."""
 TOPOLOGY_PATHS = ("subgraph", "subgraph_nested", "subgraph_send", "create_agent")
 """Where the guarded tools sit (`explorer_shapes`); `flat` when none is enabled."""
-STACK_PATHS = ("tool_retry_outside", "model_retry", "tool_retry_inside")
+STACK_PATHS = ("tool_retry_outside", "model_retry", "tool_retry_inside", "hitl_before_guard",
+               "hitl_after_guard")
 """`create_agent` middleware lists other than the guard alone (`explorer_shapes.STACKS`)."""
 ERROR_PATHS = {"error_tool_exception": "tool_exception", "error_message": "error_message",
                "error_validation": "validation"}
@@ -89,7 +90,7 @@ RESULT_PATHS = {"artifact_result": "artifact", "non_json_result": "non_json",
 """What a write tool returns, by path class."""
 FOLLOWUP_TOOL = "audit"
 RUNTIME_PATHS = ("recover_after_decision", "recover_misjudged", "retry_swallows_refusal",
-                 "malformed_across_tasks")
+                 "malformed_across_tasks", "hitl_review", "hitl_asked_again")
 """Situations that arise, rather than being generated: known bugs the driver reports
 when enabled, or steps around."""
 ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
@@ -108,6 +109,17 @@ KNOWN_BUGS: dict[str, str] = {
     "301, 412, 430, 537), where README says one invalid answer runs none of the set. "
     "The driver sends the malformed answer alone in such a set unless this class is "
     "enabled.",
+    "hitl_review": "`review(graph, config)` raises KeyError('key') on a thread paused by a "
+    "per-call HumanInTheLoopMiddleware listed before the guard (the order README "
+    "recommends): its questions carry no effect key. The driver answers those pauses "
+    "by interrupt id unless this class is enabled.",
+    "hitl_asked_again": "a per-call HumanInTheLoopMiddleware listed before the guard asks "
+    "again about a call it was answered for when the thread is resumed after a crash "
+    "(or run from a checkpoint): its answer is kept nowhere the resumed run reads. A "
+    "person who answers differently the second time (approve, then edit) has the call "
+    "sent twice, once as first asked and once edited (seeds 1013, 1028, on create_agent "
+    "with hitl_before_guard). The driver's reviewer answers such a question as the first "
+    "time unless this class is enabled.",
     "retry_swallows_refusal": "ToolRetryMiddleware listed before EffectGuardMiddleware "
     "(`tool_retry_outside`, the safe order) catches the guard's InvalidDecision and "
     "answers the call with an error ToolMessage (seed 219): a malformed decision is not "

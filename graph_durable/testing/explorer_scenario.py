@@ -132,7 +132,11 @@ def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
     effects = {name: _policy(spec, providers.get(name)) for name, spec in tools.items()}
     inputs = {"messages": [HumanMessage("Go.")]}
     if topology == "create_agent":
-        graph = build_create_agent(saver, turns, node_tools, effects, stack)
+        approvals = [name for name, spec in tools.items() if spec.get("approval")]
+        if stack.startswith("hitl"):  # asked by HumanInTheLoopMiddleware instead
+            effects = {name: _policy({**spec, "approval": False}, providers.get(name))
+                       for name, spec in tools.items()}
+        graph = build_create_agent(saver, turns, node_tools, effects, stack, approvals)
         return EffectsAgent(graph=graph, saver=saver, providers=providers, inputs=inputs)
     scripts = {branch: script_for(turns, branch) for branch in ("", *BRANCHES)}
     model = ScriptedChatModel(script=scripts[""])

@@ -203,13 +203,18 @@ STACKS = {
     "tool_retry_outside": ("tool_retry", "guard"),
     "model_retry": ("model_retry", "guard"),
     "tool_retry_inside": ("guard", "tool_retry"),
+    "hitl_before_guard": ("hitl", "guard"),
+    "hitl_after_guard": ("guard", "hitl"),
 }
 """`create_agent` middleware lists (first listed is outermost). `tool_retry_inside` lists
 `ToolRetryMiddleware` after the guard, so a retry would re-send a call the guard
-claimed once: graph_durable refuses that order (`MiddlewareOrderError`) before it
-sends anything twice; the explorer then lists them in the safe order and runs again."""
-UNSAFE_STACKS = ("tool_retry_inside",)
-SAFE_ORDER = {"tool_retry_inside": "tool_retry_outside"}
+claimed once, and `hitl_after_guard` lists a per-call `HumanInTheLoopMiddleware` after it
+(an edit would be sent unrecorded): graph_durable refuses those orders
+(`MiddlewareOrderError`) before sending anything; the explorer then lists them in the
+safe order and runs again. With `HumanInTheLoopMiddleware` (per call, no edit notice),
+the tools that need approval are asked by it, not by the guard."""
+UNSAFE_STACKS = ("tool_retry_inside", "hitl_after_guard")
+SAFE_ORDER = {"tool_retry_inside": "tool_retry_outside", "hitl_after_guard": "hitl_before_guard"}
 """What an unsafe list becomes once graph_durable refused it (`MiddlewareOrderError`)."""
 
 
@@ -229,10 +234,15 @@ class _FlakyModel(ScriptedChatModel):
 
 
 def build_create_agent(saver: Any, turns: list[list[dict[str, Any]]], tools: list[Any],
-                       effects: dict[str, Any], stack: str) -> Any:
-    """LangChain's `create_agent` on the episode's tools, middleware as `stack` lists."""
+                       effects: dict[str, Any], stack: str, approvals: Any = ()) -> Any:
+    """LangChain's `create_agent` on the episode's tools, middleware as `stack` lists;
+    `approvals` names the tools `HumanInTheLoopMiddleware` asks about, if listed."""
     from langchain.agents import create_agent
-    from langchain.agents.middleware import ModelRetryMiddleware, ToolRetryMiddleware
+    from langchain.agents.middleware import (
+        HumanInTheLoopMiddleware,
+        ModelRetryMiddleware,
+        ToolRetryMiddleware,
+    )
 
     from graph_durable.nodes import EffectGuardMiddleware
     from graph_durable.testing.explorer_scenario import script_for
@@ -244,7 +254,9 @@ def build_create_agent(saver: Any, turns: list[list[dict[str, Any]]], tools: lis
             "tool_retry": lambda: ToolRetryMiddleware(max_retries=1, initial_delay=0.0,
                                                       jitter=False),
             "model_retry": lambda: ModelRetryMiddleware(max_retries=2, initial_delay=0.0,
-                                                        jitter=False)}
+                                                        jitter=False),
+            "hitl": lambda: HumanInTheLoopMiddleware(
+                dict.fromkeys(approvals, True), interrupt_mode="per_call", edit_notice=None)}
     return create_agent(model, tools=tools, middleware=[made[name]() for name in names],
                         checkpointer=saver)
 
