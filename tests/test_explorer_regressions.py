@@ -543,8 +543,8 @@ def test_a_tool_that_reports_a_lost_answer_itself_is_not_failed(tmp_path, errors
     assert result.pauses == 1 and result.log[0].endswith("pending=['c1']"), result.log
 
 
-@pytest.mark.xfail(strict=True, reason="open: a subgraph restarted twice from one parent "
-                   "checkpoint sends the call its first restart sent")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: a subgraph restarted "
+                   "twice from one parent checkpoint sends the call its first restart sent")
 @pytest.mark.parametrize("depth", [1, 2])
 def test_a_subgraph_run_twice_from_one_parent_checkpoint_charges_once(tmp_path, depth) -> None:
     """Seeds 335 and 439 (`subgraph_refork`): killed before its charge, the thread was
@@ -587,8 +587,8 @@ def test_a_malformed_answer_is_refused_under_a_retry_middleware_listed_first(tmp
         agent.graph.invoke(Command(resume={"type": "retry"}), CONFIG, durability="sync")
 
 
-@pytest.mark.xfail(strict=True, reason="open: one malformed answer in a set spanning "
-                   "create_agent's tasks does not stop the others")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: one malformed answer "
+                   "in a set spanning create_agent's tasks does not stop the others")
 def test_one_malformed_answer_runs_none_of_a_create_agent_set(tmp_path) -> None:
     """Seed 537 (`malformed_across_tasks`): create_agent runs each call as a task of its
     own; a set of answers with one malformed raised `InvalidDecision`, but the other
@@ -620,8 +620,8 @@ def _hitl_agent(tmp_path):
                                 topology="create_agent", stack="hitl_before_guard")
 
 
-@pytest.mark.xfail(strict=True, reason="open: review() reads an effect key every question "
-                   "of HumanInTheLoopMiddleware lacks")
+@pytest.mark.xfail(strict=True, raises=KeyError, reason="open: review() reads an effect key "
+                   "every question of HumanInTheLoopMiddleware lacks")
 def test_review_reads_a_thread_paused_by_human_in_the_loop_before_the_guard(tmp_path) -> None:
     """`hitl_review`: with a per-call `HumanInTheLoopMiddleware` listed before the guard
     (the order README recommends), `review(graph, config)` raised `KeyError('key')`."""
@@ -632,8 +632,9 @@ def test_review_reads_a_thread_paused_by_human_in_the_loop_before_the_guard(tmp_
     assert agent.providers["charge"].count() == 1
 
 
-@pytest.mark.xfail(strict=True, reason="open: HumanInTheLoopMiddleware asks again after a "
-                   "crash, and a different answer sends a second charge")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: "
+                   "HumanInTheLoopMiddleware asks again after a crash, and a different answer "
+                   "sends a second charge")
 def test_a_call_approved_through_human_in_the_loop_and_crashed_is_not_asked_again(
         tmp_path) -> None:
     """Seeds 1013, 1028 (`hitl_asked_again`): a call approved through a per-call
