@@ -94,7 +94,7 @@ def _fork_update(snap: Any, spec: dict[str, Any]) -> tuple[dict[str, Any], str |
 def _builder_args(spec: dict[str, Any]) -> tuple[Any, ...]:
     return (spec["db_path"], spec["provider_dir"], spec["tools"], spec["turns"],
             spec.get("sealed", False), spec.get("topology", "flat"), spec.get("stack", ""),
-            spec.get("history", ""))
+            spec.get("history", ""), spec.get("fresh_ids", False))
 
 
 def _classify(exc: BaseException) -> dict[str, Any]:

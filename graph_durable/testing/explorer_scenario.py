@@ -48,12 +48,12 @@ from graph_durable.testing.explorer_shapes import (
     build_create_agent,
     followup_node,
     model_view,
-    parse_answer,
     trimmed_agent,
     write_tool,
     wrap_in_parent,
 )
 from graph_durable.testing.models import ScriptedChatModel
+from graph_durable.testing.scenarios_forks import _with_fresh_ids as with_fresh_ids
 from graph_durable.testing.providers import FakeProvider
 from graph_durable.testing.scenarios import EffectsAgent
 
@@ -125,7 +125,7 @@ def _read_tool(name: str) -> StructuredTool:
 
 def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
               turns: list[list[dict[str, Any]]], topology: str = "flat",
-              stack: str = "", history: str = "") -> EffectsAgent:
+              stack: str = "", history: str = "", fresh_ids: bool = False) -> EffectsAgent:
     providers = open_providers(provider_dir, tools)
     node_tools = [write_tool(providers[name], tools[name]) if name in providers
                   else _read_tool(name) for name in tools]
@@ -145,7 +145,8 @@ def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
     def agent(state: MessagesState) -> dict[str, Any]:
         seen = model_view(state["messages"])
         script = scripts[branch_of(seen)]
-        return {"messages": [model.model_copy(update={"script": script}).invoke(seen)]}
+        answer = model.model_copy(update={"script": script}).invoke(seen)
+        return {"messages": [with_fresh_ids(answer) if fresh_ids else answer]}
 
     def after_tools(state: Any) -> str:
         # A command result's `goto` leads to `followup`; nothing else goes on then.
@@ -194,19 +195,20 @@ def explorer_saver(db_path: str, sealed: bool) -> Iterator[DurableSqliteSaver]:
 
 def build_explorer_agent(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
                          turns: list[list[dict[str, Any]]], sealed: bool = False,
-                         topology: str = "flat", stack: str = "", history: str = ""
-                         ) -> EffectsAgent:
+                         topology: str = "flat", stack: str = "", history: str = "",
+                         fresh_ids: bool = False) -> EffectsAgent:
     """Build the episode's agent on a `DurableSqliteSaver` (see the module docstring)."""
     saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
                                serde=explorer_serde(sealed))
-    return _assemble(saver, provider_dir, tools, turns, topology, stack, history)
+    return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids)
 
 
 async def build_explorer_agent_async(db_path: str, provider_dir: str,
                                      tools: dict[str, dict[str, Any]],
                                      turns: list[list[dict[str, Any]]],
                                      sealed: bool = False, topology: str = "flat",
-                                     stack: str = "", history: str = "") -> EffectsAgent:
+                                     stack: str = "", history: str = "",
+                                     fresh_ids: bool = False) -> EffectsAgent:
     """`build_explorer_agent` on an `AsyncDurableSqliteSaver` (same arguments)."""
     saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path), serde=explorer_serde(sealed))
-    return _assemble(saver, provider_dir, tools, turns, topology, stack, history)
+    return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids)
