@@ -226,6 +226,7 @@ class _Run:
                 if len(decisions) > 1 and self.reviewer.rounds % 3 == 0:
                     # A partial answer: the calls left out stay pending, asked again.
                     decisions = dict(list(decisions.items())[:len(decisions) // 2])
+                self.reviewer.sent(decisions)
                 style = "raw" if self.episode.reviewer.get("raw") else "review"
                 hitl = any("key" not in i["value"] for i in asked)
                 if style == "review" and hitl and self.known_bug("hitl_review", ""):

@@ -36,6 +36,16 @@ class Reviewer:
         """Set (the run's counter) while `hitl_asked_again` is not enabled: a question
         of HumanInTheLoopMiddleware asked again is answered as the first time."""
         self.answered: dict[str, dict[str, Any]] = {}
+        self.drawn: dict[str, tuple[str, dict[str, Any]]] = {}
+        """`{name in the decisions: (the question, its decision)}` of the last round's
+        HumanInTheLoopMiddleware questions, remembered once sent (`sent`)."""
+
+    def sent(self, decisions: dict[str, Any]) -> None:
+        """Remember the HumanInTheLoopMiddleware answers among `decisions` (sent)."""
+        for name in decisions:
+            if name in self.drawn:
+                asked, decision = self.drawn[name]
+                self.answered.setdefault(asked, decision)
 
     def _rng(self, what: str) -> random.Random:
         return random.Random(f"{self.episode.reviewer.get('seed', 0)}-{self.rounds}-{what}")
@@ -47,6 +57,7 @@ class Reviewer:
     def decide(self, interrupts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """`{tool_call_id or key: decision}`, one valid decision per pending call."""
         self.rounds += 1
+        self.drawn = {}
         rng = self._rng("valid")
         decisions = {}
         questions = [i["value"] for i in interrupts]
@@ -82,7 +93,7 @@ class Reviewer:
                 if asked in self.answered and self.sidesteps is not None:
                     decision = self.answered[asked]
                     self.sidesteps["hitl_asked_again"] += 1
-                self.answered.setdefault(asked, decision)
+                self.drawn[question["tool_call_id"]] = (asked, decision)
             # A model that repeats a tool_call_id leaves the key as the call's only name.
             name = question["tool_call_id"]
             decisions[name if ids.count(name) == 1 else question["key"]] = decision
