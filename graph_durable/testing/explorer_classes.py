@@ -24,7 +24,8 @@ ToolMessage, a `ValidationError` raised in its body); `artifact_result`,
 `non_json_result`, `command_result` (a `Command` whose `goto` makes one more guarded
 write). Histories of a flat graph: `trimmed_history` (a reducer keeping the last
 messages, ids from the model), `idless_messages` (the same, messages without ids:
-refused with `UnkeyableToolCall` before anything is sent). `RUNTIME_PATHS` arise rather
+refused with `UnkeyableToolCall` before anything is sent). Lookups: `lookup_cannot_tell`
+(a looked-up tool's first lookups raise, answer a bool or time out). `RUNTIME_PATHS` arise rather
 than being generated. `KNOWN_BUGS` are the classes that fail today, with why.
 """
 
@@ -56,7 +57,7 @@ SHAPE_PATHS = ("slow_timeout_lookup", "edit_unchanged", "duplicate_call_id", "re
                "error_tool_exception", "error_message", "error_validation",
                "artifact_result", "non_json_result", "command_result", "subgraph_refork",
                "trimmed_history", "idless_messages", "hitl_before_guard", "hitl_after_guard",
-               "fresh_call_ids")
+               "fresh_call_ids", "lookup_cannot_tell")
 """Call shapes the generator may produce besides the everyday ones."""
 NAMED_RUNS = ("checkpoint_config", "time_travel", "update_state")
 """Resume paths that run from a named checkpoint id (of the parent, above a subgraph)."""
@@ -168,6 +169,10 @@ def draw_shapes(rng: random.Random, episode: Episode, paths: frozenset[str]) -> 
     for name, spec in episode.tools.items():
         if spec["mode"] == "read":
             continue
+        if (spec["policy"] == "lookup" and "lookup_cannot_tell" in paths
+                and rng.random() < 0.3):
+            spec["lookup_faults"] = rng.choice([["error"], ["bool"], ["hang"],
+                                                ["error", "bool"]])
         if errors and rng.random() < 0.4:
             spec["errors"] = rng.choice(errors)
             for call in (c for turn in episode.turns for c in turn if c.tool == name):

@@ -27,7 +27,12 @@ from graph_durable.testing.explorer_child import DOCUMENTED_ERRORS
 from graph_durable.testing.explorer_model import STABLE_PATHS, Crash, Episode, Resume
 from graph_durable.testing.explorer_reviewer import Reviewer, by_interrupt_id
 from graph_durable.testing.explorer_scenario import explorer_saver, open_providers
-from graph_durable.testing.explorer_shapes import SAFE_ORDER, SUBGRAPHS, UNSAFE_STACKS
+from graph_durable.testing.explorer_shapes import (
+    LOOKUP_FAULTS,
+    SAFE_ORDER,
+    SUBGRAPHS,
+    UNSAFE_STACKS,
+)
 from graph_durable.testing.forkserver import ForkServer
 
 __all__ = ["EpisodeResult", "run_episode"]
@@ -121,6 +126,10 @@ class _Run:
         providers = open_providers(self.files["provider_dir"], self.episode.tools)
         for item, (tool, faults) in self.episode.faults().items():
             providers[tool].script_faults(*faults, operation=item)  # type: ignore[arg-type]
+        for tool, spec in self.episode.tools.items():
+            if spec.get("lookup_faults"):
+                providers[tool].script_faults(  # type: ignore[arg-type]
+                    *(LOOKUP_FAULTS[f] for f in spec["lookup_faults"]), operation="find")
         thread_id, how = "t", Resume("start")
         while True:
             try:

@@ -178,6 +178,8 @@ class Episode:
         if self.stack and self.stack != "guard":
             found.add(self.stack)
         for spec in self.tools.values():
+            if spec.get("lookup_faults"):
+                found.add("lookup_cannot_tell")
             found |= {name for name, kind in ERROR_PATHS.items() if spec.get("errors") == kind}
             found |= {name for name, kind in RESULT_PATHS.items() if spec.get("result") == kind}
         return found
@@ -207,6 +209,8 @@ class Episode:
                      f"errors={spec['errors']}" if spec.get("errors", "raise") != "raise"
                      else "",
                      f"result={spec['result']}" if spec.get("result", "receipt") != "receipt"
+                     else "",
+                     f"lookup={'+'.join(spec['lookup_faults'])}" if spec.get("lookup_faults")
                      else ""]
             lines.append(f"tool {name}: provider {spec['mode']}, policy {spec['policy']} "
                          + " ".join(e for e in extra if e))
@@ -264,7 +268,8 @@ class Episode:
             out.append(replace(self, stack="guard"))
         for name, spec in self.tools.items():
             for option, plain in (("approval", False), ("retries", 0), ("timeout", None),
-                                  ("errors", "raise"), ("result", "receipt")):
+                                  ("errors", "raise"), ("result", "receipt"),
+                                  ("lookup_faults", None)):
                 if spec.get(option, plain) != plain:
                     out.append(replace(self, tools={**self.tools, name: {**spec, option: plain}}))
         for option, plain in (("flavour", "sync"), ("sequential", True), ("leased", False)):

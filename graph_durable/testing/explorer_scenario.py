@@ -47,6 +47,7 @@ from graph_durable.testing.explorer_shapes import (
     branch_of,
     build_create_agent,
     followup_node,
+    lookup_of,
     model_view,
     trimmed_agent,
     write_tool,
@@ -108,7 +109,7 @@ def _policy(spec: dict[str, Any], provider: FakeProvider | None) -> Effect:
         return Effect(idempotent=True, **options)
     if kind == "lookup":
         assert provider is not None
-        return Effect(lookup=provider.find, **options)
+        return Effect(lookup=lookup_of(provider), **options)
     return Effect(**options)
 
 

@@ -23,6 +23,7 @@ way LangChain lets tools answer:
   and whose `goto` is `followup`, a node that asks for one more guarded write, `audit`,
   of the same item with suffix `a`; an answer found by lookup or given by a person is
   no Command, and the thread goes on to the model).
+- a looked-up tool's `lookup_faults`: the first lookups cannot tell (`LOOKUP_FAULTS`).
 - `history` (`Episode.history`, flat graphs): `""` (`add_messages`, which gives every
   message an id), `trimmed` (a reducer that keeps the last `KEEP_LAST` messages and
   assigns no ids; the model's messages carry their own), `idless` (the same, the
@@ -35,6 +36,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import time
 import uuid
 from typing import Annotated, Any, TypedDict
 
@@ -68,6 +70,30 @@ def branch_items(item: str, topology: str) -> list[str]:
     if topology == "subgraph_send":
         return [f"{branch}{item}" for branch in BRANCHES]
     return [item]
+
+
+LOOKUP_FAULTS = {"error": "transient", "bool": "permanent", "hang": "hang"}
+"""How a lookup that cannot tell misbehaves (`lookup_faults` of a tool spec), as the
+provider fault scripted under the operation `find`: it raises `ConnectionError`,
+answers `True` (neither a receipt nor `None`), or answers only after `hang_seconds` and
+then raises `TimeoutError`."""
+
+
+def lookup_of(provider: FakeProvider) -> Any:
+    """`provider.find`, misbehaving once per fault scripted under `find`."""
+
+    def find(key: str) -> Any:
+        fault = provider.take_fault("find")
+        if fault == "transient":
+            raise ConnectionError(f"{provider.name}: lookup connection reset")
+        if fault == "permanent":
+            return True
+        if fault == "hang":
+            time.sleep(provider.hang_seconds)
+            raise TimeoutError(f"{provider.name}: lookup timed out")
+        return provider.find(key)
+
+    return find
 
 
 def parse_answer(content: Any) -> Any:
