@@ -502,6 +502,12 @@ def _shapes():
         "malformed_in_a_send_branch": Episode(
             0, {"charge": _tool(approval=True)}, charge, topology="subgraph_send",
             reviewer={"seed": 1, "malformed": True}),
+        # Seed 2072: the other branch, run again unanswered, settled its call by lookup
+        # meanwhile; only the calls still pending are answered next.
+        "malformed_while_a_branch_settles": Episode(
+            0, {"email": _tool("dedupe", "lookup", timeout=0.1)},
+            [[Call("email", "call_1_0", "x10", 0, ["slow"])]], topology="subgraph_send",
+            reviewer={"seed": 398728897, "malformed": True}),
         # Seed 537: the same for create_agent, one task per call, answered alone (a set
         # is `malformed_across_tasks`, open).
         "malformed_in_create_agent": Episode(
@@ -515,7 +521,8 @@ def _shapes():
                                   "trimmed_history", "command_found_by_lookup",
                                   "command_in_trimmed_history", "non_json_found_by_lookup",
                                   "artifact_replayed", "copy_both_nested",
-                                  "malformed_in_a_send_branch", "malformed_in_create_agent"])
+                                  "malformed_in_a_send_branch", "malformed_while_a_branch_settles",
+                                  "malformed_in_create_agent"])
 def test_everyday_shapes_keep_every_invariant(tmp_path, name) -> None:
     """Episodes of the explorer's shape classes that failed (the explorer's own false
     alarms, or refusals it did not know yet), pinned as episodes."""

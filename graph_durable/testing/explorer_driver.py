@@ -230,8 +230,11 @@ class _Run:
                 asked, stalls = report["interrupts"], 0
                 self.phase += 1
                 self.result.pauses += 1
-                self.try_malformed(thread_id, asked)
-                decisions: Any = self.reviewer.decide(asked)
+                still = self.try_malformed(thread_id, asked)
+                if not still:
+                    how = Resume()  # settled meanwhile (a task that ran unanswered)
+                    continue
+                decisions: Any = self.reviewer.decide(still)
                 if len(decisions) > 1 and self.reviewer.rounds % 3 == 0:
                     # A partial answer: the calls left out stay pending, asked again.
                     decisions = dict(list(decisions.items())[:len(decisions) // 2])
@@ -365,16 +368,19 @@ class _Run:
         every = records + events + effects
         return every if keys is None else [x for x in every if x["key"] in keys]
 
-    def try_malformed(self, thread_id: str, interrupts: list[dict[str, Any]]) -> None:
-        """Maybe answer with a malformed decision first: it must change nothing."""
+    def try_malformed(self, thread_id: str, interrupts: list[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+        """Maybe answer with a malformed decision first: it must change nothing. Returns
+        the interrupts still to answer (a task of its own that ran again unanswered may
+        have settled its call)."""
         if any("key" not in i["value"] for i in interrupts):
-            return  # LangChain's HumanInTheLoopMiddleware checks its own answers
+            return interrupts  # LangChain's HumanInTheLoopMiddleware checks its answers
         payload = self.reviewer.malformed(interrupts)
         if payload is None:
-            return
+            return interrupts
         if self.stack == "tool_retry_outside" and self.known_bug(
                 "retry_swallows_refusal", ""):
-            return
+            return interrupts
         self.wait_for_dead_lease()
         keys = None
         if self.episode.topology in ("subgraph_send", "create_agent"):
@@ -383,7 +389,8 @@ class _Run:
             # must stay as they were.
             keys = {i["value"]["key"] for i in interrupts}
             if len(interrupts) > 1 and self.known_bug("malformed_across_tasks", ""):
-                # Answered alone, the other calls are asked again (an `asked` event).
+                # Answered alone, the other calls run again unanswered: asked again (an
+                # `asked` event), or settled by a lookup.
                 payload = {interrupts[0]["id"]: payload[interrupts[0]["id"]]}
                 keys = {interrupts[0]["value"]["key"]}
         before = self.snapshot(keys)
@@ -398,11 +405,14 @@ class _Run:
             changed = [x for x in after if x not in before]
             raise _Stop(f"MALFORMED decision {payload} was refused but changed the ledger or "
                         f"a provider: {str(changed)[:600]}")
-        keys = {i["value"]["key"] for i in interrupts}
-        if [i for i in report["interrupts"] if i["value"]["key"] in keys] != interrupts:
+        keys = keys or {i["value"]["key"] for i in interrupts}
+        asked = [i for i in interrupts if i["value"]["key"] in keys]
+        if [i for i in report["interrupts"] if i["value"]["key"] in keys] != asked:
             raise _Stop(f"MALFORMED decision {payload} was refused but the pending interrupts "
                         f"changed from {interrupts} to {report['interrupts']}")
         self.result.malformed += 1
+        pending = {i["value"]["key"] for i in report["interrupts"]}
+        return [i for i in interrupts if i["value"]["key"] in pending]
 
 
 def run_episode(episode: Episode, directory: str, server: ForkServer, *,
