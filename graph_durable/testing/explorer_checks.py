@@ -12,7 +12,9 @@ kind:
   with another receipt), `failed`/`rejected` (or skipped for an edit) with it, or an
   effect no ledger knows; once every thread finished (and no fork left a branch
   behind, whose in-flight calls nobody resumes), an effect whose ledger status is not
-  `applied` or `skipped`.
+  `applied` or `skipped`. (So a tool that reports an error itself after its write
+  must end applied once, or paused as unknown and settled: never `failed`, nor
+  re-sent, which `DUPLICATE` counts.)
 - `EXACTLY-ONCE`: a finished thread answered a call as applied, but the provider does
   not hold exactly one effect under the key of that answer.
 - `STRANDED`: a finished thread holds a call without an answer, or the placeholder of a

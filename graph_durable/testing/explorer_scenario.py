@@ -13,9 +13,13 @@ protocol of `graph_durable.testing.crash`). `build_explorer_agent_async` is its 
   `read_only`; `approval` is a bool or `"odd"` (a predicate: `odd_items`). A policy
   the provider does not honour (`idempotent` on a `blind` provider) is a
   misconfiguration the explorer must catch.
+  A spec may add how the tool reports errors (`errors`), what it returns (`result`)
+  and how its lookup misbehaves (`lookup_faults`): see `explorer_shapes`.
 - `turns`: per model turn, the calls of its AIMessage: `{"tool", "id", "item", "n"}`.
   `item` names the logical call: the tool writes with `operation=item`, so a provider
   counts each logical call's effects apart, and faults are scripted per item.
+- `topology`, `stack`, `history`, `fresh_ids`: where the tools sit and how the
+  messages are kept (`explorer_shapes`; the defaults build the graph above).
 
 Write tools return the provider's receipt (`{"id", "key", "item", "n"}`), which becomes
 the ToolMessage content, so a test can read back under which key a call was applied.
