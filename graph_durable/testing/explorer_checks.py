@@ -23,7 +23,8 @@ kind:
   (`explorer_shapes`): an `artifact` tool's ToolMessage without the receipt as its
   artifact, a `non_json` tool's without its non-JSON value, a `command` tool's not the
   ToolMessage of its Command; a replay that lost them
-  (when the receipt came from the tool: a lookup or a person answers their own way).
+  (when the receipt came from the tool: a lookup or a person answers their own way);
+  a `Command` answer whose `goto` never led to its follow-up write.
 
 Above a subgraph (`one_request_per_item`) the model asks again when the subgraph
 restarts (a run from a named parent checkpoint): the same logical call, under a new
@@ -268,7 +269,13 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
         settled = not forked and set(finished) | set(abandoned) >= set(threads)
         problems += _check_ledger(records_by_thread, by_key, settled)
         for thread_id in finished:
-            problems += _check_finished(thread_id, _final_messages(saver, thread_id), tools,
+            final = _final_messages(saver, thread_id)
+            problems += _check_finished(thread_id, final, tools,
                                         by_key, records_by_thread[thread_id], records_by_thread,
                                         _receipt_sources(saver, thread_id))
+            problems += [f"ANSWER {thread_id}: the Command answering {m.tool_call_id} "
+                         f"({m.name}) led to no follow-up write of {item}"
+                         for m in final if m.type == "tool" and m.additional_kwargs.get("command")
+                         for item in [f"{(_receipt_of(m.content) or {}).get('item')}a"]
+                         if item not in requested]
     return problems

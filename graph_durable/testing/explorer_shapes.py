@@ -176,7 +176,7 @@ def followup_node(state: Any) -> dict[str, Any]:
         if message.type != "tool":
             break
         receipt = parse_answer(message.content)
-        if message.name != FOLLOWUP_TOOL and isinstance(receipt, dict) and "item" in receipt:
+        if message.additional_kwargs.get("command") and isinstance(receipt, dict):
             answers.append(receipt)
     calls = [{"name": FOLLOWUP_TOOL, "args": {"item": f"{r['item']}a", "n": 0},
               "id": f"audit_{r['item']}"} for r in reversed(answers)]
