@@ -467,6 +467,13 @@ def _shapes():
         # Requesting messages without ids under a trimming reducer: refused
         # (UnkeyableToolCall) before anything is sent.
         "idless_messages": Episode(0, {"charge": _tool()}, charge, history="idless"),
+        # Seed 3182: the same, met by recover() after a crash: the thread it resumed was
+        # refused and is `failed`, which is right, not a misjudged status.
+        "idless_messages_recovered": Episode(
+            0, {"search": {"mode": "read", "policy": "read_only"}, "ticket": _tool()},
+            [[Call("search", "call_0_0", "x00")], [Call("ticket", "call_1_3", "x13")]],
+            crashes=[Crash("after_put_writes", None, 5, 0, Resume("recover"))],
+            history="idless"),
         # A trimming reducer and reused tool_call_ids, killed after the second charge.
         "trimmed_history": Episode(
             0, {"charge": _tool()}, [[Call("charge", "c1", f"x{t}0")] for t in range(3)],
@@ -518,6 +525,7 @@ def _shapes():
 
 @pytest.mark.crash
 @pytest.mark.parametrize("name", ["retry_middleware_after_the_guard", "idless_messages",
+                                  "idless_messages_recovered",
                                   "trimmed_history", "command_found_by_lookup",
                                   "command_in_trimmed_history", "non_json_found_by_lookup",
                                   "artifact_replayed", "copy_both_nested",
@@ -530,7 +538,8 @@ def test_everyday_shapes_keep_every_invariant(tmp_path, name) -> None:
     assert result.ok, result.problems
     if name.startswith("malformed"):
         assert result.malformed >= 1, result.log
-    if name in ("retry_middleware_after_the_guard", "idless_messages"):
+    if name in ("retry_middleware_after_the_guard", "idless_messages",
+                "idless_messages_recovered"):
         assert any("refused as documented" in line for line in result.log), result.log
 
 

@@ -350,6 +350,10 @@ class _Run:
             status = thread_status(saver, thread_id)
         if status.status in ("orphaned", "running"):
             return False
+        if (status.status == "failed" and self.episode.history == "idless"
+                and "UnkeyableToolCall" in (status.reason or "")):
+            # recover() leaves a thread refused as documented alone: it is failed.
+            raise _Refused(f"recover: {status.reason[:300]}", thread_id)
         self.known_bug("recover_misjudged", (
             f"STATUS {thread_id} has not finished and nothing is pending (next="
             f"{report['next']}), but thread_status says {status.status} ({status.reason}), "
