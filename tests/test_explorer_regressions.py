@@ -671,3 +671,25 @@ def test_a_call_approved_through_human_in_the_loop_and_crashed_is_not_asked_agai
                                                   "args": {"item": "x00", "n": 1}}}
         agent.graph.invoke(Command(resume={question.id: edit}), CONFIG, durability="sync")
     assert agent.providers["charge"].count() == 1
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: after the middleware "
+                   "order is fixed, the guard takes HumanInTheLoopMiddleware's answer as the "
+                   "answer to its own earlier question")
+def test_an_order_fixed_after_a_crash_asks_the_guard_question_anew(tmp_path) -> None:
+    """Seed 3891 (`hitl_after_guard`): two charges under `[EffectGuardMiddleware,
+    HumanInTheLoopMiddleware]`, killed after the first intent; resumed, the guard asked
+    about the first (effect_unknown) and the second was refused (MiddlewareOrderError).
+    With the order fixed, HumanInTheLoopMiddleware asked about both; approving them
+    raised InvalidDecision: the guard read the approval as the answer to its own
+    question about the first charge."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"charge": _tool(approval="odd")},
+        [[Call("charge", "call_0_0", "x00"), Call("charge", "call_0_4", "x04")]],
+        crashes=[Crash("after_intent", "charge", 1, 0, Resume())],
+        topology="create_agent", stack="hitl_after_guard", reviewer={"seed": 662236681})
+    result = _replay(tmp_path, episode, paths="stable,hitl_after_guard")
+    assert result.ok, result.problems

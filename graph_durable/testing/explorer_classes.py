@@ -93,6 +93,13 @@ KNOWN_BUGS: dict[str, str] = {
     "301, 412, 430, 537), where README says one invalid answer runs none of the set. "
     "The driver sends the malformed answer alone in such a set unless this class is "
     "enabled.",
+    "hitl_after_guard": "HumanInTheLoopMiddleware listed after the guard is refused "
+    "(MiddlewareOrderError) as documented; but a call the guard had already asked about "
+    "(effect_unknown, in flight from a crash) under that order, once the order is fixed "
+    "and HumanInTheLoopMiddleware asks about it first, takes the human's approval of "
+    "that question as the answer to its own and raises InvalidDecision (seed 3891: two "
+    "charges, killed after the first intent, resumed under the wrong order, then the "
+    "right one).",
     "hitl_review": "`review(graph, config)` raises KeyError('key') on a thread paused by a "
     "per-call HumanInTheLoopMiddleware listed before the guard (the order README "
     "recommends): its questions carry no effect key. The driver answers those pauses "
