@@ -515,6 +515,15 @@ def _shapes():
             0, {"email": _tool("dedupe", "lookup", timeout=0.1)},
             [[Call("email", "call_1_0", "x10", 0, ["slow"])]], topology="subgraph_send",
             reviewer={"seed": 398728897, "malformed": True}),
+        # Seeds 4115, 4219: a call answered by a person in a restarted subgraph whose
+        # model asks under new tool_call_ids: its record is the earlier run's, under the
+        # earlier id (the explorer looked it up by id).
+        "respond_under_a_new_call_id": Episode(
+            0, {"charge": _tool(approval=True)},
+            [[Call("charge", "call_1_0", "x10")],
+             [Call("charge", f"call_2_{i}", f"x2{i}") for i in (1, 3, 4)]],
+            after=Resume("time_travel", 3), topology="subgraph_send", fresh_ids=True,
+            reviewer={"seed": 1710634694, "edit_unchanged": True}),
         # Seed 537: the same for create_agent, one task per call, answered alone (a set
         # is `malformed_across_tasks`, open).
         "malformed_in_create_agent": Episode(
@@ -530,7 +539,7 @@ def _shapes():
                                   "command_in_trimmed_history", "non_json_found_by_lookup",
                                   "artifact_replayed", "copy_both_nested",
                                   "malformed_in_a_send_branch", "malformed_while_a_branch_settles",
-                                  "malformed_in_create_agent"])
+                                  "malformed_in_create_agent", "respond_under_a_new_call_id"])
 def test_everyday_shapes_keep_every_invariant(tmp_path, name) -> None:
     """Episodes of the explorer's shape classes that failed (the explorer's own false
     alarms, or refusals it did not know yet), pinned as episodes."""
@@ -692,4 +701,25 @@ def test_an_order_fixed_after_a_crash_asks_the_guard_question_anew(tmp_path) -> 
         crashes=[Crash("after_intent", "charge", 1, 0, Resume())],
         topology="create_agent", stack="hitl_after_guard", reviewer={"seed": 662236681})
     result = _replay(tmp_path, episode, paths="stable,hitl_after_guard")
+    assert result.ok, result.problems
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: a restarted subgraph's "
+                   "replayed answer carries the earlier run's tool_call_id")
+def test_a_restarted_subgraph_answers_the_call_under_its_new_id(tmp_path) -> None:
+    """Seed 4157 (`fresh_call_ids`): a model that gives new tool_call_ids each time it
+    is asked, two subgraphs down; after a crash after the charge, a run from
+    `get_state().config` and a copy, the source finished with the charge's receipt
+    answering the earlier run's tool_call_id, and the call its model asked last left
+    without an answer."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"charge": _tool()}, [[Call("charge", "call_1_0", "x10")]],
+        crashes=[Crash("after_effect", "charge", 1, 0, Resume("checkpoint_config")),
+                 Crash("before_put", None, 2, 0, Resume("copy_both"))],
+        topology="subgraph_nested", fresh_ids=True, sealed=True,
+        reviewer={"seed": 1604332116})
+    result = _replay(tmp_path, episode, paths="stable,fresh_call_ids")
     assert result.ok, result.problems

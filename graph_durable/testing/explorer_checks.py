@@ -152,7 +152,9 @@ def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[s
                 # this thread. A copy (or the thread it was copied from) shares the key and
                 # asks anew about a call answered this way here; its own approval may send
                 # it, once (DUPLICATE counts the provider's side).
-                mine = [r for r in records.values() if r.tool_call_id == call["id"]
+                # (By arguments: a restarted subgraph asks under a new tool_call_id, and
+                # keeps the record of the call its earlier run asked for.)
+                mine = [r for r in records.values() if r.tool == call["name"]
                         and r.args == call["args"] and r.status == "rejected"]
                 sent_by_kin = {key for other, held in (family or {}).items()
                                if other != thread_id
