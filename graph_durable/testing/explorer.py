@@ -311,8 +311,13 @@ def explore(episodes: int | None = 100, seed: int = 0, *,
                 failure = Failure(episode_seed, episode, result.problems, result.log,
                                   _replay_command(episode_seed, chosen, planted_bug),
                                   directory=where, paths=chosen)
-                shrunk = shrink(episode, result.kinds, server, where, paths=chosen) \
-                    if shrink_failures else None
+                try:
+                    shrunk = shrink(episode, result.kinds, server, where, paths=chosen) \
+                        if shrink_failures else None
+                except Exception as exc:  # the explorer's own failure: report it unshrunk
+                    failure.problems.append(f"EXPLORER shrinking failed: "
+                                            f"{type(exc).__name__}: {exc}")
+                    shrunk = None
                 if shrunk is not None:
                     failure.shrunk, failure.shrunk_result = shrunk
             else:

@@ -62,7 +62,7 @@ class Reviewer:
         decisions = {}
         questions = [i["value"] for i in interrupts]
         ids = [q["tool_call_id"] for q in questions]
-        for question in questions:
+        for interrupt, question in zip(interrupts, questions, strict=True):
             roll = rng.random()
             tool = question.get("tool") or question.get("name")
             if question["type"] in APPROVALS:
@@ -96,7 +96,9 @@ class Reviewer:
                 self.drawn[question["tool_call_id"]] = (asked, decision)
             # A model that repeats a tool_call_id leaves the key as the call's only name.
             name = question["tool_call_id"]
-            decisions[name if ids.count(name) == 1 else question["key"]] = decision
+            # HumanInTheLoopMiddleware's questions have no key: their interrupt id, then.
+            decisions[name if ids.count(name) == 1
+                      else question.get("key", interrupt["id"])] = decision
         return decisions
 
     def malformed(self, interrupts: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -132,6 +134,5 @@ def by_interrupt_id(decisions: dict[str, Any], interrupts: list[dict[str, Any]]
     ids: dict[str, str] = {}
     for interrupt in interrupts:
         ids.setdefault(interrupt["value"]["tool_call_id"], interrupt["id"])
-        if "key" in interrupt["value"]:
-            ids[interrupt["value"]["key"]] = interrupt["id"]
+        ids[interrupt["value"].get("key", interrupt["id"])] = interrupt["id"]
     return {ids[name]: decision for name, decision in decisions.items()}
