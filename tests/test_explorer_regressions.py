@@ -723,3 +723,24 @@ def test_a_restarted_subgraph_answers_the_call_under_its_new_id(tmp_path) -> Non
         reviewer={"seed": 1604332116})
     result = _replay(tmp_path, episode, paths="stable,fresh_call_ids")
     assert result.ok, result.problems
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: the guard takes "
+                   "HumanInTheLoopMiddleware's approval as the answer to its own question")
+def test_a_question_of_the_guard_is_not_answered_by_human_in_the_loop(tmp_path) -> None:
+    """Seed 277 (`hitl_before_guard`): a charge past its timeout (effect_unknown, asked
+    by the guard) beside another charge needing approval, killed before the second's
+    intent; resumed, HumanInTheLoopMiddleware asked about the first charge again, and
+    approving it raised InvalidDecision: the guard read the approval as the answer to
+    its own question."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"charge": _tool(approval="odd", timeout=0.1)},
+        [[Call("charge", "call_0_2", "x03", 0, ["slow"]), Call("charge", "call_0_4", "x04")]],
+        crashes=[Crash("before_intent", "charge", 2, 1, Resume())],
+        topology="create_agent", stack="hitl_before_guard",
+        reviewer={"seed": 1145061483, "malformed": True})
+    result = _replay(tmp_path, episode, paths="stable,hitl_before_guard")
+    assert result.ok, result.problems

@@ -99,6 +99,12 @@ KNOWN_BUGS: dict[str, str] = {
     "without an answer in the finished thread (seed 4157: two levels down, killed after "
     "the charge, resumed from get_state().config, killed before a checkpoint, copied; "
     "the source's final state answers call_3b72... where the model asked call_7f72...).",
+    "hitl_before_guard": "with a per-call HumanInTheLoopMiddleware before the guard (the "
+    "order README recommends), a call the guard asked about itself (effect_unknown: it "
+    "timed out, or was in flight at a crash) is asked about by HumanInTheLoopMiddleware "
+    "again when its step runs again, and the guard takes the human's approval of that "
+    "question as the answer to its own, raising InvalidDecision (seed 277: a charge "
+    "past its timeout beside another, killed before the second's intent, resumed).",
     "hitl_after_guard": "HumanInTheLoopMiddleware listed after the guard is refused "
     "(MiddlewareOrderError) as documented; but a call the guard had already asked about "
     "(effect_unknown, in flight from a crash) under that order, once the order is fixed "
