@@ -524,6 +524,15 @@ def _shapes():
              [Call("charge", f"call_2_{i}", f"x2{i}") for i in (1, 3, 4)]],
             after=Resume("time_travel", 3), topology="subgraph_send", fresh_ids=True,
             reviewer={"seed": 1710634694, "edit_unchanged": True}),
+        # Seed 10214: one tool_call_id pending in both Send branches, one of them decided
+        # before a crash: the other is named by its key, not by the id both share.
+        "one_call_id_in_two_branches": Episode(
+            0, {"crm": _tool("lookup", "blind", approval=True, timeout=1.0,
+                             errors="tool_exception")},
+            [[Call("crm", "call_0_0", "x00")]],
+            crashes=[Crash("after_intent", "crm", 1, 0, Resume("recover", 6))],
+            topology="subgraph_send", sealed=True,
+            reviewer={"seed": 1874449336, "malformed": True}),
         # Seed 537: the same for create_agent, one task per call, answered alone (a set
         # is `malformed_across_tasks`, open).
         "malformed_in_create_agent": Episode(
@@ -539,7 +548,8 @@ def _shapes():
                                   "command_in_trimmed_history", "non_json_found_by_lookup",
                                   "artifact_replayed", "copy_both_nested",
                                   "malformed_in_a_send_branch", "malformed_while_a_branch_settles",
-                                  "malformed_in_create_agent", "respond_under_a_new_call_id"])
+                                  "malformed_in_create_agent", "respond_under_a_new_call_id",
+                                  "one_call_id_in_two_branches"])
 def test_everyday_shapes_keep_every_invariant(tmp_path, name) -> None:
     """Episodes of the explorer's shape classes that failed (the explorer's own false
     alarms, or refusals it did not know yet), pinned as episodes."""

@@ -221,6 +221,7 @@ class _Run:
                     how, stalls = Resume("recover"), stalls + 1
                     continue
                 pending_in_graph = len(report["interrupts"])
+                in_graph = report["interrupts"]
                 report["interrupts"] = waiting
                 repeats = repeats + 1 if report["interrupts"] == asked else 0
                 if repeats >= 3:
@@ -234,7 +235,7 @@ class _Run:
                 if not still:
                     how = Resume()  # settled meanwhile (a task that ran unanswered)
                     continue
-                decisions: Any = self.reviewer.decide(still)
+                decisions: Any = self.reviewer.decide(still, in_graph)
                 if len(decisions) > 1 and self.reviewer.rounds % 3 == 0:
                     # A partial answer: the calls left out stay pending, asked again.
                     decisions = dict(list(decisions.items())[:len(decisions) // 2])

@@ -54,14 +54,16 @@ class Reviewer:
         path = os.path.join(self.provider_dir, f"{tool}.sqlite")
         return FakeProvider(path, "lookup", name=tool).find(key)
 
-    def decide(self, interrupts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def decide(self, interrupts: list[dict[str, Any]],
+               pending: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
         """`{tool_call_id or key: decision}`, one valid decision per pending call."""
         self.rounds += 1
         self.drawn = {}
         rng = self._rng("valid")
         decisions = {}
         questions = [i["value"] for i in interrupts]
-        ids = [q["tool_call_id"] for q in questions]
+        # A tool_call_id names a call only if no other pending one (decided or not) has it.
+        ids = [i["value"]["tool_call_id"] for i in (pending or interrupts)]
         for interrupt, question in zip(interrupts, questions, strict=True):
             roll = rng.random()
             tool = question.get("tool") or question.get("name")
