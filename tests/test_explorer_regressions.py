@@ -437,3 +437,320 @@ def test_a_call_answered_in_place_in_a_copy_is_asked_anew_in_its_source(tmp_path
         report = explore(1, seed, workers=1, directory=str(tmp_path / f"seed-{seed}"),
                          shrink_failures=False)
         assert report.ok, report.render()
+
+
+# -- everyday shapes: subgraphs, create_agent middleware, tools that answer their own way --
+
+def _tool(mode: str = "blind", policy: str = "blind", **more):
+    return {"approval": False, "mode": mode, "policy": policy, "retries": 0, "timeout": None,
+            **more}
+
+
+def _replay(tmp_path, episode, paths: str = "stable"):
+    from graph_durable.testing.explorer import replay
+
+    return replay(episode, paths=paths, directory=str(tmp_path / "episode"))
+
+
+def _shapes():
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    charge = [[Call("charge", "c1", "x00")]]
+    lost = [[Call("charge", "c1", "x00", 0, ["lost"])]]
+    approvals = [[Call("charge", f"c{i}", f"x0{i}") for i in range(4)]]
+    return {
+        # Seeds 341, 363: ToolRetryMiddleware listed after the guard re-sent a lost
+        # charge. It is refused (MiddlewareOrderError) before anything is sent twice; put
+        # in the safe order, the thread asks about the charge in flight.
+        "retry_middleware_after_the_guard": Episode(
+            0, {"charge": _tool()}, lost, topology="create_agent", stack="tool_retry_inside"),
+        # Requesting messages without ids under a trimming reducer: refused
+        # (UnkeyableToolCall) before anything is sent.
+        "idless_messages": Episode(0, {"charge": _tool()}, charge, history="idless"),
+        # Seed 3182: the same, met by recover() after a crash: the thread it resumed was
+        # refused and is `failed`, which is right, not a misjudged status.
+        "idless_messages_recovered": Episode(
+            0, {"search": {"mode": "read", "policy": "read_only"}, "ticket": _tool()},
+            [[Call("search", "call_0_0", "x00")], [Call("ticket", "call_1_3", "x13")]],
+            crashes=[Crash("after_put_writes", None, 5, 0, Resume("recover"))],
+            history="idless"),
+        # A trimming reducer and reused tool_call_ids, killed after the second charge.
+        "trimmed_history": Episode(
+            0, {"charge": _tool()}, [[Call("charge", "c1", f"x{t}0")] for t in range(3)],
+            history="trimmed", crashes=[Crash("after_effect", "charge", 2, 0, Resume())]),
+        # Seed 523: a Command tool whose answer was found by lookup (no Command then):
+        # the explorer's graph waited for a goto that never came.
+        "command_found_by_lookup": Episode(
+            0, {"charge": _tool("lookup", "lookup", timeout=0.1, result="command"),
+                "audit": _tool("lookup", "lookup")},
+            [[Call("charge", "c1", "x14", 0, ["slow"])]]),
+        # Seeds 409, 425: a Command tool in a trimmed history (the follow-up's own message
+        # needs an id there).
+        "command_in_trimmed_history": Episode(
+            0, {"charge": _tool("lookup", "lookup", result="command"), "audit": _tool()},
+            charge, history="trimmed",
+            crashes=[Crash("after_receipt", "charge", 1, 0, Resume())]),
+        # Seed 215: a non-JSON result reconciled by lookup is the lookup's receipt.
+        "non_json_found_by_lookup": Episode(
+            0, {"charge": _tool("lookup", "lookup", result="non_json")}, lost,
+            topology="subgraph_send"),
+        "artifact_replayed": Episode(
+            0, {"charge": _tool("lookup", "lookup", result="artifact")}, charge,
+            crashes=[Crash("after_receipt", "charge", 1, 0, Resume())]),
+        # Seed 327: a copy of a thread whose tools sit two subgraphs down, and its source,
+        # each asked their model for the second turn: two requests, one charge each.
+        "copy_both_nested": Episode(
+            0, {"charge": _tool("lookup", "lookup")},
+            [[Call("charge", "call_1_1", "x11")], [Call("charge", "call_2_1", "x21")]],
+            crashes=[Crash("after_receipt", "charge", 1, 0, Resume("copy_both"))],
+            topology="subgraph_nested"),
+        # Seeds 301, 412, 430: the other Send branch may go on with a decision it holds;
+        # the malformed answer is sent alone (a set is `malformed_across_tasks`, open).
+        "malformed_in_a_send_branch": Episode(
+            0, {"charge": _tool(approval=True)}, charge, topology="subgraph_send",
+            reviewer={"seed": 1, "malformed": True}),
+        # Seed 2072: the other branch, run again unanswered, settled its call by lookup
+        # meanwhile; only the calls still pending are answered next.
+        "malformed_while_a_branch_settles": Episode(
+            0, {"email": _tool("dedupe", "lookup", timeout=0.1)},
+            [[Call("email", "call_1_0", "x10", 0, ["slow"])]], topology="subgraph_send",
+            reviewer={"seed": 398728897, "malformed": True}),
+        # Seeds 4115, 4219: a call answered by a person in a restarted subgraph whose
+        # model asks under new tool_call_ids: its record is the earlier run's, under the
+        # earlier id (the explorer looked it up by id).
+        "respond_under_a_new_call_id": Episode(
+            0, {"charge": _tool(approval=True)},
+            [[Call("charge", "call_1_0", "x10")],
+             [Call("charge", f"call_2_{i}", f"x2{i}") for i in (1, 3, 4)]],
+            after=Resume("time_travel", 3), topology="subgraph_send", fresh_ids=True,
+            reviewer={"seed": 1710634694, "edit_unchanged": True}),
+        # Seed 10214: one tool_call_id pending in both Send branches, one of them decided
+        # before a crash: the other is named by its key, not by the id both share.
+        "one_call_id_in_two_branches": Episode(
+            0, {"crm": _tool("lookup", "blind", approval=True, timeout=1.0,
+                             errors="tool_exception")},
+            [[Call("crm", "call_0_0", "x00")]],
+            crashes=[Crash("after_intent", "crm", 1, 0, Resume("recover", 6))],
+            topology="subgraph_send", sealed=True,
+            reviewer={"seed": 1874449336, "malformed": True}),
+        # Seed 537: the same for create_agent, one task per call, answered alone (a set
+        # is `malformed_across_tasks`, open).
+        "malformed_in_create_agent": Episode(
+            0, {"charge": _tool(approval=True)}, approvals, topology="create_agent",
+            reviewer={"seed": 1, "malformed": True}),
+    }
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("name", ["retry_middleware_after_the_guard", "idless_messages",
+                                  "idless_messages_recovered",
+                                  "trimmed_history", "command_found_by_lookup",
+                                  "command_in_trimmed_history", "non_json_found_by_lookup",
+                                  "artifact_replayed", "copy_both_nested",
+                                  "malformed_in_a_send_branch", "malformed_while_a_branch_settles",
+                                  "malformed_in_create_agent", "respond_under_a_new_call_id",
+                                  "one_call_id_in_two_branches"])
+def test_everyday_shapes_keep_every_invariant(tmp_path, name) -> None:
+    """Episodes of the explorer's shape classes that failed (the explorer's own false
+    alarms, or refusals it did not know yet), pinned as episodes."""
+    result = _replay(tmp_path, _shapes()[name])
+    assert result.ok, result.problems
+    if name.startswith("malformed"):
+        assert result.malformed >= 1, result.log
+    if name in ("retry_middleware_after_the_guard", "idless_messages",
+                "idless_messages_recovered"):
+        assert any("refused as documented" in line for line in result.log), result.log
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("errors", ["tool_exception", "error_message", "validation"])
+def test_a_tool_that_reports_a_lost_answer_itself_is_not_failed(tmp_path, errors) -> None:
+    """Seeds 216, 218: a tool that catches the provider's lost answer and reports it
+    (ToolException with handle_tool_error=True, an error ToolMessage, a ValidationError
+    raised in its body) was recorded `failed` though the charge was applied. It is an
+    unknown outcome: the reviewer finds the charge at the provider."""
+    from graph_durable.testing.explorer_model import Call, Episode
+
+    episode = Episode(0, {"charge": _tool(errors=errors)},
+                      [[Call("charge", "c1", "x00", 0, ["lost"])]])
+    result = _replay(tmp_path, episode)
+    assert result.ok, result.problems
+    assert result.pauses == 1 and result.log[0].endswith("pending=['c1']"), result.log
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: a subgraph restarted "
+                   "twice from one parent checkpoint sends the call its first restart sent")
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_subgraph_run_twice_from_one_parent_checkpoint_charges_once(tmp_path, depth) -> None:
+    """Seeds 335 and 439 (`subgraph_refork`): killed before its charge, the thread was
+    resumed from `get_state().config` (a fork: the subgraph restarts and charges);
+    running again from that same parent checkpoint (time travel, an update_state fork)
+    restarted the subgraph again, whose model asked for the same charge, sent again."""
+    from graph_durable.testing.scenarios_subgraphs import build_subgraph_charge_agent
+
+    agent = build_subgraph_charge_agent(str(tmp_path / "a.sqlite"), str(tmp_path), "blind",
+                                        depth=depth)
+    charges = FakeProvider(str(tmp_path / "charge.sqlite"), "blind", name="charge")
+    arm(FaultPlan("before_intent", tool="charge", action="raise"))
+    with pytest.raises(InjectedCrash):
+        agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    disarm()
+    first = agent.graph.get_state(CONFIG)
+    assert agent.graph.invoke(None, first.config, durability="sync")["messages"][-1].content \
+        == "Charged."
+    assert charges.count() == 1
+    agent.graph.invoke(None, first.config, durability="sync")
+    assert charges.count() == 1, charges.requests()
+
+
+@pytest.mark.xfail(strict=True, reason="open: ToolRetryMiddleware listed before the guard "
+                   "turns InvalidDecision into an error ToolMessage")
+def test_a_malformed_answer_is_refused_under_a_retry_middleware_listed_first(tmp_path) -> None:
+    """Seed 219 (`retry_swallows_refusal`): with `ToolRetryMiddleware` before
+    `EffectGuardMiddleware` (the safe order), a malformed decision was not refused: the
+    retry middleware caught the guard's `InvalidDecision`, answered the call with an
+    error ToolMessage, and the thread went on, the call never sent nor asked again."""
+    from graph_durable import InvalidDecision
+    from graph_durable.testing.explorer_scenario import build_explorer_agent
+
+    agent = build_explorer_agent(str(tmp_path / "a.sqlite"), str(tmp_path / "p"),
+                                 {"charge": _tool(approval=True)},
+                                 [[{"tool": "charge", "id": "c1", "item": "x00", "n": 0}]],
+                                 topology="create_agent", stack="tool_retry_outside")
+    agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    with pytest.raises(InvalidDecision):
+        agent.graph.invoke(Command(resume={"type": "retry"}), CONFIG, durability="sync")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: one malformed answer "
+                   "in a set spanning create_agent's tasks does not stop the others")
+def test_one_malformed_answer_runs_none_of_a_create_agent_set(tmp_path) -> None:
+    """Seed 537 (`malformed_across_tasks`): create_agent runs each call as a task of its
+    own; a set of answers with one malformed raised `InvalidDecision`, but the other
+    call's approval was recorded and its charge sent (README: one invalid answer in a
+    set runs none of the set)."""
+    from graph_durable import InvalidDecision
+    from graph_durable.testing.explorer_scenario import build_explorer_agent
+
+    agent = build_explorer_agent(str(tmp_path / "a.sqlite"), str(tmp_path / "p"),
+                                 {"charge": _tool(approval=True)},
+                                 [[{"tool": "charge", "id": f"c{i}", "item": f"x0{i}", "n": 0}
+                                   for i in range(2)]], topology="create_agent")
+    result = agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    first, second = result["__interrupt__"]
+    with pytest.raises(InvalidDecision):
+        agent.graph.invoke(Command(resume={first.id: {"type": "bogus"},
+                                           second.id: {"type": "approve"}}),
+                           CONFIG, durability="sync")
+    assert agent.providers["charge"].count() == 0
+    assert all(r.status is EffectStatus.AWAITING_APPROVAL for r in agent.saver.effects("t"))
+
+
+def _hitl_agent(tmp_path):
+    from graph_durable.testing.explorer_scenario import build_explorer_agent
+
+    return build_explorer_agent(str(tmp_path / "a.sqlite"), str(tmp_path / "p"),
+                                {"charge": _tool(approval=True)},
+                                [[{"tool": "charge", "id": "c1", "item": "x00", "n": 0}]],
+                                topology="create_agent", stack="hitl_before_guard")
+
+
+@pytest.mark.xfail(strict=True, raises=KeyError, reason="open: review() reads an effect key "
+                   "every question of HumanInTheLoopMiddleware lacks")
+def test_review_reads_a_thread_paused_by_human_in_the_loop_before_the_guard(tmp_path) -> None:
+    """`hitl_review`: with a per-call `HumanInTheLoopMiddleware` listed before the guard
+    (the order README recommends), `review(graph, config)` raised `KeyError('key')`."""
+    agent = _hitl_agent(tmp_path)
+    agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    result = review(agent.graph, CONFIG).approve("c1").resume()
+    assert result["messages"][-1].content == "All done."
+    assert agent.providers["charge"].count() == 1
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: "
+                   "HumanInTheLoopMiddleware asks again after a crash, and a different answer "
+                   "sends a second charge")
+def test_a_call_approved_through_human_in_the_loop_and_crashed_is_not_asked_again(
+        tmp_path) -> None:
+    """Seeds 1013, 1028 (`hitl_asked_again`): a call approved through a per-call
+    `HumanInTheLoopMiddleware` listed before the guard, killed after the charge, was
+    asked about again on resume; answered with an edit this time, it was charged a
+    second time (the first charge, as first asked, had been applied)."""
+    agent = _hitl_agent(tmp_path)
+    [question] = agent.graph.invoke(agent.inputs, CONFIG, durability="sync")["__interrupt__"]
+    arm(FaultPlan("after_effect", tool="charge", action="raise"))
+    with pytest.raises(InjectedCrash):
+        agent.graph.invoke(Command(resume={question.id: {"type": "approve"}}), CONFIG,
+                           durability="sync")
+    disarm()
+    assert agent.providers["charge"].count() == 1
+    result = agent.graph.invoke(None, CONFIG, durability="sync")
+    for question in result.get("__interrupt__", []):
+        edit = {"type": "edit", "edited_action": {"name": "charge",
+                                                  "args": {"item": "x00", "n": 1}}}
+        agent.graph.invoke(Command(resume={question.id: edit}), CONFIG, durability="sync")
+    assert agent.providers["charge"].count() == 1
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: after the middleware "
+                   "order is fixed, the guard takes HumanInTheLoopMiddleware's answer as the "
+                   "answer to its own earlier question")
+def test_an_order_fixed_after_a_crash_asks_the_guard_question_anew(tmp_path) -> None:
+    """Seed 3891 (`hitl_after_guard`): two charges under `[EffectGuardMiddleware,
+    HumanInTheLoopMiddleware]`, killed after the first intent; resumed, the guard asked
+    about the first (effect_unknown) and the second was refused (MiddlewareOrderError).
+    With the order fixed, HumanInTheLoopMiddleware asked about both; approving them
+    raised InvalidDecision: the guard read the approval as the answer to its own
+    question about the first charge."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"charge": _tool(approval="odd")},
+        [[Call("charge", "call_0_0", "x00"), Call("charge", "call_0_4", "x04")]],
+        crashes=[Crash("after_intent", "charge", 1, 0, Resume())],
+        topology="create_agent", stack="hitl_after_guard", reviewer={"seed": 662236681})
+    result = _replay(tmp_path, episode, paths="stable,hitl_after_guard")
+    assert result.ok, result.problems
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: a restarted subgraph's "
+                   "replayed answer carries the earlier run's tool_call_id")
+def test_a_restarted_subgraph_answers_the_call_under_its_new_id(tmp_path) -> None:
+    """Seed 4157 (`fresh_call_ids`): a model that gives new tool_call_ids each time it
+    is asked, two subgraphs down; after a crash after the charge, a run from
+    `get_state().config` and a copy, the source finished with the charge's receipt
+    answering the earlier run's tool_call_id, and the call its model asked last left
+    without an answer."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"charge": _tool()}, [[Call("charge", "call_1_0", "x10")]],
+        crashes=[Crash("after_effect", "charge", 1, 0, Resume("checkpoint_config")),
+                 Crash("before_put", None, 2, 0, Resume("copy_both"))],
+        topology="subgraph_nested", fresh_ids=True, sealed=True,
+        reviewer={"seed": 1604332116})
+    result = _replay(tmp_path, episode, paths="stable,fresh_call_ids")
+    assert result.ok, result.problems
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: the guard takes "
+                   "HumanInTheLoopMiddleware's approval as the answer to its own question")
+def test_a_question_of_the_guard_is_not_answered_by_human_in_the_loop(tmp_path) -> None:
+    """Seed 277 (`hitl_before_guard`): a charge past its timeout (effect_unknown, asked
+    by the guard) beside another charge needing approval, killed before the second's
+    intent; resumed, HumanInTheLoopMiddleware asked about the first charge again, and
+    approving it raised InvalidDecision: the guard read the approval as the answer to
+    its own question."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"charge": _tool(approval="odd", timeout=0.1)},
+        [[Call("charge", "call_0_2", "x03", 0, ["slow"]), Call("charge", "call_0_4", "x04")]],
+        crashes=[Crash("before_intent", "charge", 2, 1, Resume())],
+        topology="create_agent", stack="hitl_before_guard",
+        reviewer={"seed": 1145061483, "malformed": True})
+    result = _replay(tmp_path, episode, paths="stable,hitl_before_guard")
+    assert result.ok, result.problems

@@ -11,8 +11,14 @@ small scenarios: each episode (`explorer_model.generate`, deterministic given it
 is one to three model turns of one to five tool calls, on tools with mixed policies
 (blind, looked up, idempotent, approval, read-only, retries, timeouts) whose providers
 return, refuse (`NotApplied`), fail transiently (`Retryable`), raise, lose the answer or
-answer slowly. The agent is built by `explorer_scenario.build_explorer_agent`, a
-scenario factory a child process rebuilds by name. The thread runs in real child
+answer slowly, and which report errors and shape results every way LangChain lets a
+tool (`ToolException`, an error ToolMessage, a `ValidationError`; artifacts, non-JSON
+values, a `Command` with a `goto`). The agent is built by
+`explorer_scenario.build_explorer_agent`, a scenario factory a child process rebuilds by
+name: a flat ToolNode graph (`add_messages`, or a trimming reducer with or without
+message ids), the same graph as a subgraph (one or two levels down, or fanned out by
+`Send`), or `create_agent` with `EffectGuardMiddleware` among retry middleware in either
+order (`explorer_shapes`). The thread runs in real child
 processes forked from a pre-imported server (`forkserver`, milliseconds each): a crash
 is a SIGKILL at a fault point occurrence, after which the thread resumes along a
 generated path (plain, async, `recover()` under leases, a `copy_thread` copy, a
@@ -20,8 +26,12 @@ checkpoint-id config, time travel, an `update_state` fork). Pauses are answered 
 valid decisions, sometimes after a malformed one. After every episode
 (`explorer_checks`): each logical call applied at most once at its provider, exactly
 once when its thread finished and the call was not rejected, skipped or failed; the
-ledger agrees with the providers; every pause could be answered and led to the end;
-nothing raised but graph_durable's documented errors.
+ledger agrees with the providers; a finished thread's answers are the tools' own
+(artifact, non-JSON value, Command) when replayed; every pause could be answered and
+led to the end; nothing raised but graph_durable's documented errors, and those only
+where documented (`MiddlewareOrderError` for a retry middleware listed after the guard,
+after which the middleware is put in order and the thread goes on; `UnkeyableToolCall`
+for requests without ids, which ends the thread with nothing sent).
 
 Episode `i` of a run has seed `seed + i`. A failing episode is shrunk (a simpler
 episode with the same kind of failure) and reported with its seed, the shrunk episode
@@ -31,10 +41,13 @@ given the seed and the paths; a run is too when its calls run one at a time (mos
 episodes) and no timing decides (slow providers, lease expiry), so a replay
 reproduces most failures but not every race.
 
-Not generated (yet): PostgreSQL savers; `create_agent` / `EffectGuardMiddleware`
-dispatch (one task per call); forks or time travel to a model step (the model asks
-again: new calls by design) and `update_state` forks that change the calls; the
-`respond` decision and LangChain's batched `{"decisions": [...]}`; two live workers
+Not generated (yet): PostgreSQL savers; `HumanInTheLoopMiddleware` next to the guard
+(and LangChain's batched `{"decisions": [...]}` it answers); guarded writes outside
+ToolNode (`guarded(effect)` in a custom node or a functional-API `@task`); sub-keys
+(`current_effect().subkey`); a `Command` tool inside `create_agent`; forks or time
+travel to a model step of a flat graph (the model asks again: new calls by design) and
+`update_state` forks that change the calls; real models' fresh tool_call_ids on a
+restarted subgraph (the script repeats its ids); two live workers
 racing on one thread (frozen zombies, leases lost under a running tool); crashes inside
 `copy_thread`, `update_state` or `recover`'s own bookkeeping, or anywhere but the named
 fault points; more than two crashes per episode; lookups that raise ("cannot tell");
@@ -298,8 +311,13 @@ def explore(episodes: int | None = 100, seed: int = 0, *,
                 failure = Failure(episode_seed, episode, result.problems, result.log,
                                   _replay_command(episode_seed, chosen, planted_bug),
                                   directory=where, paths=chosen)
-                shrunk = shrink(episode, result.kinds, server, where, paths=chosen) \
-                    if shrink_failures else None
+                try:
+                    shrunk = shrink(episode, result.kinds, server, where, paths=chosen) \
+                        if shrink_failures else None
+                except Exception as exc:  # the explorer's own failure: report it unshrunk
+                    failure.problems.append(f"EXPLORER shrinking failed: "
+                                            f"{type(exc).__name__}: {exc}")
+                    shrunk = None
                 if shrunk is not None:
                     failure.shrunk, failure.shrunk_result = shrunk
             else:

@@ -12,18 +12,30 @@ kind:
   with another receipt), `failed`/`rejected` (or skipped for an edit) with it, or an
   effect no ledger knows; once every thread finished (and no fork left a branch
   behind, whose in-flight calls nobody resumes), an effect whose ledger status is not
-  `applied` or `skipped`.
+  `applied` or `skipped`. (So a tool that reports an error itself after its write
+  must end applied once, or paused as unknown and settled: never `failed`, nor
+  re-sent, which `DUPLICATE` counts.)
 - `EXACTLY-ONCE`: a finished thread answered a call as applied, but the provider does
   not hold exactly one effect under the key of that answer.
 - `STRANDED`: a finished thread holds a call without an answer, or the placeholder of a
   pending decision.
+- `ANSWER`: a finished thread answered a call applied, but not the way its tool answers
+  (`explorer_shapes`): an `artifact` tool's ToolMessage without the receipt as its
+  artifact, a `non_json` tool's without its non-JSON value, a `command` tool's not the
+  ToolMessage of its Command; a replay that lost them
+  (when the receipt came from the tool: a lookup or a person answers their own way);
+  a `Command` answer whose `goto` never led to its follow-up write.
+
+Above a subgraph (`one_request_per_item`) the model asks again when the subgraph
+restarts (a run from a named parent checkpoint): the same logical call, under a new
+message id, which keeps its key; there each item may be applied once per set of
+threads its requests are held by (a copy and its source asking on their own are two).
 
 `ledger_snapshot` is what must not change when a malformed decision is refused.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter, defaultdict
 from typing import Any
@@ -31,6 +43,7 @@ from typing import Any
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.ledger import EffectStatus
 from graph_durable.testing.explorer_scenario import explorer_saver
+from graph_durable.testing.explorer_shapes import parse_answer
 from graph_durable.testing.providers import FakeProvider
 
 __all__ = ["check_episode", "ledger_snapshot", "provider_effects"]
@@ -67,21 +80,40 @@ def _receipt_of(content: Any) -> Any:
         return None
     if content.startswith("[arguments edited by reviewer:"):
         content = content.split("] ", 1)[-1]
-    try:
-        return json.loads(content)
-    except ValueError:
-        return None
+    return parse_answer(content)
 
 
-def _requests(saver: DurableSqliteSaver, threads: list[str]) -> dict[str, set[str]]:
-    """`{item: ids of the checkpointed AIMessages requesting it}`, over every branch."""
-    requested: dict[str, set[str]] = defaultdict(set)
+def _answer_shape(spec: dict[str, Any], answer: Any, receipt: dict[str, Any]) -> str | None:
+    """What is wrong with an applied answer of a tool shaped as `spec` says, if anything."""
+    result = spec.get("result", "receipt")
+    if result == "artifact":
+        artifact = answer.artifact
+        held = artifact.get("receipt") if isinstance(artifact, dict) else None
+        if not isinstance(held, dict) or held.get("id") != receipt.get("id"):
+            return f"artifact {artifact!r}, not the receipt {receipt.get('id')}"
+    if result == "non_json" and not isinstance(receipt.get("raw"), bytes):
+        return f"content {answer.content!r} lost the non-JSON value"
+    if result == "command" and not answer.additional_kwargs.get("command"):
+        return "a ToolMessage that is not the one its Command carried"
+    return None
+
+
+def _requests(saver: DurableSqliteSaver, threads: list[str]) -> dict[str, dict[str, set[str]]]:
+    """`{item: {id of a checkpointed AIMessage requesting it: threads holding it}}`, over
+    every branch."""
+    requested: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for thread_id in threads:
         for saved in saver.list({"configurable": {"thread_id": thread_id}}):
             for message in saved.checkpoint["channel_values"].get("messages", []):
                 for call in getattr(message, "tool_calls", None) or []:
-                    requested[str(call["args"].get("item"))].add(str(message.id))
+                    requested[str(call["args"].get("item"))][str(message.id)].add(thread_id)
     return requested
+
+
+def _receipt_sources(saver: DurableSqliteSaver, thread_id: str) -> dict[str, Any]:
+    """`{key: where its last receipt came from}` (`tool`, `lookup`, `human`, `family`)."""
+    return {event.key: event.data.get("source") for event in saver.events(thread_id)
+            if event.kind == "receipt"}
 
 
 def _final_messages(saver: DurableSqliteSaver, thread_id: str) -> list[Any]:
@@ -91,7 +123,8 @@ def _final_messages(saver: DurableSqliteSaver, thread_id: str) -> list[Any]:
 
 def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[str, Any]],
                     by_key: dict[str, list[dict[str, Any]]], records: dict[str, Any],
-                    family: dict[str, dict[str, Any]] | None = None) -> list[str]:
+                    family: dict[str, dict[str, Any]] | None = None,
+                    sources: dict[str, Any] | None = None) -> list[str]:
     problems = []
     for position, message in enumerate(messages):
         calls = getattr(message, "tool_calls", None) or []
@@ -119,7 +152,9 @@ def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[s
                 # this thread. A copy (or the thread it was copied from) shares the key and
                 # asks anew about a call answered this way here; its own approval may send
                 # it, once (DUPLICATE counts the provider's side).
-                mine = [r for r in records.values() if r.tool_call_id == call["id"]
+                # (By arguments: a restarted subgraph asks under a new tool_call_id, and
+                # keeps the record of the call its earlier run asked for.)
+                mine = [r for r in records.values() if r.tool == call["name"]
                         and r.args == call["args"] and r.status == "rejected"]
                 sent_by_kin = {key for other, held in (family or {}).items()
                                if other != thread_id
@@ -140,6 +175,10 @@ def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[s
                 problems.append(f"EXACTLY-ONCE {what} answered applied under {key} "
                                 f"({receipt.get('id')}); the provider holds "
                                 f"{[e['receipt'].get('id') for e in held]} under it")
+            wrong = _answer_shape(tools.get(call["name"], {}), answer, receipt) if (
+                sources or {}).get(key) == "tool" else None
+            if wrong is not None:
+                problems.append(f"ANSWER {what} answered with {wrong}")
             record = records.get(key)
             if record is not None and record.status is not S.APPLIED:
                 problems.append(f"LEDGER {what} answered applied; its ledger status is "
@@ -191,7 +230,8 @@ def _check_ledger(records_by_thread: dict[str, dict[str, Any]],
 
 def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
                   threads: list[str], finished: list[str], abandoned: list[str] = (),
-                  forked: bool = False, sealed: bool = False) -> list[str]:
+                  forked: bool = False, sealed: bool = False,
+                  one_request_per_item: bool = False) -> list[str]:
     """The broken invariants of an episode (see the module docstring); `[]` if none.
 
     Args:
@@ -202,6 +242,8 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
         abandoned: Threads left behind on purpose (the original of a copy).
         forked: Whether a time travel or fork left a branch of a thread behind.
         sealed: Whether the episode's saver encrypts (`explorer_scenario.explorer_serde`).
+        one_request_per_item: Each item is one logical request however many messages
+            asked for it (the guarded tools sit in a subgraph).
     """
     effects = provider_effects(provider_dir, tools)
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -217,7 +259,11 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
                     f"{len(held)} times" for key, held in by_key.items() if len(held) > 1]
         per_item = Counter(e["operation"] for e in effects)
         for item, count in sorted(per_item.items()):
-            allowed = len(requested.get(item, ()))
+            asked = requested.get(item, {})
+            # Above a subgraph, messages asked in one thread (or inherited alike by a copy
+            # and its source) are one request: the subgraph's restarts ask again.
+            allowed = (len({frozenset(held) for held in asked.values()})
+                       if one_request_per_item else len(asked))
             if count > allowed and not any(p.startswith("DUPLICATE") and f"({item})" in p
                                            for p in problems):
                 problems.append(f"DUPLICATE call {item} applied {count} times, requested by "
@@ -225,6 +271,13 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
         settled = not forked and set(finished) | set(abandoned) >= set(threads)
         problems += _check_ledger(records_by_thread, by_key, settled)
         for thread_id in finished:
-            problems += _check_finished(thread_id, _final_messages(saver, thread_id), tools,
-                                        by_key, records_by_thread[thread_id], records_by_thread)
+            final = _final_messages(saver, thread_id)
+            problems += _check_finished(thread_id, final, tools,
+                                        by_key, records_by_thread[thread_id], records_by_thread,
+                                        _receipt_sources(saver, thread_id))
+            problems += [f"ANSWER {thread_id}: the Command answering {m.tool_call_id} "
+                         f"({m.name}) led to no follow-up write of {item}"
+                         for m in final if m.type == "tool" and m.additional_kwargs.get("command")
+                         for item in [f"{(_receipt_of(m.content) or {}).get('item')}a"]
+                         if item not in requested]
     return problems

@@ -69,9 +69,32 @@ def _checkpointed(state: Any) -> bool:
     return bool(state.config.get("configurable", {}).get("checkpoint_id"))
 
 
+TOOL_STEPS = frozenset({"tools", "payments", "billing"})
+"""Nodes whose step runs the guarded tools: the tools node, or the subgraph holding it."""
+
+
 def _tools_steps(history: list[Any]) -> list[Any]:
-    """Snapshots about to run the tools node, oldest first."""
-    return [snap for snap in reversed(history) if tuple(snap.next) == ("tools",)]
+    """Snapshots about to run the tools (of the top graph: a subgraph's parent steps),
+    oldest first."""
+    return [snap for snap in reversed(history) if snap.next and set(snap.next) <= TOOL_STEPS]
+
+
+def _fork_update(snap: Any, spec: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """`(values, as_node)` of an `update_state` fork of `snap`: its last AIMessage
+    written again by the model node; an update that adds nothing above a subgraph."""
+    topology = spec.get("topology", "flat")
+    if spec.get("history"):
+        return {"messages": []}, "agent"  # a trimming reducer appends, never replaces
+    if topology in ("flat", "create_agent"):
+        node = "agent" if topology == "flat" else "model"
+        return {"messages": [snap.values["messages"][-1]]}, node
+    return {"messages": []}, None
+
+
+def _builder_args(spec: dict[str, Any]) -> tuple[Any, ...]:
+    return (spec["db_path"], spec["provider_dir"], spec["tools"], spec["turns"],
+            spec.get("sealed", False), spec.get("topology", "flat"), spec.get("stack", ""),
+            spec.get("history", ""), spec.get("fresh_ids", False))
 
 
 def _classify(exc: BaseException) -> dict[str, Any]:
@@ -156,8 +179,7 @@ async def _aleased(saver: Any, spec: dict[str, Any], config: dict[str, Any]
 
 
 def _run_sync(spec: dict[str, Any]) -> dict[str, Any]:
-    agent = build_explorer_agent(spec["db_path"], spec["provider_dir"], spec["tools"],
-                                 spec["turns"], spec.get("sealed", False))
+    agent = build_explorer_agent(*_builder_args(spec))
     graph, saver = agent.graph, agent.saver
     report: dict[str, Any] = {"via": spec["via"]}
     try:
@@ -189,7 +211,7 @@ def _prepare(agent: Any, spec: dict[str, Any]) -> tuple[Any, dict[str, Any], str
         if steps:
             snap = steps[spec.get("pick", 0) % len(steps)]
             fork = snap.config if via == "time_travel" else graph.update_state(
-                snap.config, {"messages": [snap.values["messages"][-1]]}, as_node="agent")
+                snap.config, *_fork_update(snap, spec))
             config = _with_options(fork, spec)
         else:
             via = "plain"
@@ -199,9 +221,7 @@ def _prepare(agent: Any, spec: dict[str, Any]) -> tuple[Any, dict[str, Any], str
 
 
 async def _run_async(spec: dict[str, Any]) -> dict[str, Any]:
-    agent = await build_explorer_agent_async(spec["db_path"], spec["provider_dir"],
-                                             spec["tools"], spec["turns"],
-                                             spec.get("sealed", False))
+    agent = await build_explorer_agent_async(*_builder_args(spec))
     graph, saver = agent.graph, agent.saver
     report: dict[str, Any] = {"via": spec["via"]}
     try:
@@ -230,7 +250,7 @@ async def _aprepare(agent: Any, spec: dict[str, Any]) -> tuple[Any, dict[str, An
         if steps:
             snap = steps[spec.get("pick", 0) % len(steps)]
             fork = snap.config if via == "time_travel" else await graph.aupdate_state(
-                snap.config, {"messages": [snap.values["messages"][-1]]}, as_node="agent")
+                snap.config, *_fork_update(snap, spec))
             config = _with_options(fork, spec)
         else:
             via = "plain"

@@ -13,23 +13,27 @@ thread has finished (or cannot), `explorer_checks.check_episode` checks the inva
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from graph_durable.testing.explorer_checks import (
-    RESPONDED,
     check_episode,
     ledger_snapshot,
     provider_effects,
 )
 from graph_durable.testing.explorer_child import DOCUMENTED_ERRORS
 from graph_durable.testing.explorer_model import STABLE_PATHS, Crash, Episode, Resume
+from graph_durable.testing.explorer_reviewer import Reviewer, by_interrupt_id
 from graph_durable.testing.explorer_scenario import explorer_saver, open_providers
+from graph_durable.testing.explorer_shapes import (
+    LOOKUP_FAULTS,
+    SAFE_ORDER,
+    SUBGRAPHS,
+    UNSAFE_STACKS,
+)
 from graph_durable.testing.forkserver import ForkServer
-from graph_durable.testing.providers import FakeProvider
 
 __all__ = ["EpisodeResult", "run_episode"]
 
@@ -37,8 +41,6 @@ STEP = "graph_durable.testing.explorer_child:run_step"
 LEASE_TTL = 0.4
 MAX_PROCESSES = 80
 ALLOWED_WHEN_LEASED = ("LeaseHeld", "LeaseLost")
-APPROVALS = ("effect_approval", "tool_approval")
-"""Interrupt types asking for an approval (today's, and LangChain's per-call shape)."""
 DOCUMENTED = {error.__name__ for error in DOCUMENTED_ERRORS}
 
 
@@ -76,94 +78,16 @@ class EpisodeResult:
         return {problem.split(" ", 1)[0] for problem in self.problems}
 
 
-class _Reviewer:
-    """Answers pauses as a careful person with the providers' dashboards would."""
-
-    def __init__(self, episode: Episode, provider_dir: str) -> None:
-        self.episode = episode
-        self.provider_dir = provider_dir
-        self.rounds = 0
-
-    def _rng(self, what: str) -> random.Random:
-        return random.Random(f"{self.episode.reviewer.get('seed', 0)}-{self.rounds}-{what}")
-
-    def _found(self, tool: str, key: str) -> dict[str, Any] | None:
-        path = os.path.join(self.provider_dir, f"{tool}.sqlite")
-        return FakeProvider(path, "lookup", name=tool).find(key)
-
-    def decide(self, interrupts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """`{tool_call_id or key: decision}`, one valid decision per pending call."""
-        self.rounds += 1
-        rng = self._rng("valid")
-        decisions = {}
-        questions = [i["value"] for i in interrupts]
-        ids = [q["tool_call_id"] for q in questions]
-        for question in questions:
-            roll = rng.random()
-            tool = question.get("tool") or question.get("name")
-            if question["type"] in APPROVALS:
-                if roll < 0.5:
-                    decision: dict[str, Any] = {"type": "approve"}
-                elif roll < 0.55:
-                    decision = {"type": "respond", "message": RESPONDED}
-                elif roll < 0.8:
-                    args = dict(question["args"])
-                    if not self.episode.reviewer.get("edit_unchanged"):
-                        args["n"] = int(args.get("n", 0)) + 1
-                    decision = {"type": "edit", "edited_action": {"name": tool, "args": args}}
-                else:
-                    decision = {"type": "reject", "message": "not this one"}
-            else:
-                receipt = self._found(tool, question["key"])
-                if receipt is not None:
-                    decision = ({"type": "applied", "receipt": receipt} if roll < 0.85
-                                else {"type": "skip", "message": "leave it"})
-                else:
-                    decision = {"type": "retry"} if roll < 0.7 else {"type": "skip"}
-            # A model that repeats a tool_call_id leaves the key as the call's only name.
-            name = question["tool_call_id"]
-            decisions[name if ids.count(name) == 1 else question["key"]] = decision
-        return decisions
-
-    def malformed(self, interrupts: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """A resume value that must be refused, or `None` this round."""
-        if not self.episode.reviewer.get("malformed"):
-            return None
-        rng = self._rng("malformed")
-        if rng.random() < 0.4:
-            return None
-        valid = by_interrupt_id(self.decide(interrupts), interrupts)
-        self.rounds -= 1
-        first = interrupts[0]["value"]
-        approval = first["type"] in APPROVALS
-        broken = rng.choice([
-            {"type": "bogus"},
-            {"type": "retry"} if approval else {"type": "approve"},
-            {"type": "edit"} if approval else {"type": "applied"},
-            {"type": "reject", "message": 5} if approval else {"type": "skip", "message": 5},
-            {"type": "edit", "edited_action": {"name": "nope", "args": {}}} if approval
-            else "applied",
-            {"type": "edit", "edited_action": {"args": {"item": 7, "n": 0}}} if approval
-            else {"type": "applied"},  # args off the tool's schema
-            {"type": "respond"} if approval else {"type": "retry", "reviewer": 3},
-        ])
-        # Every other call answered validly: a bad answer in a set runs none of them.
-        return {**valid, interrupts[0]["id"]: broken}
-
-
-def by_interrupt_id(decisions: dict[str, Any], interrupts: list[dict[str, Any]]
-                    ) -> dict[str, Any]:
-    """`{tool_call_id or key: decision}` keyed by the interrupt asking about each call
-    (LangGraph's own form, the one it accepts while several interrupts are pending)."""
-    ids: dict[str, str] = {}
-    for interrupt in interrupts:
-        ids.setdefault(interrupt["value"]["tool_call_id"], interrupt["id"])
-        ids[interrupt["value"]["key"]] = interrupt["id"]
-    return {ids[name]: decision for name, decision in decisions.items()}
-
-
 class _Stop(Exception):
     """An episode that cannot go on; the message is its problem line."""
+
+
+class _Refused(Exception):
+    """A thread graph_durable refused to run, as documented for its setup."""
+
+    def __init__(self, message: str, thread_id: str) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
 
 
 class _Run:
@@ -180,8 +104,13 @@ class _Run:
                       "sealed": episode.sealed}
         self.output = os.path.join(directory, "children.log")
         self.result = EpisodeResult(episode)
-        self.reviewer = _Reviewer(episode, self.files["provider_dir"])
+        self.reviewer = Reviewer(episode, self.files["provider_dir"],
+                                  None if "hitl_asked_again" in classes
+                                  else self.result.sidesteps)
         self.crashes: list[Crash] = list(episode.crashes)
+        self.stack = episode.stack
+        """The middleware list the next children run with: an unsafe one, once refused,
+        is put in the safe order (`explorer_shapes.SAFE_ORDER`), as its owner would."""
         self.after = episode.after
         self.phase = 0
         self.threads = ["t"]
@@ -197,9 +126,22 @@ class _Run:
         providers = open_providers(self.files["provider_dir"], self.episode.tools)
         for item, (tool, faults) in self.episode.faults().items():
             providers[tool].script_faults(*faults, operation=item)  # type: ignore[arg-type]
-        self.drive("t", Resume("start"))
-        while self.queue:
-            self.drive(self.queue.pop(0), Resume("plain"))
+        for tool, spec in self.episode.tools.items():
+            if spec.get("lookup_faults"):
+                providers[tool].script_faults(  # type: ignore[arg-type]
+                    *(LOOKUP_FAULTS[f] for f in spec["lookup_faults"]), operation="find")
+        thread_id, how = "t", Resume("start")
+        while True:
+            try:
+                self.drive(thread_id, how)
+            except _Refused as refused:
+                # Refused as documented for the episode's setup (a requesting message
+                # without an id): the thread stops, and what it left is checked.
+                self.abandoned.append(refused.thread_id)
+                self.result.log.append(f"refused as documented: {refused}")
+            if not self.queue:
+                return
+            thread_id, how = self.queue.pop(0), Resume("plain")
 
     def child(self, thread_id: str, how: Resume, *, crashable: bool = True,
               **extra: Any) -> tuple[Crash | None, dict[str, Any]]:
@@ -212,6 +154,8 @@ class _Run:
         spec = {**self.files, "tools": self.episode.tools,
                 "turns": self.episode.scenario_turns(), "thread_id": thread_id, "via": via,
                 "pick": how.pick, "flavour": flavour, "sequential": self.episode.sequential,
+                "topology": self.episode.topology, "stack": self.stack,
+                "history": self.episode.history, "fresh_ids": self.episode.fresh_ids,
                 **extra}
         if self.episode.leased or via == "recover":
             spec["lease"] = {"owner": f"worker-{self.result.processes}", "ttl": LEASE_TTL}
@@ -277,6 +221,7 @@ class _Run:
                     how, stalls = Resume("recover"), stalls + 1
                     continue
                 pending_in_graph = len(report["interrupts"])
+                in_graph = report["interrupts"]
                 report["interrupts"] = waiting
                 repeats = repeats + 1 if report["interrupts"] == asked else 0
                 if repeats >= 3:
@@ -286,15 +231,24 @@ class _Run:
                 asked, stalls = report["interrupts"], 0
                 self.phase += 1
                 self.result.pauses += 1
-                self.try_malformed(thread_id, asked)
-                decisions: Any = self.reviewer.decide(asked)
+                still = self.try_malformed(thread_id, asked)
+                if not still:
+                    how = Resume()  # settled meanwhile (a task that ran unanswered)
+                    continue
+                decisions: Any = self.reviewer.decide(still, in_graph)
                 if len(decisions) > 1 and self.reviewer.rounds % 3 == 0:
                     # A partial answer: the calls left out stay pending, asked again.
                     decisions = dict(list(decisions.items())[:len(decisions) // 2])
+                self.reviewer.sent(decisions)
                 style = "raw" if self.episode.reviewer.get("raw") else "review"
+                hitl = any("key" not in i["value"] for i in asked)
+                if style == "review" and hitl and self.known_bug("hitl_review", ""):
+                    style = "raw"  # review() cannot read LangChain's own questions
                 if style == "raw":
-                    # LangGraph takes another form only while one interrupt is pending.
+                    # LangGraph takes another form only while one interrupt is pending;
+                    # LangChain's HumanInTheLoopMiddleware reads no tool_call_id map.
                     form = self.reviewer.rounds % 3 if pending_in_graph == 1 else 0
+                    form = 0 if hitl and form == 2 else form
                     if form == 0:  # keyed by interrupt id: LangGraph's form, always taken
                         decisions = by_interrupt_id(decisions, asked)
                     elif form == 1:  # a bare decision: one call is pending
@@ -335,6 +289,14 @@ class _Run:
         if lease_expired or dead_worker:
             self.wait_for_dead_lease()
             return True
+        if raised["type"] == "MiddlewareOrderError" and self.stack in UNSAFE_STACKS:
+            # The documented refusal of an unsafe order: fix the order, run again.
+            self.result.log.append(f"refused as documented ({raised['type']}); the "
+                                   f"middleware put in order: {SAFE_ORDER[self.stack]}")
+            self.stack = SAFE_ORDER[self.stack]
+            return True
+        if raised["type"] == "UnkeyableToolCall" and self.episode.history == "idless":
+            raise _Refused(f"{raised['type']}: {raised['message'][:300]}", report["thread_id"])
         documented = "documented" if raised["documented"] else "undocumented"
         raise _Stop(f"EXCEPTION ({documented}) {raised['type']} in {report['via']}: "
                     f"{raised['message'][:600]}"
@@ -344,7 +306,7 @@ class _Run:
         """Report a known bug met at run time if its class is enabled (`False`), else
         count it and tell the caller to step around it (`True`)."""
         if path_class in self.classes:
-            if problem not in self.result.problems:
+            if problem and problem not in self.result.problems:
                 self.result.problems.append(problem)
             return False
         self.result.sidesteps[path_class] += 1
@@ -365,7 +327,8 @@ class _Run:
         """
         interrupts = report["interrupts"]
         with explorer_saver(self.files["db_path"], self.episode.sealed) as saver:
-            records = [saver.effect(i["value"]["key"], thread_id) for i in interrupts]
+            records = [saver.effect(i["value"]["key"], thread_id) if "key" in i["value"]
+                       else None for i in interrupts]
         waiting = [i for i, r in zip(interrupts, records, strict=True) if r is None or r.asked]
         if waiting:
             return waiting
@@ -388,6 +351,10 @@ class _Run:
             status = thread_status(saver, thread_id)
         if status.status in ("orphaned", "running"):
             return False
+        if (status.status == "failed" and self.episode.history == "idless"
+                and "UnkeyableToolCall" in (status.reason or "")):
+            # recover() leaves a thread refused as documented alone: it is failed.
+            raise _Refused(f"recover: {status.reason[:300]}", thread_id)
         self.known_bug("recover_misjudged", (
             f"STATUS {thread_id} has not finished and nothing is pending (next="
             f"{report['next']}), but thread_status says {status.status} ({status.reason}), "
@@ -398,30 +365,59 @@ class _Run:
         """Sleep until the lease of a killed process has expired."""
         time.sleep(max(0.0, self.dead_lease_until - time.monotonic()))
 
-    def try_malformed(self, thread_id: str, interrupts: list[dict[str, Any]]) -> None:
-        """Maybe answer with a malformed decision first: it must change nothing."""
+    def snapshot(self, keys: set[str] | None = None) -> list[Any]:
+        """The ledger's records and events and the providers' effects (under `keys`
+        only, if given), as plain data."""
+        records, events = ledger_snapshot(self.files["db_path"], self.episode.sealed)
+        effects = provider_effects(self.files["provider_dir"], self.episode.tools)
+        every = records + events + effects
+        return every if keys is None else [x for x in every if x["key"] in keys]
+
+    def try_malformed(self, thread_id: str, interrupts: list[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+        """Maybe answer with a malformed decision first: it must change nothing. Returns
+        the interrupts still to answer (a task of its own that ran again unanswered may
+        have settled its call)."""
+        if any("key" not in i["value"] for i in interrupts):
+            return interrupts  # LangChain's HumanInTheLoopMiddleware checks its answers
         payload = self.reviewer.malformed(interrupts)
         if payload is None:
-            return
+            return interrupts
+        if self.stack == "tool_retry_outside" and self.known_bug(
+                "retry_swallows_refusal", ""):
+            return interrupts
         self.wait_for_dead_lease()
-        before = (ledger_snapshot(self.files["db_path"], self.episode.sealed),
-                  provider_effects(self.files["provider_dir"], self.episode.tools))
+        keys = None
+        if self.episode.topology in ("subgraph_send", "create_agent"):
+            # Each call of create_agent, each Send branch, is a task of its own: one that
+            # holds a decision journaled earlier may go on. Only the calls asked about
+            # must stay as they were.
+            keys = {i["value"]["key"] for i in interrupts}
+            if len(interrupts) > 1 and self.known_bug("malformed_across_tasks", ""):
+                # Answered alone, the other calls run again unanswered: asked again (an
+                # `asked` event), or settled by a lookup.
+                payload = {interrupts[0]["id"]: payload[interrupts[0]["id"]]}
+                keys = {interrupts[0]["value"]["key"]}
+        before = self.snapshot(keys)
         _, report = self.child(thread_id, Resume("decide"), crashable=False,
                                decisions=payload, style="malformed")
         raised = report.get("raised") or {}
         if raised.get("type") != "InvalidDecision":
             raise _Stop(f"MALFORMED decision {payload} was not refused with InvalidDecision: "
                         f"{raised.get('type', 'accepted')} {raised.get('message', '')[:300]}")
-        after = (ledger_snapshot(self.files["db_path"], self.episode.sealed),
-                 provider_effects(self.files["provider_dir"], self.episode.tools))
+        after = self.snapshot(keys)
         if after != before:
+            changed = [x for x in after if x not in before]
             raise _Stop(f"MALFORMED decision {payload} was refused but changed the ledger or "
-                        "a provider")
-        keys = {i["value"]["key"] for i in interrupts}
-        if [i for i in report["interrupts"] if i["value"]["key"] in keys] != interrupts:
+                        f"a provider: {str(changed)[:600]}")
+        keys = keys or {i["value"]["key"] for i in interrupts}
+        asked = [i for i in interrupts if i["value"]["key"] in keys]
+        if [i for i in report["interrupts"] if i["value"]["key"] in keys] != asked:
             raise _Stop(f"MALFORMED decision {payload} was refused but the pending interrupts "
                         f"changed from {interrupts} to {report['interrupts']}")
         self.result.malformed += 1
+        pending = {i["value"]["key"] for i in report["interrupts"]}
+        return [i for i in interrupts if i["value"]["key"] in pending]
 
 
 def run_episode(episode: Episode, directory: str, server: ForkServer, *,
@@ -443,7 +439,7 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
         run.files["db_path"], run.files["provider_dir"], episode.tools, run.threads,
         run.finished, run.abandoned,
         forked=bool({"time_travel", "update_state"} & set(run.result.vias)),
-        sealed=episode.sealed)
+        sealed=episode.sealed, one_request_per_item=episode.topology in SUBGRAPHS)
     run.result.costs.update(_resume_costs(run.files["db_path"], run.threads, episode.sealed))
     run.result.duration = time.monotonic() - started
     return run.result

@@ -7,13 +7,8 @@ optional fork of the finished thread, and how the human reviewer answers. `gener
 builds one from a seed and a set of path classes; the same seed and classes give the
 same episode.
 
-Path classes name what the generator may produce. Resume paths: `plain`, `async`,
-`recover`, `copy_thread` (copy the crashed thread, go on with the copy),
-`checkpoint_config`, `time_travel`, `update_state`, `copy_both` (go on with the copy
-and the original). Call shapes: `slow_timeout_lookup` (a looked-up tool whose call
-outlives its timeout), `edit_unchanged` (an approval edit that keeps the arguments),
-`duplicate_call_id` (one id twice in an AIMessage), `reused_call_id` (a later turn
-reuses an earlier turn's ids). `KNOWN_BUGS` are the classes that fail today, with why.
+Path classes (`explorer_classes`) name what the generator may produce; `KNOWN_BUGS` are
+the classes that fail today, with why.
 """
 
 from __future__ import annotations
@@ -24,6 +19,20 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from graph_durable.testing.explorer_classes import (
+    ALL_PATHS,
+    ERROR_PATHS,
+    FOLLOWUP_TOOL,
+    KNOWN_BUGS,
+    RESULT_PATHS,
+    RESUME_PATHS,
+    RUNTIME_PATHS,
+    SHAPE_PATHS,
+    STABLE_PATHS,
+    SUBGRAPHS,
+    draw_shapes,
+    refork,
+)
 from graph_durable.testing.faults import FaultPlan
 
 __all__ = [
@@ -47,34 +56,6 @@ SLOW_SECONDS = 0.25
 """How long a `slow` provider fault delays its answer (then the effect is applied)."""
 HANG_SECONDS = 0.05
 """How long a `hang` fault waits before raising `TimeoutError` (nothing applied)."""
-
-RESUME_PATHS = ("plain", "async", "recover", "copy_thread", "checkpoint_config",
-                "time_travel", "update_state", "copy_both")
-"""Ways a thread is resumed after a crash."""
-SHAPE_PATHS = ("slow_timeout_lookup", "edit_unchanged", "duplicate_call_id", "reused_call_id")
-"""Call shapes the generator may produce besides the everyday ones."""
-RUNTIME_PATHS = ("recover_after_decision", "recover_misjudged")
-"""Situations that arise, rather than being generated: known bugs the driver reports
-when enabled, or steps around."""
-ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
-
-KNOWN_BUGS: dict[str, str] = {}
-"""Path classes that fail today (being fixed), and what the explorer sees; a class named
-here is generated only when asked for, and the driver steps around a runtime one. None
-is open. Every class the explorer found failing has been fixed and is now stable, each
-with a named test in `tests/test_explorer_regressions.py` or
-`tests/nodes/test_exactly_once_paths.py`: `slow_timeout_lookup` (re-sent while the
-first attempt ran), `edit_unchanged` (the thread stranded), `time_travel`,
-`update_state` and `checkpoint_config` (keys changed, effects sent again; questions a
-fork's answers never reached), `copy_both` (a call sent by both a copy and its source),
-`duplicate_call_id` (two calls under one id could not be told apart),
-`recover_misjudged` and `recover_after_decision` (`recover()` passed over orphaned
-threads, `review()` asked again about decided calls). The last of
-`recover_after_decision` (seeds 277, 40084) was the explorer's own: it took a thread
-that `recover()` passed by, because the killed worker's lease still held it, for one
-asked twice; it now waits for that lease and recovers again, and a run that resumes a
-thread and still leaves decided calls pending fails the episode."""
-STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
 
 WRITE_TOOLS = ("charge", "email", "ticket", "crm")
 READ_TOOL = "search"
@@ -145,6 +126,16 @@ class Episode:
     (resume by hand instead of through `review`: keyed by interrupt id, or, while one
     interrupt is pending, a bare decision or keyed by tool_call_id), `edit_unchanged`.
     Every third round with several calls pending answers only half of them."""
+    topology: str = "flat"
+    """Where the guarded tools sit: `flat`, `subgraph`, `subgraph_nested`,
+    `subgraph_send`, `create_agent` (`explorer_shapes`)."""
+    stack: str = ""
+    """A `create_agent` middleware list (`explorer_shapes.STACKS`)."""
+    history: str = ""
+    """How a flat graph keeps its messages: `""` (`add_messages`), `trimmed`, `idless`."""
+    fresh_ids: bool = False
+    """Above a subgraph: the model gives its calls new tool_call_ids each time it is
+    asked, as a real model does (the script's ids otherwise)."""
 
     def scenario_turns(self) -> list[list[dict[str, Any]]]:
         """The turns as the scenario factory takes them."""
@@ -152,8 +143,11 @@ class Episode:
                 for turn in self.turns]
 
     def faults(self) -> dict[str, tuple[str, list[str]]]:
-        """`{item: (tool, faults)}` of the calls that meet faults."""
-        return {c.item: (c.tool, c.faults) for turn in self.turns for c in turn if c.faults}
+        """`{item: (tool, faults)}` of the calls that meet faults (each `Send` branch's
+        item of a call meets them)."""
+        prefixes = ("b0", "b1") if self.topology == "subgraph_send" else ("",)
+        return {p + c.item: (c.tool, c.faults) for turn in self.turns for c in turn
+                if c.faults for p in prefixes}
 
     def paths(self) -> set[str]:
         """The path classes this episode exercises."""
@@ -173,6 +167,21 @@ class Episode:
                     found.add("slow_timeout_lookup")
         if self.reviewer.get("edit_unchanged"):
             found.add("edit_unchanged")
+        if self.topology != "flat":
+            found.add(self.topology)
+        if self.topology in SUBGRAPHS and refork(self):
+            found.add("subgraph_refork")
+        if self.fresh_ids:
+            found.add("fresh_call_ids")
+        if self.history:
+            found.add({"trimmed": "trimmed_history", "idless": "idless_messages"}[self.history])
+        if self.stack and self.stack != "guard":
+            found.add(self.stack)
+        for spec in self.tools.values():
+            if spec.get("lookup_faults"):
+                found.add("lookup_cannot_tell")
+            found |= {name for name, kind in ERROR_PATHS.items() if spec.get("errors") == kind}
+            found |= {name for name, kind in RESULT_PATHS.items() if spec.get("result") == kind}
         return found
 
     def to_json(self) -> str:
@@ -196,7 +205,13 @@ class Episode:
             extra = ["approval" + (" of odd items" if approval == "odd" else "") if approval
                      else "",
                      f"retries={spec['retries']}" if spec.get("retries") else "",
-                     f"timeout={spec['timeout']}" if spec.get("timeout") else ""]
+                     f"timeout={spec['timeout']}" if spec.get("timeout") else "",
+                     f"errors={spec['errors']}" if spec.get("errors", "raise") != "raise"
+                     else "",
+                     f"result={spec['result']}" if spec.get("result", "receipt") != "receipt"
+                     else "",
+                     f"lookup={'+'.join(spec['lookup_faults'])}" if spec.get("lookup_faults")
+                     else ""]
             lines.append(f"tool {name}: provider {spec['mode']}, policy {spec['policy']} "
                          + " ".join(e for e in extra if e))
         for number, turn in enumerate(self.turns):
@@ -214,6 +229,10 @@ class Episode:
             lines.append(f"once done: {self.after.via} (pick {self.after.pick}), run to the end")
         reviewer = [k for k in ("malformed", "raw", "edit_unchanged") if self.reviewer.get(k)]
         lines.append(f"{self.flavour}, {'sequential' if self.sequential else 'parallel'} calls"
+                     + (f", {self.topology}" if self.topology != "flat" else "")
+                     + (f" with middleware {self.stack}" if self.stack else "")
+                     + (f", {self.history} history" if self.history else "")
+                     + (", fresh tool_call_ids" if self.fresh_ids else "")
                      + (", leased runs" if self.leased else "")
                      + (f", reviewer: {', '.join(reviewer)}" if reviewer else ""))
         return "\n".join(lines)
@@ -239,8 +258,18 @@ class Episode:
                 if call.faults:
                     out.append(self._with_turn(t, [*turn[:i], replace(call, faults=[]),
                                                    *turn[i + 1:]]))
+        if self.topology != "flat":
+            out.append(replace(self, topology="flat", stack=""))
+        if self.history:
+            out.append(replace(self, history=""))
+        if self.fresh_ids:
+            out.append(replace(self, fresh_ids=False))
+        if self.stack not in ("", "guard"):
+            out.append(replace(self, stack="guard"))
         for name, spec in self.tools.items():
-            for option, plain in (("approval", False), ("retries", 0), ("timeout", None)):
+            for option, plain in (("approval", False), ("retries", 0), ("timeout", None),
+                                  ("errors", "raise"), ("result", "receipt"),
+                                  ("lookup_faults", None)):
                 if spec.get(option, plain) != plain:
                     out.append(replace(self, tools={**self.tools, name: {**spec, option: plain}}))
         for option, plain in (("flavour", "sync"), ("sequential", True), ("leased", False)):
@@ -250,6 +279,8 @@ class Episode:
             if self.reviewer.get(option):
                 out.append(replace(self, reviewer={**self.reviewer, option: False}))
         used = {c.tool for turn in self.turns for c in turn}
+        if any(self.tools[t].get("result") == "command" for t in used):
+            used.add(FOLLOWUP_TOOL)
         if set(self.tools) - used:
             out.append(replace(self, tools={k: v for k, v in self.tools.items() if k in used}))
         return out
@@ -389,4 +420,5 @@ def generate(seed: int, paths: Iterable[str] = STABLE_PATHS, *,
     episode.reviewer = {"seed": rng.randrange(2**31), "malformed": rng.random() < 0.4,
                         "raw": rng.random() < 0.3,
                         "edit_unchanged": rng.random() < 0.3 and "edit_unchanged" in paths}
+    draw_shapes(random.Random(f"shapes-{seed}"), episode, paths)
     return episode

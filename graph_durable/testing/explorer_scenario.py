@@ -13,9 +13,13 @@ protocol of `graph_durable.testing.crash`). `build_explorer_agent_async` is its 
   `read_only`; `approval` is a bool or `"odd"` (a predicate: `odd_items`). A policy
   the provider does not honour (`idempotent` on a `blind` provider) is a
   misconfiguration the explorer must catch.
+  A spec may add how the tool reports errors (`errors`), what it returns (`result`)
+  and how its lookup misbehaves (`lookup_faults`): see `explorer_shapes`.
 - `turns`: per model turn, the calls of its AIMessage: `{"tool", "id", "item", "n"}`.
   `item` names the logical call: the tool writes with `operation=item`, so a provider
   counts each logical call's effects apart, and faults are scripted per item.
+- `topology`, `stack`, `history`, `fresh_ids`: where the tools sit and how the
+  messages are kept (`explorer_shapes`; the defaults build the graph above).
 
 Write tools return the provider's receipt (`{"id", "key", "item", "n"}`), which becomes
 the ToolMessage content, so a test can read back under which key a call was applied.
@@ -23,7 +27,6 @@ the ToolMessage content, so a test can read back under which key a call was appl
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -33,15 +36,29 @@ from typing import Any
 import aiosqlite
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import StructuredTool
-from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
-from graph_durable.nodes import EffectGuardNode, current_effect
+from graph_durable.nodes import EffectGuardNode
 from graph_durable.policy import Effect
 from graph_durable.testing.explorer_model import HANG_SECONDS, SLOW_SECONDS
+from graph_durable.testing.explorer_shapes import (
+    BRANCHES,
+    SUBGRAPHS,
+    TrimmedState,
+    branch_of,
+    build_create_agent,
+    followup_node,
+    lookup_of,
+    model_view,
+    trimmed_agent,
+    write_tool,
+    wrap_in_parent,
+)
 from graph_durable.testing.models import ScriptedChatModel
+from graph_durable.testing.scenarios_forks import _with_fresh_ids as with_fresh_ids
 from graph_durable.testing.providers import FakeProvider
 from graph_durable.testing.scenarios import EffectsAgent
 
@@ -66,11 +83,12 @@ def open_providers(provider_dir: str, tools: dict[str, dict[str, Any]]
     }
 
 
-def script_for(turns: list[list[dict[str, Any]]]) -> list[AIMessage]:
-    """One AIMessage per turn carrying its calls, then a closing answer."""
+def script_for(turns: list[list[dict[str, Any]]], branch: str = "") -> list[AIMessage]:
+    """One AIMessage per turn carrying its calls, then a closing answer; `branch`
+    prefixes the items (a `Send` branch of `subgraph_send`)."""
     script = [
         AIMessage(content="", tool_calls=[
-            {"name": call["tool"], "args": {"item": call["item"], "n": call["n"]},
+            {"name": call["tool"], "args": {"item": branch + call["item"], "n": call["n"]},
              "id": call["id"]}
             for call in calls
         ])
@@ -95,25 +113,8 @@ def _policy(spec: dict[str, Any], provider: FakeProvider | None) -> Effect:
         return Effect(idempotent=True, **options)
     if kind == "lookup":
         assert provider is not None
-        return Effect(lookup=provider.find, **options)
+        return Effect(lookup=lookup_of(provider), **options)
     return Effect(**options)
-
-
-def _write_tool(provider: FakeProvider) -> StructuredTool:
-    def write(item: str, n: int) -> dict[str, Any]:
-        effect = current_effect()
-        return provider.apply(effect.key, {"item": item, "n": n}, operation=item,
-                              fencing_token=effect.fencing_token)
-
-    async def awrite(item: str, n: int) -> dict[str, Any]:
-        effect = current_effect()
-        # In a worker thread, as a network client would be: a timeout abandons the
-        # attempt, which may still land, instead of blocking the event loop.
-        return await asyncio.to_thread(provider.apply, effect.key, {"item": item, "n": n},
-                                       operation=item, fencing_token=effect.fencing_token)
-
-    return StructuredTool.from_function(write, coroutine=awrite, name=provider.name,
-                                        description=f"Write one item to {provider.name}.")
 
 
 def _read_tool(name: str) -> StructuredTool:
@@ -128,24 +129,55 @@ def _read_tool(name: str) -> StructuredTool:
 
 
 def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
-              turns: list[list[dict[str, Any]]]) -> EffectsAgent:
+              turns: list[list[dict[str, Any]]], topology: str = "flat",
+              stack: str = "", history: str = "", fresh_ids: bool = False) -> EffectsAgent:
     providers = open_providers(provider_dir, tools)
-    node_tools = [_write_tool(providers[name]) if name in providers else _read_tool(name)
-                  for name in tools]
+    node_tools = [write_tool(providers[name], tools[name]) if name in providers
+                  else _read_tool(name) for name in tools]
     effects = {name: _policy(spec, providers.get(name)) for name, spec in tools.items()}
-    model = ScriptedChatModel(script=script_for(turns))
+    inputs = {"messages": [HumanMessage("Go.")]}
+    if topology == "create_agent":
+        approvals = [name for name, spec in tools.items() if spec.get("approval")]
+        if stack.startswith("hitl"):  # asked by HumanInTheLoopMiddleware instead
+            effects = {name: _policy({**spec, "approval": False}, providers.get(name))
+                       for name, spec in tools.items()}
+        graph = build_create_agent(saver, turns, node_tools, effects, stack, approvals)
+        return EffectsAgent(graph=graph, saver=saver, providers=providers, inputs=inputs)
+    scripts = {branch: script_for(turns, branch) for branch in ("", *BRANCHES)}
+    model = ScriptedChatModel(script=scripts[""])
+    commands = {name for name, spec in tools.items() if spec.get("result") == "command"}
 
     def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
+        seen = model_view(state["messages"])
+        script = scripts[branch_of(seen)]
+        answer = model.model_copy(update={"script": script}).invoke(seen)
+        return {"messages": [with_fresh_ids(answer) if fresh_ids else answer]}
 
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
+    def after_tools(state: Any) -> str:
+        # A command result's `goto` leads to `followup`; nothing else goes on then.
+        for message in reversed(state["messages"]):
+            if message.type != "tool":
+                break
+            if message.name in commands and message.additional_kwargs.get("command"):
+                return END
+        return "agent"
+
+    builder = StateGraph(TrimmedState if history else MessagesState)  # type: ignore[arg-type]
+    builder.add_node("agent", trimmed_agent(scripts[""], history == "idless") if history
+                     else agent)
     builder.add_node("tools", EffectGuardNode(node_tools, effects=effects))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
+    if commands:
+        builder.add_node("followup", followup_node)
+        builder.add_conditional_edges("tools", after_tools, ["agent", END])
+        builder.add_edge("followup", "tools")
+    else:
+        builder.add_edge("tools", "agent")
+    if topology in SUBGRAPHS:
+        builder = wrap_in_parent(builder, topology)
     return EffectsAgent(graph=builder.compile(checkpointer=saver), saver=saver,
-                        providers=providers, inputs={"messages": [HumanMessage("Go.")]})
+                        providers=providers, inputs=inputs)
 
 
 def explorer_serde(sealed: bool) -> Any:
@@ -167,18 +199,21 @@ def explorer_saver(db_path: str, sealed: bool) -> Iterator[DurableSqliteSaver]:
 
 
 def build_explorer_agent(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
-                         turns: list[list[dict[str, Any]]], sealed: bool = False
-                         ) -> EffectsAgent:
+                         turns: list[list[dict[str, Any]]], sealed: bool = False,
+                         topology: str = "flat", stack: str = "", history: str = "",
+                         fresh_ids: bool = False) -> EffectsAgent:
     """Build the episode's agent on a `DurableSqliteSaver` (see the module docstring)."""
     saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
                                serde=explorer_serde(sealed))
-    return _assemble(saver, provider_dir, tools, turns)
+    return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids)
 
 
 async def build_explorer_agent_async(db_path: str, provider_dir: str,
                                      tools: dict[str, dict[str, Any]],
                                      turns: list[list[dict[str, Any]]],
-                                     sealed: bool = False) -> EffectsAgent:
+                                     sealed: bool = False, topology: str = "flat",
+                                     stack: str = "", history: str = "",
+                                     fresh_ids: bool = False) -> EffectsAgent:
     """`build_explorer_agent` on an `AsyncDurableSqliteSaver` (same arguments)."""
     saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path), serde=explorer_serde(sealed))
-    return _assemble(saver, provider_dir, tools, turns)
+    return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids)

@@ -212,6 +212,11 @@ class FakeProvider:
                 [(operation, fault) for fault in faults],
             )
 
+    def take_fault(self, operation: str) -> str | None:
+        """The next fault scripted for `operation` (consumed), or `None`: for callers
+        that misbehave their own way, e.g. a lookup scripted under `find`."""
+        return self._next_fault(operation)
+
     def _next_fault(self, operation: str) -> str | None:
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")

@@ -39,6 +39,14 @@ pytestmark = pytest.mark.crash
 EXPLORER_EPISODES = int(os.environ.get("GRAPH_DURABLE_EXPLORER_EPISODES", "300"))
 EXPLORER_SEED = int(os.environ.get("GRAPH_DURABLE_EXPLORER_SEED", "1"))
 
+SHAPES_OF_THIS_ROUND = (
+    "subgraph", "subgraph_nested", "subgraph_send", "subgraph_refork", "create_agent",
+    "tool_retry_outside", "model_retry", "tool_retry_inside", "error_tool_exception",
+    "error_message", "error_validation", "artifact_result", "non_json_result",
+    "command_result", "trimmed_history", "idless_messages", "hitl_before_guard",
+    "hitl_after_guard", "fresh_call_ids", "lookup_cannot_tell")
+"""Classes whose draws come after every other (`explorer_model._shapes`)."""
+
 MISDECLARED = {"mode": "blind", "policy": "idempotent", "approval": False, "retries": 0,
                "timeout": None}
 """A provider that does not dedupe, declared idempotent: a re-send applies it again."""
@@ -63,6 +71,16 @@ def test_generation_is_deterministic_and_stays_in_its_paths() -> None:
     assert generated == ALL_PATHS - set(RUNTIME_PATHS)
     only_recover = set().union(*(generate(seed, {"recover"}).paths() for seed in range(100)))
     assert only_recover == {"recover"}
+    # The shape classes draw on a generator of their own: without them, a seed's episode
+    # is the one it was, a flat graph of plain tools.
+    everyday = STABLE_PATHS - set(SHAPES_OF_THIS_ROUND)
+    for seed in range(100):
+        episode, plain = generate(seed, everyday), generate(seed, STABLE_PATHS)
+        assert (episode.topology, episode.stack, episode.history) == ("flat", "", "")
+        assert all(set(spec) <= {"mode", "policy", "approval", "retries", "timeout"}
+                   for spec in episode.tools.values())
+        assert [[c.id for c in t] for t in episode.turns] == [[c.id for c in t]
+                                                               for t in plain.turns]
 
 
 def test_path_classes_are_chosen_by_name() -> None:
@@ -140,3 +158,6 @@ def test_stable_paths_keep_every_invariant(tmp_path: Path) -> None:
     assert report.malformed >= EXPLORER_EPISODES // 20
     stable_resumes = set(RESUME_PATHS) & STABLE_PATHS
     assert stable_resumes <= set(report.vias), report.vias
+    # ... and every stable shape: subgraphs, create_agent stacks, tools' answers.
+    stable_shapes = set(SHAPES_OF_THIS_ROUND) & STABLE_PATHS
+    assert stable_shapes <= set(report.classes), report.classes
