@@ -578,8 +578,6 @@ def test_a_tool_that_reports_a_lost_answer_itself_is_not_failed(tmp_path, errors
     assert result.pauses == 1 and result.log[0].endswith("pending=['c1']"), result.log
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: a subgraph restarted "
-                   "twice from one parent checkpoint sends the call its first restart sent")
 @pytest.mark.parametrize("depth", [1, 2])
 def test_a_subgraph_run_twice_from_one_parent_checkpoint_charges_once(tmp_path, depth) -> None:
     """Seeds 335 and 439 (`subgraph_refork`): killed before its charge, the thread was

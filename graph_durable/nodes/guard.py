@@ -370,7 +370,7 @@ class GuardCore:
             if len(self._fork_sources) >= 1024:
                 self._fork_sources.clear()
             self._fork_sources[slot] = sources
-        earlier = yield from earlier_effect(ctx, sources, state, self.messages_key)
+        earlier = yield from earlier_effect(ctx, root, sources, state, self.messages_key)
         if earlier is not None:
             ctx.key = earlier.key
             ctx.earlier_tool_call_id = earlier.tool_call_id

@@ -11,8 +11,9 @@ second time, while the first intent stayed open for ever.
 The rule: a call in a subgraph task that runs off a fork (or `update_state`) checkpoint
 of the root graph repeats a call of an earlier run of the same subgraph (an
 *incarnation*) when
-- that incarnation ran from a checkpoint the fork descends from (through fork and update
-  links only: a later turn of the parent is a new request),
+- that incarnation ran from a checkpoint the fork descends from, or from another fork of
+  one (through fork and update links only: a later turn of the parent is a new request;
+  a second run from the same parent checkpoint repeats the first run's requests),
 - at the same node path (the namespace's node names, task ids left out),
 - and asked the same tool with the same canonical args (the earlier key is derived
   again from the earlier requesting message, so redacted or encrypted ledgers compare
@@ -112,11 +113,11 @@ def _ids(messages: Sequence[Any]) -> set[Any]:
     return {message.id for message in messages if getattr(message, "id", None)}
 
 
-def earlier_effect(ctx: CallContext, sources: tuple[str, ...], state: Any, messages_key: str
-                   ) -> Generator[Read, Any, EffectRecord | None]:
+def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state: Any,
+                   messages_key: str) -> Generator[Read, Any, EffectRecord | None]:
     """The effect of the earlier request this call repeats (see the module docstring),
-    or `None` when it repeats none. `sources` are the `fork_sources` of the checkpoint
-    the root graph runs from.
+    or `None` when it repeats none. `root` is the checkpoint the root graph runs from,
+    `sources` its `fork_sources`.
 
     Raises:
         GraphDurableError: earlier runs of more than one incarnation match.
@@ -131,9 +132,15 @@ def earlier_effect(ctx: CallContext, sources: tuple[str, ...], state: Any, messa
     for first in inputs:
         incarnation = first.config["configurable"]["checkpoint_ns"]
         parents: Mapping[str, Any] = (first.metadata or {}).get("parents") or {}
-        if (incarnation == here or node_path(incarnation) != path[:-1]
-                or parents.get("") not in sources):
+        ran_from = parents.get("")
+        if (incarnation == here or node_path(incarnation) != path[:-1] or ran_from is None
+                or ran_from == root):
             continue
+        if ran_from not in sources:
+            # Another fork (or update) of a checkpoint this run descends from.
+            theirs = yield from fork_sources(ctx.thread_id, ran_from)
+            if not set(theirs) & {root, *sources}:
+                continue
         latest = yield Read("get_tuple", (_at(ctx.thread_id, incarnation),))
         if latest is None:
             continue

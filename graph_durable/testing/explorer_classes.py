@@ -80,13 +80,6 @@ when enabled, or steps around."""
 ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
 
 KNOWN_BUGS: dict[str, str] = {
-    "subgraph_refork": "a call a restarted subgraph first sent in a run from a named "
-    "parent checkpoint (a fork: `get_state().config`, an `update_state` fork) is sent "
-    "again, under a new key, by a second run from a parent checkpoint (seed 335: an "
-    "update_state fork sends the call, time travel to the checkpoint before it sends it "
-    "again; seed 439: a run from get_state().config sends it, an update_state fork of "
-    "the first checkpoint sends it again; smallest: killed before the charge, run twice "
-    "from the same `get_state().config`).",
     "malformed_across_tasks": "a set of answers to calls that run as tasks of their own "
     "(create_agent's calls, the branches of a Send) with one malformed answer raises "
     "InvalidDecision, but the other tasks record and send their valid answers (seeds "
