@@ -32,10 +32,7 @@ than being generated. `KNOWN_BUGS` are the classes that fail today, with why.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from graph_durable.testing.explorer_model import Episode
+from typing import Any
 
 __all__ = [
     "ALL_PATHS",
@@ -150,14 +147,15 @@ STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
 SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
 
 
-def refork(episode: Episode) -> bool:
-    """Whether a run from a named checkpoint follows another (each is a fork)."""
+def refork(episode: Any) -> bool:
+    """Whether a run from a named checkpoint follows another (each is a fork), in an
+    `explorer_model.Episode` (not imported: that module imports this one)."""
     vias = [c.then.via for c in episode.crashes] + (
         [episode.after.via] if episode.after is not None else [])
     return sum(1 for via in vias if via in NAMED_RUNS) > 1
 
 
-def draw_shapes(rng: random.Random, episode: Episode, paths: frozenset[str]) -> None:
+def draw_shapes(rng: random.Random, episode: Any, paths: frozenset[str]) -> None:
     """Draw the topology, middleware and tool shapes (`explorer_shapes`) of the enabled
     classes, on a generator of their own: an episode without them is what it was."""
     topologies = [p for p in TOPOLOGY_PATHS if p in paths]

@@ -34,7 +34,7 @@ from contextlib import closing, contextmanager
 from typing import Any
 
 import aiosqlite
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import HumanMessage
 from langchain_core.tools import StructuredTool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
@@ -53,6 +53,7 @@ from graph_durable.testing.explorer_shapes import (
     followup_node,
     lookup_of,
     model_view,
+    script_for,
     trimmed_agent,
     write_tool,
     wrap_in_parent,
@@ -81,20 +82,6 @@ def open_providers(provider_dir: str, tools: dict[str, dict[str, Any]]
                            name=name, slow_seconds=SLOW_SECONDS, hang_seconds=HANG_SECONDS)
         for name, spec in tools.items() if spec["mode"] != "read"
     }
-
-
-def script_for(turns: list[list[dict[str, Any]]], branch: str = "") -> list[AIMessage]:
-    """One AIMessage per turn carrying its calls, then a closing answer; `branch`
-    prefixes the items (a `Send` branch of `subgraph_send`)."""
-    script = [
-        AIMessage(content="", tool_calls=[
-            {"name": call["tool"], "args": {"item": branch + call["item"], "n": call["n"]},
-             "id": call["id"]}
-            for call in calls
-        ])
-        for calls in turns
-    ]
-    return [*script, AIMessage(content="All done.")]
 
 
 def odd_items(tool_call: dict[str, Any]) -> bool:

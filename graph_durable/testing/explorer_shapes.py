@@ -51,7 +51,7 @@ from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
 
 __all__ = ["KEEP_LAST", "STACKS", "TrimmedState", "keep_last", "trimmed_agent", "SUBGRAPHS", "TOPOLOGIES", "UNSAFE_STACKS", "branch_items",
-           "build_create_agent", "parse_answer", "write_tool", "wrap_in_parent"]
+           "build_create_agent", "parse_answer", "script_for", "write_tool", "wrap_in_parent"]
 
 TOPOLOGIES = ("flat", "subgraph", "subgraph_nested", "subgraph_send", "create_agent")
 SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
@@ -271,7 +271,6 @@ def build_create_agent(saver: Any, turns: list[list[dict[str, Any]]], tools: lis
     )
 
     from graph_durable.nodes import EffectGuardMiddleware
-    from graph_durable.testing.explorer_scenario import script_for
 
     names = STACKS[stack or "guard"]
     model_class = _FlakyModel if "model_retry" in names else ScriptedChatModel
@@ -316,3 +315,17 @@ def trimmed_agent(script: list[AIMessage], idless: bool) -> Any:
         return {"messages": [answer], "turn": turn + 1}
 
     return agent
+
+
+def script_for(turns: list[list[dict[str, Any]]], branch: str = "") -> list[AIMessage]:
+    """One AIMessage per turn carrying its calls, then a closing answer; `branch`
+    prefixes the items (a `Send` branch of `subgraph_send`)."""
+    script = [
+        AIMessage(content="", tool_calls=[
+            {"name": call["tool"], "args": {"item": branch + call["item"], "n": call["n"]},
+             "id": call["id"]}
+            for call in calls
+        ])
+        for calls in turns
+    ]
+    return [*script, AIMessage(content="All done.")]
