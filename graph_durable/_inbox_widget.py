@@ -4,12 +4,16 @@ One box per waiting thread, one card per pending call. A card's controls call th
 thread's `Review` (the decision is checked and kept, as `review(...).approve(...)` does);
 the thread's Resume button calls `Review.resume()`, then the thread is read again from
 the database. A refused decision or resume is shown on its card or thread, never
-raised out of a click.
+raised out of a click. An inbox opened with `await ainbox(...)` (`Inbox.asynchronous`)
+refreshes and resumes as tasks on the running event loop (`Inbox.arefresh`,
+`Review.aresume`): a click returns at once, and `InboxView.tasks` holds what runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Coroutine
 from functools import partial
 from typing import Any
 
@@ -35,13 +39,29 @@ class InboxView:
         self.inbox, self.w = inbox, widgets
         self.reviewer = widgets.Text(value=inbox.reviewer or "", description="Reviewer")
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
-        self.refresh_button.on_click(lambda _: inbox.refresh())
+        self.refresh_button.on_click(self.refresh)
         self.summary = widgets.HTML()
         self.body = widgets.VBox()
         self.root = widgets.VBox([widgets.HBox([self.reviewer, self.refresh_button]),
                                   self.summary, self.body])
         self.threads: dict[str, ThreadView] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        """Refreshes and resumes running on the event loop (async inboxes)."""
         self.redraw()
+
+    def refresh(self, _button: Any = None) -> None:
+        """Read the database again (a task on the loop, for an async inbox)."""
+        if self.inbox.asynchronous:
+            self.spawn(self.inbox.arefresh())
+        else:
+            self.inbox.refresh()
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run `work` as a task on the running loop (a click's handler cannot await)."""
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
 
     def redraw(self) -> None:
         """Draw the inbox's threads as it holds them now."""
@@ -84,7 +104,12 @@ class ThreadView:
         self.resume_button.disabled = not self.thread.review.decisions
 
     def resume(self, _button: Any = None) -> None:
-        """Resume the thread with the decisions taken, then read it again."""
+        """Resume the thread with the decisions taken, then read it again (for an async
+        inbox: `aresume`, as a task on the running loop)."""
+        if self.view.inbox.asynchronous:
+            self.resume_button.disabled = True  # one resume at a time
+            self.view.spawn(self.aresume())
+            return
         thread_id = self.thread.thread_id
         try:
             result = self.thread.review.resume()
@@ -92,12 +117,32 @@ class ThreadView:
             self.result.value = badge(f"not resumed: {type(exc).__name__}: {exc}", "bad")
             return
         loaded = self.view.inbox.load(thread_id)
+        status = None if loaded else thread_status(self.view.inbox.saver, thread_id)
+        self.show_resumed(result, loaded, status)
+
+    async def aresume(self) -> None:
+        """`resume` for an async inbox: `Review.aresume()`, then `Inbox.aload`."""
+        thread_id = self.thread.thread_id
+        try:
+            result = await self.thread.review.aresume()
+        except (GraphDurableError, RuntimeError, ValueError) as exc:
+            self.result.value = badge(f"not resumed: {type(exc).__name__}: {exc}", "bad")
+            self.resume_button.disabled = not self.thread.review.decisions
+            return
+        loaded = await self.view.inbox.aload(thread_id)
+        status = None if loaded else await asyncio.to_thread(
+            thread_status, self.view.inbox.saver, thread_id)
+        self.show_resumed(result, loaded, status)
+
+    def show_resumed(self, result: Any, loaded: InboxThread | None, status: Any) -> None:
+        """Draw the thread as it stands after a resume: still waiting (`loaded`), or not
+        (`status`, and its cards closed)."""
+        thread_id = self.thread.thread_id
         if loaded is not None:
             self.view.inbox.threads[thread_id] = self.thread = loaded
             self.draw()
         else:
             self.view.inbox.threads.pop(thread_id, None)
-            status = thread_status(self.view.inbox.saver, thread_id)
             self.header.value = (f"<h4 style=\"margin: 8px 0 2px\">Thread "
                                  f"<code>{esc(thread_id)}</code> {badge(status.status)}</h4>"
                                  f"<small>{esc(status.reason)}</small>")

@@ -15,6 +15,11 @@ calls the thread's `Review` (`approve`, `edit`, `reject`, `respond`, `mark_appli
 decides exactly as code would. The edit form is drawn from the interrupt's
 `response_schema` (the tool's own argument schema), and a card shows what an edit changed.
 
+With an async graph or saver (`AsyncDurableSqliteSaver`, `AsyncDurablePostgresSaver`)
+on the notebook's own event loop, `box = await ainbox(graph, saver)` reads the threads
+without calling the saver's sync methods from the loop; its Refresh and Resume buttons then
+run `Inbox.arefresh()` and `Review.aresume()` as tasks on that loop.
+
 The widget needs ipywidgets (`pip install 'graph-durable[notebooks]'`), imported only
 when a widget is drawn. Without it, or in a viewer that cannot run widgets (GitHub,
 nbviewer), the inbox shows as static HTML: the same cards, without controls.
@@ -22,16 +27,17 @@ nbviewer), the inbox shows as static HTML: the same cards, without controls.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from graph_durable._display import args_diff, badge, esc, iso, json_text, table, tone_of
 from graph_durable.ledger import EffectEvent, EffectRecord
 from graph_durable.recovery import ThreadStatus, thread_status
-from graph_durable.review import PendingItem, Review, describe_decision, review
+from graph_durable.review import PendingItem, Review, areview, describe_decision, review
 
 __all__ = ["EXTRA", "EffectTable", "Inbox", "InboxThread", "Timeline", "args_schema",
-           "diff_html", "effect_table", "inbox", "require_ipywidgets", "timeline"]
+           "ainbox", "diff_html", "effect_table", "inbox", "require_ipywidgets", "timeline"]
 
 EXTRA = "pip install 'graph-durable[notebooks]'"
 """How to install what the widget needs."""
@@ -235,16 +241,21 @@ class Inbox:
             or `factory(thread_id) -> graph`.
         saver: The durable saver whose threads are listed.
         reviewer: Name recorded with every decision the widget takes.
+        asynchronous: Read nothing now, and let the widget's buttons use the async path
+            (`arefresh`, `Review.aresume`); `await ainbox(...)` builds one and reads it.
     """
 
     def __init__(self, graph_or_factory: GraphSource, saver: Any,
-                 reviewer: str | None = None) -> None:
+                 reviewer: str | None = None, *, asynchronous: bool = False) -> None:
         self._source = graph_or_factory
         self.saver = saver
         self.reviewer = reviewer
+        self.asynchronous = asynchronous
+        """Whether the widget refreshes and resumes with the async methods."""
         self.threads: dict[str, InboxThread] = {}
         self._view: Any = None
-        self.refresh()
+        if not asynchronous:
+            self.refresh()
 
     def graph_for(self, thread_id: str) -> Any:
         """The graph that runs `thread_id`."""
@@ -272,6 +283,35 @@ class Inbox:
             loaded = self.load(thread_id)
             if loaded is not None:
                 self.threads[thread_id] = loaded
+        if self._view is not None:
+            self._view.redraw()
+        return self
+
+    async def aload(self, thread_id: str) -> InboxThread | None:
+        """`load` for async code: the graph's state and the ledger are awaited, and the
+        status is read on a worker thread (as `ainbox` in `graph_durable.inbox` does), so
+        nothing calls an async saver's sync methods from its own event loop."""
+        status = await asyncio.to_thread(thread_status, self.saver, thread_id)
+        if status.status not in WAITING:
+            return None
+        config = {"configurable": {"thread_id": thread_id}}
+        r = await areview(self.graph_for(thread_id), config)
+        if not r.pending and not r.orphans:
+            return None
+        records = {}
+        for item in r.pending:
+            if (rec := await self.saver.aeffect(item.key, thread_id)) is not None:
+                records[item.key] = rec
+        return InboxThread(status, r, records)
+
+    async def arefresh(self) -> Inbox:
+        """`refresh` for async code (see `aload`)."""
+        threads = {}
+        for thread_id in await asyncio.to_thread(self.saver.thread_ids):
+            loaded = await self.aload(thread_id)
+            if loaded is not None:
+                threads[thread_id] = loaded
+        self.threads = threads
         if self._view is not None:
             self._view.redraw()
         return self
@@ -330,3 +370,11 @@ class Inbox:
 def inbox(graph_or_factory: GraphSource, saver: Any, *, reviewer: str | None = None) -> Inbox:
     """The threads of `saver`'s database that wait for a person (see `Inbox`)."""
     return Inbox(graph_or_factory, saver, reviewer)
+
+
+async def ainbox(graph_or_factory: GraphSource, saver: Any, *,
+                 reviewer: str | None = None) -> Inbox:
+    """`inbox` for an async graph or saver on the running event loop (a notebook's):
+    `box = await ainbox(graph, saver)`. The widget's buttons then refresh and resume
+    with `Inbox.arefresh()` and `Review.aresume()`, as tasks on the loop."""
+    return await Inbox(graph_or_factory, saver, reviewer, asynchronous=True).arefresh()

@@ -57,3 +57,38 @@ async def test_a_pending_approval_is_listed_decided_and_sent_once_from_async_cod
     result = await run(graph, None)
     assert result["messages"][-1].content == "done"
     assert provider.count() == 1
+
+
+async def test_the_notebook_inbox_lists_decides_and_resumes_from_async_code(
+        saver: Any, tmp_path: Any) -> None:
+    """The widget's async path (`graph_durable.notebook.ainbox`), on every async saver:
+    read on the saver's own loop, an approval clicked, the Resume click awaited as a
+    task; the payment is sent once."""
+    pytest.importorskip("ipywidgets")
+    from graph_durable import notebook
+
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "dedupe")
+
+    @tool
+    async def pay(cents: int) -> str:
+        """Pay."""
+        return f"paid {provider.apply(current_effect().key, {'cents': cents})['id']}"
+
+    graph = build(saver, [pay], {"pay": Effect(idempotent=True, approval=True)},
+                  {"name": "pay", "args": {"cents": 5}, "id": "c1"})
+    assert (await run(graph))["__interrupt__"]
+    if getattr(saver, "loop", None) is asyncio.get_running_loop():
+        with pytest.raises(asyncio.InvalidStateError, match="await the `a`-prefixed"):
+            notebook.inbox(graph, saver)
+    box = await notebook.ainbox(graph, saver, reviewer="ana")
+    assert list(box.threads) == ["t"] and provider.count() == 0
+    box.call("t", "c1").buttons["approve"].click()
+    thread = box.thread("t")
+    thread.resume_button.click()
+    await asyncio.gather(*thread.view.tasks)
+    assert thread.result.value == "resumed; the agent's last message: <i>done</i>"
+    [record] = await saver.aeffects("t")
+    assert record.status.value == "applied"
+    decisions = [e.data["decision"] for e in await saver.aevents("t") if e.kind == "decision"]
+    assert [(d["type"], d["reviewer"]) for d in decisions] == [("approve", "ana")]
+    assert provider.count() == 1 and not (await box.arefresh()).threads

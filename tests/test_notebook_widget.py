@@ -8,6 +8,7 @@ what the ledger recorded and what the providers applied.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -23,8 +24,14 @@ from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from graph_durable import DurableSqliteSaver, Effect, EffectGuardNode, current_effect
-from graph_durable.notebook import Inbox, inbox
+from graph_durable import (
+    AsyncDurableSqliteSaver,
+    DurableSqliteSaver,
+    Effect,
+    EffectGuardNode,
+    current_effect,
+)
+from graph_durable.notebook import Inbox, ainbox, inbox
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.child import run_child
 from graph_durable.testing.models import ScriptedChatModel
@@ -46,8 +53,10 @@ class Agent:
 
 
 def build_agent(db_path: str, provider_dir: str, mail_approval: bool = False,
-                pay: dict[str, Any] | None = None) -> Agent:
-    """Pay an invoice (a person approves) and email the customer (a blind relay)."""
+                pay: dict[str, Any] | None = None, saver: Any = None) -> Agent:
+    """Pay an invoice (a person approves) and email the customer (a blind relay), on
+    `saver` if given (an async one for `ainvoke`), else a `DurableSqliteSaver` on
+    `db_path`."""
     os.makedirs(provider_dir, exist_ok=True)
     payments = FakeProvider(os.path.join(provider_dir, "payments.sqlite"), "dedupe",
                             name="payment")
@@ -85,7 +94,8 @@ def build_agent(db_path: str, provider_dir: str, mail_approval: bool = False,
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
     builder.add_edge("tools", "agent")
-    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
+    if saver is None:
+        saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False))
     return Agent(builder.compile(checkpointer=saver), saver, payments, mail,
                  {"messages": [HumanMessage("Pay INV-7 and tell ACME.")]})
 
@@ -265,3 +275,46 @@ def test_without_ipywidgets_the_inbox_is_static_html(tmp_path: Path,
     bundle = box._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "text/html"}
     assert "send_payment" in bundle["text/html"] and "Money leaves" in bundle["text/html"]
+
+
+async def test_an_async_saver_on_the_running_loop_is_decided_from_the_async_widget(
+        tmp_path: Path) -> None:
+    """SIGKILL a worker after the relay took the email; open the database with
+    `AsyncDurableSqliteSaver` on this (the notebook's) running loop, where the sync inbox
+    cannot read. `await ainbox(...)` lists the thread, clicks decide, the Resume and
+    Refresh clicks run `aresume` and `arefresh` as tasks on the loop; each effect once."""
+    kwargs = {"db_path": str(tmp_path / "agent.sqlite"),
+              "provider_dir": str(tmp_path / "providers")}
+    assert run_child(FACTORY, kwargs, thread_id="inv",
+                     fault=FaultPlan("after_effect", tool="send_email")).killed
+    async with AsyncDurableSqliteSaver.from_conn_string(kwargs["db_path"]) as saver:
+        agent = agent_in(tmp_path, saver=saver)
+        await agent.graph.ainvoke(None, config("inv"), durability="sync")  # it asks
+        assert agent.mail.count() == 1 and agent.payments.count() == 0
+        with pytest.raises(asyncio.InvalidStateError, match="await the `a`-prefixed"):
+            inbox(agent.graph, saver)  # the sync path calls the saver from its own loop
+
+        box = await ainbox(agent.graph, saver, reviewer="ana")
+        assert box.asynchronous and list(box.threads) == ["inv"]
+        pay, mail = box.call("inv", "call_pay"), box.call("inv", "call_mail")
+        assert set(mail.buttons) == {"applied", "retry", "skip"}
+        pay.buttons["approve"].click()
+        [sent] = agent.mail.effects()
+        mail.receipt.value = json.dumps(sent["receipt"])
+        mail.buttons["applied"].click()
+        thread = box.thread("inv")
+        thread.resume_button.click()  # returns at once: the resume is a task on the loop
+        assert thread.resume_button.disabled and len(thread.view.tasks) == 1
+        await asyncio.gather(*thread.view.tasks)
+
+        assert "Paid and told." in thread.result.value
+        found = {r.tool_call_id: r.status.value for r in await saver.aeffects("inv")}
+        assert found == {"call_pay": "applied", "call_mail": "applied"}
+        assert agent.payments.count() == 1 and agent.mail.count() == 1
+        assert all(button.disabled for button in pay.buttons.values())
+        assert not box.threads
+
+        await agent.graph.ainvoke(agent.inputs, config("next"), durability="sync")
+        thread.view.refresh_button.click()
+        await asyncio.gather(*thread.view.tasks)
+        assert list(box.threads) == ["next"] and "next" in box.thread("next").header.value
