@@ -8,8 +8,10 @@ cell fails the test; the test also checks that tables were rendered as HTML.
 
 Notebooks are committed with their outputs, so a reader sees them without running
 anything: every code cell of a committed notebook has run, in order, without an error, and
-nothing in the file names a folder of the machine that ran it. `make notebooks` (this
-module run as a script) executes them the same way and writes the outputs back.
+nothing in the file names a folder of the machine that ran it, nor carries the state of
+its widgets (a widget's output keeps its static HTML beside it, which is what GitHub and
+nbviewer show). `make notebooks` (this module run as a script) executes them the same way
+and writes the outputs back, without widget state.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ SHOWS = {"01_quickstart.ipynb": "text/html",
          "02_review_inbox.ipynb": "application/vnd.jupyter.widget-view+json",
          "03_fault_injection.ipynb": "image/png"}
 """What each notebook must show besides text: tables, the inbox widget, the plot."""
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_STATE_LIMIT = 2_000
+"""Bytes of widget state a committed notebook may carry (the inbox's is about 200 kB)."""
 
 
 def write_kernelspec(root: Path) -> Path:
@@ -69,6 +74,7 @@ def execute(path: Path, kernel_dir: Path) -> nbformat.NotebookNode:
     km = AsyncKernelManager(kernel_name=KERNEL_NAME,
                             kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
     client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, allow_errors=False,
+                            store_widget_state=False,
                             resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
     client.execute(cleanup_kc=True)  # a client given its km leaves the kernel running otherwise
     return nb
@@ -120,6 +126,23 @@ def test_committed_notebook_names_no_machine_path(path: Path) -> None:
     assert not found, f"{path.name} names folders of the machine that ran it: {found}"
 
 
+def widget_state_bytes(nb: nbformat.NotebookNode) -> int:
+    """Size of the widget state `nb` carries: in its metadata (where Jupyter and nbclient
+    save it) and in any output."""
+    kept = [nb.metadata.get("widgets")]
+    kept += [o.data[WIDGET_STATE] for cell in nb.cells for o in outputs(cell)
+             if WIDGET_STATE in o.get("data", {})]
+    return sum(len(json.dumps(state)) for state in kept if state)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_committed_notebook_carries_no_widget_state(path: Path) -> None:
+    size = widget_state_bytes(nbformat.read(path, as_version=4))
+    assert size <= WIDGET_STATE_LIMIT, (
+        f"{path.name} carries {size} bytes of widget state (limit {WIDGET_STATE_LIMIT}): "
+        "write it with make notebooks, or clear the widget state before saving")
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, kernel_dir: Path, monkeypatch: pytest.MonkeyPatch,
@@ -146,6 +169,7 @@ def test_notebook_runs(path: Path, kernel_dir: Path, monkeypatch: pytest.MonkeyP
             if o.output_type in ("display_data", "execute_result") and "text/html" in o.data]
     assert any("<table" in h for h in html), "no table in the HTML outputs"
     assert SHOWS.get(path.name, "text/html") in shown(cells)
+    assert widget_state_bytes(nb) == 0, "the run stored its widgets' state"
     nb.cells = cells
     found = machine_paths(nbformat.writes(nb))
     assert not found, f"{path.name} shows folders of this machine: {found}"
@@ -168,6 +192,7 @@ def write_outputs(paths: list[Path]) -> None:
                     if "execution_count" in output:
                         output.execution_count = n
             nb.metadata = {**nb.metadata, "kernelspec": metadata.get("kernelspec", {})}
+            nb.metadata.pop("widgets", None)  # a saved state is large, and stale once read
             nbformat.write(nb, path)
             print(f"{path.name}: {len(code_cells(nb))} code cells run, outputs written")
 
