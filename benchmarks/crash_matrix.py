@@ -1,7 +1,7 @@
 """What the fault-injection kit costs: the demo's crash matrices, single points and pairs.
 
 Workload: `crash_matrix("graph_durable.demo.ticket:build_ticket_agent")` with its
-default modes (tickets `lookup`, email `dedupe`) and `workers=2`, as the README's
+default modes (tickets `lookup`, email `dedupe`) and `workers=2`, as the docs'
 figures are measured: every fault point the fault-free run reaches (34), then with
 `pairs=True` every pair (about 620 runs: a crash at a point, then a crash at each point
 the first resuming process reaches). Each run is real child processes SIGKILLed at

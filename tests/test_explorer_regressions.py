@@ -625,7 +625,7 @@ def test_a_malformed_answer_is_refused_under_a_retry_middleware_listed_first(tmp
 def test_one_malformed_answer_runs_none_of_a_create_agent_set(tmp_path) -> None:
     """Seed 537 (`malformed_across_tasks`): create_agent runs each call as a task of its
     own; a set of answers with one malformed raised `InvalidDecision`, but the other
-    call's approval was recorded and its charge sent (README: one invalid answer in a
+    call's approval was recorded and its charge sent (docs, approvals: one invalid answer in a
     set runs none of the set)."""
     from graph_durable import InvalidDecision
     from graph_durable.testing.explorer_scenario import build_explorer_agent
@@ -657,7 +657,7 @@ def _hitl_agent(tmp_path):
                    "every question of HumanInTheLoopMiddleware lacks")
 def test_review_reads_a_thread_paused_by_human_in_the_loop_before_the_guard(tmp_path) -> None:
     """`hitl_review`: with a per-call `HumanInTheLoopMiddleware` listed before the guard
-    (the order README recommends), `review(graph, config)` raised `KeyError('key')`."""
+    (the order the docs recommend), `review(graph, config)` raised `KeyError('key')`."""
     agent = _hitl_agent(tmp_path)
     agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
     result = review(agent.graph, CONFIG).approve("c1").resume()

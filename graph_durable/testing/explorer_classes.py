@@ -80,7 +80,7 @@ KNOWN_BUGS: dict[str, str] = {
     "malformed_across_tasks": "a set of answers to calls that run as tasks of their own "
     "(create_agent's calls, the branches of a Send) with one malformed answer raises "
     "InvalidDecision, but the other tasks record and send their valid answers (seeds "
-    "301, 412, 430, 537), where README says one invalid answer runs none of the set. "
+    "301, 412, 430, 537), where the docs say one invalid answer runs none of the set. "
     "The driver sends the malformed answer alone in such a set unless this class is "
     "enabled.",
     "fresh_call_ids": "a subgraph restarted by a run from a named parent checkpoint, "
@@ -90,7 +90,7 @@ KNOWN_BUGS: dict[str, str] = {
     "the charge, resumed from get_state().config, killed before a checkpoint, copied; "
     "the source's final state answers call_3b72... where the model asked call_7f72...).",
     "hitl_before_guard": "with a per-call HumanInTheLoopMiddleware before the guard (the "
-    "order README recommends), a call the guard asked about itself (effect_unknown: it "
+    "order the docs recommend), a call the guard asked about itself (effect_unknown: it "
     "timed out, or was in flight at a crash) is asked about by HumanInTheLoopMiddleware "
     "again when its step runs again, and the guard takes the human's approval of that "
     "question as the answer to its own, raising InvalidDecision (seed 277: a charge "
@@ -103,8 +103,8 @@ KNOWN_BUGS: dict[str, str] = {
     "charges, killed after the first intent, resumed under the wrong order, then the "
     "right one).",
     "hitl_review": "`review(graph, config)` raises KeyError('key') on a thread paused by a "
-    "per-call HumanInTheLoopMiddleware listed before the guard (the order README "
-    "recommends): its questions carry no effect key. The driver answers those pauses "
+    "per-call HumanInTheLoopMiddleware listed before the guard (the order the docs "
+    "recommend): its questions carry no effect key. The driver answers those pauses "
     "by interrupt id unless this class is enabled.",
     "hitl_asked_again": "a per-call HumanInTheLoopMiddleware listed before the guard asks "
     "again about a call it was answered for when the thread is resumed after a crash "
