@@ -125,10 +125,14 @@ class ThreadView:
         thread_id = self.thread.thread_id
         try:
             result = await self.thread.review.aresume()
-        except (GraphDurableError, RuntimeError, ValueError) as exc:
+        except BaseException as exc:
+            # No click awaits this task: shown on the thread; a refusal ends here, and
+            # anything else is raised on into the task as well.
             self.result.value = badge(f"not resumed: {type(exc).__name__}: {exc}", "bad")
             self.resume_button.disabled = not self.thread.review.decisions
-            return
+            if isinstance(exc, (GraphDurableError, RuntimeError, ValueError)):
+                return
+            raise
         loaded = await self.view.inbox.aload(thread_id)
         status = None if loaded else await asyncio.to_thread(
             thread_status, self.view.inbox.saver, thread_id)

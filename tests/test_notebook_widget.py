@@ -318,3 +318,29 @@ async def test_an_async_saver_on_the_running_loop_is_decided_from_the_async_widg
         thread.view.refresh_button.click()
         await asyncio.gather(*thread.view.tasks)
         assert list(box.threads) == ["next"] and "next" in box.thread("next").header.value
+
+
+async def test_an_async_resume_refused_by_another_workers_lease_is_shown_and_sends_nothing(
+        tmp_path: Path) -> None:
+    """The Resume task meets a thread another worker holds: `LeaseLost` is shown on the
+    thread and raised into the task (no click awaits it), nothing is sent, and the button
+    is live again; once the lease ends, the same decisions resume the thread."""
+    async with AsyncDurableSqliteSaver.from_conn_string(str(tmp_path / "agent.sqlite")) as saver:
+        agent = agent_in(tmp_path, saver=saver, mail_approval=True)
+        await agent.graph.ainvoke(agent.inputs, config("inv"), durability="sync")
+        box = await ainbox(agent.graph, saver, reviewer="ana")
+        box.call("inv", "call_pay").buttons["approve"].click()
+        box.call("inv", "call_mail").buttons["approve"].click()
+        thread = box.thread("inv")
+        async with saver.alease("inv", "worker-2", ttl=30):
+            thread.resume_button.click()
+            [outcome] = await asyncio.gather(*thread.view.tasks, return_exceptions=True)
+        assert type(outcome).__name__ == "LeaseLost"
+        assert "not resumed: LeaseLost" in thread.result.value and "worker-2" in thread.result.value
+        assert not thread.resume_button.disabled
+        assert agent.payments.count() == 0 and agent.mail.count() == 0
+
+        thread.resume_button.click()
+        await asyncio.gather(*thread.view.tasks)
+        assert "Paid and told." in thread.result.value
+        assert agent.payments.count() == 1 and agent.mail.count() == 1
