@@ -752,3 +752,25 @@ def test_a_question_of_the_guard_is_not_answered_by_human_in_the_loop(tmp_path) 
         reviewer={"seed": 1145061483, "malformed": True})
     result = _replay(tmp_path, episode, paths="stable,hitl_before_guard")
     assert result.ok, result.problems
+
+
+@pytest.mark.crash
+def test_a_saved_question_asked_anew_after_two_crashes_is_not_answered(tmp_path) -> None:
+    """Seed 10410 (async, `recover`): approved, the first email was killed after its
+    intent; `recover` found it `unknown`, asked anew, and was killed before that question
+    was saved; the next `recover` passed the thread by (the dead worker's lease). The
+    explorer answered the saved approval question, one `review` (rightly) no longer
+    lists: resuming asks the new one. It waits for the lease and recovers instead."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"crm": _tool(approval="odd"), "email": _tool(approval=True, result="non_json")},
+        [[Call("crm", "call_0_1", "x01"), Call("email", "call_0_2", "x02"),
+          Call("email", "call_0_4", "x04")]],
+        crashes=[Crash("after_intent", "email", 1, 0, Resume("recover", 1)),
+                 Crash("after_receipt", "email", 1, 0, Resume("recover", 6))],
+        flavour="async", reviewer={"seed": 2112498389})
+    result = _replay(tmp_path, episode)
+    assert result.ok, result.problems
+    assert any("passed t by" in line for line in result.log), result.log
+    assert result.log[-1].startswith("decide on t:"), result.log
