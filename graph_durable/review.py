@@ -89,6 +89,10 @@ class Review:
     """The thread's orphaned intents (`graph_durable.orphans.Orphan`): open calls no
     pending task will run again, so no resume answers them; settle each with
     `graph_durable.resolve_orphan` (its lookup, or `applied` / `skip`)."""
+    _journal: tuple[list[EffectRecord], list[Any]] | None = field(default=None, repr=False)
+    """The thread's effects and decision events as `areview` read them: they explain a
+    refused decision with no synchronous read, which an async saver refuses on its own
+    event loop. `None` (`review`): read when needed."""
 
     def _item(self, tool_call_id: str, kind: str, interrupt_id: str | None = None
               ) -> PendingItem:
@@ -132,12 +136,13 @@ class Review:
         """`: it was decided at <when> by <whom> (<type>)`, when the ledger says so (a
         double click, a second reviewer, an answer to an earlier question)."""
         saver = _saver_of(self.graph)
-        if saver is None:
+        if self._journal is None and saver is None:
             return ""
-        keys = {r.key for r in saver.effects(self.thread_id)
-                if tool_call_id in (r.tool_call_id, r.key)}
-        note = decided_note(sorted((e for key in keys for e in saver.events(self.thread_id, key)),
-                                   key=lambda e: e.seq))
+        records = self._journal[0] if self._journal else saver.effects(self.thread_id)
+        keys = {r.key for r in records if tool_call_id in (r.tool_call_id, r.key)}
+        events = (self._journal[1] if self._journal
+                  else [e for key in keys for e in saver.events(self.thread_id, key)])
+        note = decided_note(sorted((e for e in events if e.key in keys), key=lambda e: e.seq))
         return f": it was {note}" if note else ""
 
     def _decide(self, tool_call_id: str, decision: dict[str, Any],
@@ -390,5 +395,11 @@ async def areview(graph: Any, config: dict[str, Any]) -> Review:
             item = PendingItem(**{**item.__dict__, "attempts": record.attempts,
                                   "error": record.error})
         items.append(item)
-    lost = [] if saver is None else await asyncio.to_thread(find_orphans, saver, thread_id)
-    return Review(graph, config, items, orphans=lost)
+    if saver is None:
+        return Review(graph, config, items)
+    lost = await asyncio.to_thread(find_orphans, saver, thread_id)
+    # Read now what explains a refused decision: the decision methods are synchronous,
+    # and an async saver cannot be read synchronously from its own event loop.
+    decided = [e for e in await saver.aevents(thread_id) if e.kind == "decision"]
+    return Review(graph, config, items, orphans=lost,
+                  _journal=(await saver.aeffects(thread_id), decided))

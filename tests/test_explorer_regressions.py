@@ -752,3 +752,58 @@ def test_a_question_of_the_guard_is_not_answered_by_human_in_the_loop(tmp_path) 
         reviewer={"seed": 1145061483, "malformed": True})
     result = _replay(tmp_path, episode, paths="stable,hitl_before_guard")
     assert result.ok, result.problems
+
+
+@pytest.mark.crash
+def test_a_saved_question_asked_anew_after_two_crashes_is_not_answered(tmp_path) -> None:
+    """Seed 10410 (async, `recover`): approved, the first email was killed after its
+    intent; `recover` found it `unknown`, asked anew, and was killed before that question
+    was saved; the next `recover` passed the thread by (the dead worker's lease). The
+    explorer answered the saved approval question, one `review` (rightly) no longer
+    lists: resuming asks the new one. It waits for the lease and recovers instead."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"crm": _tool(approval="odd"), "email": _tool(approval=True, result="non_json")},
+        [[Call("crm", "call_0_1", "x01"), Call("email", "call_0_2", "x02"),
+          Call("email", "call_0_4", "x04")]],
+        crashes=[Crash("after_intent", "email", 1, 0, Resume("recover", 1)),
+                 Crash("after_receipt", "email", 1, 0, Resume("recover", 6))],
+        flavour="async", reviewer={"seed": 2112498389})
+    result = _replay(tmp_path, episode)
+    assert result.ok, result.problems
+    assert any("passed t by" in line for line in result.log), result.log
+    assert result.log[-1].startswith("decide on t:"), result.log
+
+
+@pytest.mark.crash
+def test_a_call_answered_in_place_in_a_copy_then_sent_and_skipped_in_its_source(
+        tmp_path) -> None:
+    """Seeds 10442 and 10469 (`subgraph_send`, `copy_both`): killed before the first
+    intent, after the Send branches' subgraphs had asked; the copy answered a call in
+    place (nothing sent from it, `rejected`); its source asked anew, as designed, and its
+    approval sent the call under the key the family shares; the answer was lost, so
+    `unknown`, and the reviewer skipped it. The provider holds the key the copy's record
+    calls rejected: the source sent it. The explorer's check had excused that only when
+    the source's record ended `applied`."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer_scenario import explorer_saver
+
+    episode = Episode(
+        0, {"charge": _tool(approval=True)},
+        [[Call("charge", "call_0_0", "x00", 0, ["lost"]), Call("charge", "call_0_1", "x01")]],
+        crashes=[Crash("before_intent", "charge", 1, 0, Resume("copy_both"))],
+        topology="subgraph_send", sealed=True,
+        reviewer={"seed": 349631168, "edit_unchanged": True})
+    result = _replay(tmp_path, episode)
+    assert result.ok, result.problems
+    with explorer_saver(str(tmp_path / "episode" / "agent.sqlite"), True) as saver:
+        copy = {r.key: r for r in saver.effects("t-copy1")}
+        source = {r.key: r for r in saver.effects("t")}
+    [key] = [k for k, r in copy.items() if r.status is EffectStatus.REJECTED
+             and k in source and source[k].status is not EffectStatus.REJECTED]
+    assert (copy[key].attempts, source[key].status, source[key].attempts) == (
+        0, EffectStatus.SKIPPED, 1)
+    charges = FakeProvider(str(tmp_path / "episode" / "providers" / "charge.sqlite"), "blind",
+                           name="charge")
+    assert [e["key"] for e in charges.effects()].count(key) == 1

@@ -267,3 +267,22 @@ async def test_async_subgraph_review(asaver, provider, decision) -> None:
     state = await graph.aget_state(CONFIG)
     assert state.next == () and state.interrupts == ()
     assert (await areview(graph, CONFIG)).pending == []
+
+
+async def test_async_review_refuses_a_call_no_longer_pending_on_the_event_loop(
+        asaver, provider) -> None:
+    """Seed 10410: a decision for a call `areview` no longer lists was refused by reading
+    the journal synchronously, which the async saver refuses on its own event loop
+    (asyncio.InvalidStateError). It is `InvalidDecision`, naming when and by whom."""
+    graph = parent_of(("child", agent(provider, "ana", run_async=True))).compile(
+        checkpointer=asaver)
+    await graph.ainvoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    first = await areview(graph, CONFIG)
+    await first.approve("c0", reviewer="ana").aresume()
+    events = len(await asaver.aevents("t"))
+    again = await areview(graph, CONFIG)
+    with pytest.raises(InvalidDecision, match=r"decided at .* UTC by ana \(approve\)"):
+        again.approve("c0", reviewer="lee")
+    with pytest.raises(InvalidDecision, match=r"'c9'.*pending: \[\]"):
+        again.reject("c9", "no such call")
+    assert len(await asaver.aevents("t")) == events and provider.count() == 1

@@ -116,6 +116,13 @@ def _receipt_sources(saver: DurableSqliteSaver, thread_id: str) -> dict[str, Any
             if event.kind == "receipt"}
 
 
+def _sent(record: Any) -> bool:
+    """Whether a thread sent its call, so the provider may hold its key: `applied`, or
+    attempted and not certainly absent (in flight, `unknown`, skipped after a send)."""
+    return record.status is S.APPLIED or (
+        record.attempts > 0 and record.status not in (S.FAILED, S.REJECTED))
+
+
 def _final_messages(saver: DurableSqliteSaver, thread_id: str) -> list[Any]:
     latest = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
     return [] if latest is None else latest.checkpoint["channel_values"].get("messages", [])
@@ -151,14 +158,15 @@ def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[s
                 # A person answered in place of the tool: nothing may have been sent from
                 # this thread. A copy (or the thread it was copied from) shares the key and
                 # asks anew about a call answered this way here; its own approval may send
-                # it, once (DUPLICATE counts the provider's side).
+                # it, once (DUPLICATE counts the provider's side), whatever that send's
+                # outcome (seeds 10442, 10469: lost, then skipped by the reviewer).
                 # (By arguments: a restarted subgraph asks under a new tool_call_id, and
                 # keeps the record of the call its earlier run asked for.)
                 mine = [r for r in records.values() if r.tool == call["name"]
                         and r.args == call["args"] and r.status == "rejected"]
                 sent_by_kin = {key for other, held in (family or {}).items()
                                if other != thread_id
-                               for key, r in held.items() if r.status is S.APPLIED}
+                               for key, r in held.items() if _sent(r)}
                 sent = [k for r in mine for k in [r.key] if by_key.get(k) and k not in sent_by_kin]
                 if not mine or sent:
                     problems.append(f"EXACTLY-ONCE {what} answered by a person, but the "
@@ -211,9 +219,10 @@ def _check_ledger(records_by_thread: dict[str, dict[str, Any]],
                     problems.append(f"LEDGER {what} with receipt {receipt_id}; the provider "
                                     f"holds {held[0]['receipt'].get('id')}")
             elif held and (record.status in (S.FAILED, S.REJECTED) or edited) and not any(
-                    other.get(key) is not None and other[key].status is S.APPLIED
+                    other.get(key) is not None and _sent(other[key])
                     for other in records_by_thread.values()):
-                # (Another thread sharing the key, a copy's origin, may have sent it since.)
+                # (Another thread sharing the key, a copy's origin, may have sent it since,
+                # whatever came of that send.)
                 problems.append(f"LEDGER {what}; the provider applied it "
                                 f"({held[0]['receipt'].get('id')})")
     for key, held in by_key.items():

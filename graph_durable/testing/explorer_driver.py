@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from graph_durable.ledger import answered
 from graph_durable.testing.explorer_checks import (
     check_episode,
     ledger_snapshot,
@@ -25,7 +26,7 @@ from graph_durable.testing.explorer_checks import (
 )
 from graph_durable.testing.explorer_child import DOCUMENTED_ERRORS
 from graph_durable.testing.explorer_model import STABLE_PATHS, Crash, Episode, Resume
-from graph_durable.testing.explorer_reviewer import Reviewer, by_interrupt_id
+from graph_durable.testing.explorer_reviewer import APPROVALS, Reviewer, by_interrupt_id
 from graph_durable.testing.explorer_scenario import explorer_saver, open_providers
 from graph_durable.testing.explorer_shapes import (
     LOOKUP_FAULTS,
@@ -324,12 +325,18 @@ class _Run:
         the killed worker's lease holds it (`recover()` passed it by as
         `held_elsewhere`): the driver waits for the lease and recovers again. After a run
         that did resume the thread it is a bug: the decisions were lost.
+
+        A saved question the ledger has since asked anew (seed 10410: an approved call
+        found `unknown` by a run killed before its interrupt was saved) is answered too,
+        as `review` reads it (`ledger.answered`): resuming asks the new question.
         """
         interrupts = report["interrupts"]
         with explorer_saver(self.files["db_path"], self.episode.sealed) as saver:
             records = [saver.effect(i["value"]["key"], thread_id) if "key" in i["value"]
                        else None for i in interrupts]
-        waiting = [i for i, r in zip(interrupts, records, strict=True) if r is None or r.asked]
+        waiting = [i for i, r in zip(interrupts, records, strict=True)
+                   if not answered(r, "approval" if i["value"].get("type") in APPROVALS
+                                   else "unknown")]
         if waiting:
             return waiting
         outcomes = [o.get("outcome") for o in report.get("recovered", [])]
