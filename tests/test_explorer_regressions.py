@@ -691,9 +691,6 @@ def test_a_call_approved_through_human_in_the_loop_and_crashed_is_not_asked_agai
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: after the middleware "
-                   "order is fixed, the guard takes HumanInTheLoopMiddleware's answer as the "
-                   "answer to its own earlier question")
 def test_an_order_fixed_after_a_crash_asks_the_guard_question_anew(tmp_path) -> None:
     """Seed 3891 (`hitl_after_guard`): two charges under `[EffectGuardMiddleware,
     HumanInTheLoopMiddleware]`, killed after the first intent; resumed, the guard asked
@@ -734,8 +731,6 @@ def test_a_restarted_subgraph_answers_the_call_under_its_new_id(tmp_path) -> Non
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: the guard takes "
-                   "HumanInTheLoopMiddleware's approval as the answer to its own question")
 def test_a_question_of_the_guard_is_not_answered_by_human_in_the_loop(tmp_path) -> None:
     """Seed 277 (`hitl_before_guard`): a charge past its timeout (effect_unknown, asked
     by the guard) beside another charge needing approval, killed before the second's
