@@ -665,9 +665,6 @@ def test_review_reads_a_thread_paused_by_human_in_the_loop_before_the_guard(tmp_
     assert agent.providers["charge"].count() == 1
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: "
-                   "HumanInTheLoopMiddleware asks again after a crash, and a different answer "
-                   "sends a second charge")
 def test_a_call_approved_through_human_in_the_loop_and_crashed_is_not_asked_again(
         tmp_path) -> None:
     """Seeds 1013, 1028 (`hitl_asked_again`): a call approved through a per-call

@@ -43,7 +43,7 @@ from graph_durable.ledger import (
     TransitionWrite,
     WriteBatch,
 )
-from graph_durable.nodes.anchor import call_anchor
+from graph_durable.nodes.anchor import call_anchor, requested_args
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
 from graph_durable.nodes.outcomes import (
@@ -373,7 +373,8 @@ class GuardCore:
         anchor = self._anchor(task, tool_call, state)
         return CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call),
                            self.policy_for(tool_call["name"]), keying.key_thread, anchor,
-                           secret=keying.secret, key_scheme=keying.pin)
+                           secret=keying.secret, key_scheme=keying.pin,
+                           requested_args=requested_args(state, tool_call, self.messages_key))
 
     def _anchor(self, task: _Task, tool_call: Mapping[str, Any], state: Any) -> str:
         """What the call's key is anchored to: the AIMessage that requested it."""
