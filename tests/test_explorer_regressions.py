@@ -653,8 +653,6 @@ def _hitl_agent(tmp_path):
                                 topology="create_agent", stack="hitl_before_guard")
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason="open: review() reads an effect key "
-                   "every question of HumanInTheLoopMiddleware lacks")
 def test_review_reads_a_thread_paused_by_human_in_the_loop_before_the_guard(tmp_path) -> None:
     """`hitl_review`: with a per-call `HumanInTheLoopMiddleware` listed before the guard
     (the order README recommends), `review(graph, config)` raised `KeyError('key')`."""
