@@ -134,8 +134,10 @@ class Review:
     def _item(self, tool_call_id: str, kind: str, interrupt_id: str | None = None
               ) -> PendingItem:
         # A call is named by its tool_call_id, or by its effect key when a model gave
-        # two calls of one message the same id.
-        found = [item for item in self.pending if tool_call_id in (item.tool_call_id, item.key)
+        # two calls of one message the same id (a question of HumanInTheLoopMiddleware,
+        # which has no key, by its interrupt id then).
+        found = [item for item in self.pending
+                 if tool_call_id in (item.tool_call_id, item.key or _hitl_name(item))
                  and interrupt_id in (None, item.interrupt_id)]
         if not found:
             where = "" if interrupt_id is None else f" in interrupt {interrupt_id!r}"
@@ -366,6 +368,12 @@ class Review:
         decided = f", {badge(f'{len(self.decisions)} decided', 'good')}" if self.decisions else ""
         return (f"<p>{thread}: {len(self.pending)} pending{decided}</p>"
                 + table(header, rows))
+
+
+def _hitl_name(item: PendingItem) -> str:
+    """What names a keyless question of a per-call HumanInTheLoopMiddleware besides its
+    tool_call_id: its interrupt id (a batched question's calls share theirs)."""
+    return item.interrupt_id if item.position is None else ""
 
 
 def _slot(item: PendingItem) -> tuple[str, str]:
