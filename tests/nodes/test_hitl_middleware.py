@@ -218,3 +218,14 @@ async def test_areview_lists_a_question_of_hitl(tmp_path, provider) -> None:
             ("c1", "", question.id)]
         result = await pending.approve("c1").aresume()
     assert result["messages"][-1].content == "done" and provider.count() == 1
+
+
+def test_review_names_a_question_of_hitl_by_its_interrupt_id(saver, provider) -> None:
+    from graph_durable import review
+
+    graph = agent(saver, provider, hitl_first=True)
+    question = ask(graph)
+    command = review(graph, CONFIG).approve(question.id).command()
+    assert command.resume == {question.id: {"type": "approve"}}
+    assert graph.invoke(command, CONFIG, durability="sync")["messages"][-1].content == "done"
+    assert provider.count() == 1
