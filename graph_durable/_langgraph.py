@@ -16,6 +16,9 @@ where no public API carries the load:
 - `CONFIG_KEY_SCRATCHPAD` (`resume`, `get_null_resume`): a bare resume value, and
   answers of earlier releases' interrupts, read without consuming them, so a malformed
   answer is refused before LangGraph stores it.
+- `CONFIG_KEY_TASK_ID`: the task's id, whose pending writes (its last interrupt) say
+  whose question a LangGraph interrupt id names: a guard's of an earlier release, or
+  that of an `interrupt()` before the guard (a per-call `HumanInTheLoopMiddleware`).
 - `interrupt_id`: LangGraph's id of a task's n-th interrupt (earlier releases' ids).
 - Checkpoint channel names (`INTERRUPT`, `ERROR`, `RESUME`, `TASKS`): what
   `thread_status` reads in a checkpoint's pending writes.
@@ -41,6 +44,7 @@ __all__ = [
     "CONFIG_KEY_DURABILITY",
     "CONFIG_KEY_RESUME_MAP",
     "CONFIG_KEY_SCRATCHPAD",
+    "CONFIG_KEY_TASK_ID",
     "ERROR",
     "INTERRUPT",
     "RESUME",
@@ -58,6 +62,7 @@ CONFIG_KEY_DURABILITY = "__pregel_durability"
 CONFIG_KEY_SCRATCHPAD = "__pregel_scratchpad"
 CONFIG_KEY_RESUME_MAP = "__pregel_resume_map"
 CONFIG_KEY_CHECKPOINT_MAP = "checkpoint_map"
+CONFIG_KEY_TASK_ID = "__pregel_task_id"
 
 INTERRUPT = "__interrupt__"
 ERROR = "__error__"

@@ -35,8 +35,9 @@ from graph_durable.orphans import (
     find_orphans,
     resolve_orphan,
 )
-from graph_durable._checkpoints import open_interrupts
-from graph_durable.review import _KINDS
+from graph_durable._checkpoints import latest as latest_checkpoint
+from graph_durable._checkpoints import open_interrupts, written_at
+from graph_durable.review import _KINDS, PendingItem, hitl_items
 
 __all__ = ["InboxItem", "ainbox", "arecord_decisions", "inbox", "record_decisions"]
 
@@ -75,10 +76,15 @@ class InboxItem:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
-def _interrupts(saver: Any, thread_id: str) -> list[Any]:
-    """The interrupts the thread's latest root checkpoint holds and no task answered."""
-    latest = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
-    return [] if latest is None else open_interrupts(latest)
+def _hitl_item(thread_id: str, item: PendingItem, asked_at: float) -> InboxItem:
+    """A question of `HumanInTheLoopMiddleware` before the guard: nothing is in the
+    ledger yet, so it is as the checkpoint holds it (asked when it was written)."""
+    return InboxItem(
+        thread_id=thread_id, tool_call_id=item.tool_call_id, kind="approval", tool=item.tool,
+        args=item.args, key="", status="awaiting_approval", attempts=0, error=None,
+        description=item.description, allowed_decisions=item.allowed_decisions,
+        interrupt_id=item.interrupt_id, created_at=asked_at, asked_at=asked_at,
+        response_schema=item.response_schema)
 
 
 def inbox(saver: Any, thread_id: str | None = None) -> list[InboxItem]:
@@ -97,8 +103,15 @@ def inbox(saver: Any, thread_id: str | None = None) -> list[InboxItem]:
     for thread in threads:
         if saver.cancelled_by(thread) is not None:
             continue
-        for interrupt in _interrupts(saver, thread):
+        latest = latest_checkpoint(saver, thread)
+        for interrupt in open_interrupts(latest) if latest is not None else ():
             value = getattr(interrupt, "value", None)
+            asked_by_hitl = hitl_items(
+                interrupt, (latest.checkpoint.get("channel_values") or {}).get("messages"))
+            if asked_by_hitl:
+                items.extend(_hitl_item(thread, item, written_at(latest))
+                             for item in asked_by_hitl)
+                continue
             if not isinstance(value, dict) or value.get("type") not in _KINDS:
                 continue
             kind = _KINDS[value["type"]]
@@ -217,6 +230,13 @@ def record_decisions(
     chosen: dict[str, tuple[InboxItem, dict[str, Any]]] = {}
     for name, decision in decisions.items():
         item = _match(items, str(name), thread_id)
+        if not item.key:
+            raise InvalidDecision(
+                f"Tool call {item.tool_call_id!r} in thread {thread_id!r} is asked by "
+                "HumanInTheLoopMiddleware, which reads its answer only from the command "
+                "that resumes the thread, not from the ledger. Answer it with "
+                "review(graph, config) (or the CLI with --graph, which resumes). Nothing "
+                "was recorded.", thread_id=thread_id, tool_call_id=item.tool_call_id)
         if item.key in chosen:
             raise InvalidDecision(f"Two decisions name tool call {item.tool_call_id!r} in "
                                   f"thread {thread_id!r}. Nothing was recorded.",

@@ -18,6 +18,12 @@ on the parent's task, with the id of the task that asked (namespace
 `Command(resume={interrupt_id: value})`, the command `command()` builds. Each subgraph
 keeps its own conversation, so the same tool_call_id can be pending in two of them: then
 name the question with `interrupt_id=` as well.
+
+`HumanInTheLoopMiddleware` listed before `EffectGuardMiddleware` asks its own questions:
+per call (`tool_approval`, without an effect key) or batched (one per model turn). They are
+listed as approvals with an empty `key`, take the decisions the middleware allows, and
+are answered as it expects: a per-call question by its interrupt id, a batched one with
+`{"decisions": [...]}`, one per call in its order (so all of them are decided at once).
 """
 
 from __future__ import annotations
@@ -36,13 +42,42 @@ from graph_durable.ledger import EffectRecord, EffectStatus, answered
 from graph_durable.nodes.decisions import check_decision, decided_note
 from graph_durable.orphans import find_orphans
 
-__all__ = ["PendingItem", "Review", "areview", "describe_decision", "review"]
+__all__ = ["PendingItem", "Review", "areview", "describe_decision", "hitl_items",
+           "is_batched_hitl_question", "is_hitl_question", "review", "schema_decisions"]
 
 _KINDS = {"tool_approval": "approval", "effect_approval": "approval", "effect_unknown": "unknown"}
 """Interrupt types the guard raises; `effect_approval` is the shape of earlier releases,
 still pending in some threads, and read the same way (its `tool` is today's `name`)."""
 _DEFAULT_ALLOWED = {"approval": ("approve", "edit", "reject"),
                     "unknown": ("applied", "retry", "skip")}
+_HITL_DECISIONS = ("approve", "edit", "reject", "respond")
+
+
+def is_hitl_question(value: Any) -> bool:
+    """Whether an interrupt value is a question of LangChain's per-call
+    `HumanInTheLoopMiddleware` listed before the guard: a `tool_approval` without the
+    guard's effect key (the ledger knows the call only once it is answered)."""
+    return (isinstance(value, dict) and value.get("type") == "tool_approval"
+            and "key" not in value and isinstance(value.get("tool_call_id"), str))
+
+
+def schema_decisions(schema: Any) -> tuple[str, ...]:
+    """The decision types a published `response_schema` accepts (LangChain's per-call
+    schemas: a union discriminated by `type`, or a single decision's object)."""
+    if not isinstance(schema, dict):
+        return ()
+    defs = schema.get("$defs", {})
+
+    def kind(node: Any) -> str | None:
+        while isinstance(node, dict) and "$ref" in node:
+            node = defs.get(node["$ref"].rpartition("/")[2], {})
+        if not isinstance(node, dict):
+            return None
+        const = node.get("properties", {}).get("type", {})
+        return const.get("const") or next(iter(const.get("enum") or ()), None)
+
+    branches = schema.get("oneOf", schema.get("anyOf")) or [schema]
+    return tuple(k for k in (kind(branch) for branch in branches) if k)
 
 
 @dataclass(frozen=True)
@@ -58,7 +93,9 @@ class PendingItem:
     args: dict[str, Any]
     """Arguments of the call."""
     key: str
-    """Idempotency key of the effect."""
+    """Idempotency key of the effect; empty for a question of a per-call
+    `HumanInTheLoopMiddleware` listed before the guard, which asks before the ledger
+    knows the call."""
     attempts: int
     """How many times the tool was called for this key."""
     error: str | None
@@ -72,6 +109,9 @@ class PendingItem:
     response_schema: dict[str, Any] | None = None
     """JSON schema of the answers the interrupt accepts (an edit's args follow the tool's
     argument schema); `None` for interrupts of earlier releases."""
+    position: int | None = None
+    """Its place in a batched `HumanInTheLoopMiddleware` question, which is answered
+    with `{"decisions": [...]}`, one per call in this order; `None` otherwise."""
 
 
 @dataclass
@@ -82,7 +122,8 @@ class Review:
     config: dict[str, Any]
     pending: list[PendingItem]
     decisions: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    """Decisions taken so far, by `(interrupt_id, key)`."""
+    """Decisions taken so far, by `(interrupt_id, key)` (`(interrupt_id, "#<position>")`
+    for the calls of a batched `HumanInTheLoopMiddleware` question)."""
     settled: list[PendingItem] = field(default_factory=list)
     """Items settled outside the graph (`compensate`): the thread resumes past them."""
     orphans: list[Any] = field(default_factory=list)
@@ -97,8 +138,10 @@ class Review:
     def _item(self, tool_call_id: str, kind: str, interrupt_id: str | None = None
               ) -> PendingItem:
         # A call is named by its tool_call_id, or by its effect key when a model gave
-        # two calls of one message the same id.
-        found = [item for item in self.pending if tool_call_id in (item.tool_call_id, item.key)
+        # two calls of one message the same id (a question of HumanInTheLoopMiddleware,
+        # which has no key, by its interrupt id then).
+        found = [item for item in self.pending
+                 if tool_call_id in (item.tool_call_id, item.key or _hitl_name(item))
                  and interrupt_id in (None, item.interrupt_id)]
         if not found:
             where = "" if interrupt_id is None else f" in interrupt {interrupt_id!r}"
@@ -159,7 +202,7 @@ class Review:
         # refusal as the step's error).
         check_decision(decision, _as_record(item, self.thread_id), self.thread_id,
                        self._tools().get(item.tool))
-        self.decisions[(item.interrupt_id, item.key)] = decision
+        self.decisions[_slot(item)] = decision
         return self
 
     @property
@@ -252,23 +295,39 @@ class Review:
             groups.setdefault(item.interrupt_id, []).append(item)
         resume: dict[str, Any] = {}
         for interrupt_id, items in groups.items():
-            decided = [i for i in items if (interrupt_id, i.key) in self.decisions]
+            decided = [i for i in items if _slot(i) in self.decisions]
             if not decided:
                 continue
+            if items[0].position is not None:  # batched HumanInTheLoopMiddleware
+                resume[interrupt_id] = self._batch(interrupt_id, items)
+                continue
             if len(items) == 1:
-                resume[interrupt_id] = self.decisions[(interrupt_id, items[0].key)]
+                resume[interrupt_id] = self.decisions[_slot(items[0])]
                 continue
             ids = [i.tool_call_id for i in items]
             # Name each call by its tool_call_id, or by its key where the id repeats.
             resume[interrupt_id] = {
                 (i.tool_call_id if ids.count(i.tool_call_id) == 1 else i.key):
-                self.decisions[(interrupt_id, i.key)] for i in decided}
+                self.decisions[_slot(i)] for i in decided}
         if not resume:
             raise InvalidDecision(
                 f"No decisions taken for thread {self.thread_id!r}; pending: "
                 f"{[i.tool_call_id for i in self.pending]}.", thread_id=self.thread_id,
             )
         return Command(resume=resume)
+
+    def _batch(self, interrupt_id: str, items: list[PendingItem]) -> dict[str, Any]:
+        """`{"decisions": [...]}` for a batched `HumanInTheLoopMiddleware` question,
+        which takes one decision per call it asked about, in its order, or none."""
+        missing = [i.tool_call_id for i in items if _slot(i) not in self.decisions]
+        if missing:
+            raise InvalidDecision(
+                f"HumanInTheLoopMiddleware asks about {len(items)} calls at once in thread "
+                f"{self.thread_id!r} (interrupt {interrupt_id!r}) and takes a decision for "
+                f"each, in order: decide {missing} too. Nothing was sent.",
+                thread_id=self.thread_id, tool_call_id=missing[0])
+        ordered = sorted(items, key=lambda i: i.position or 0)
+        return {"decisions": [self.decisions[_slot(i)] for i in ordered]}
 
     def _resume_value(self) -> Command | None:
         # Only items settled outside the graph: the step runs again and replays them.
@@ -284,7 +343,7 @@ class Review:
 
     def decision_for(self, item: PendingItem) -> dict[str, Any] | None:
         """The decision taken so far for `item`, if any."""
-        return self.decisions.get((item.interrupt_id, item.key))
+        return self.decisions.get(_slot(item))
 
     def __repr__(self) -> str:
         shown = [f"{i.tool_call_id} {i.kind} {i.tool}" for i in self.pending[:4]]
@@ -316,6 +375,17 @@ class Review:
                 + table(header, rows))
 
 
+def _hitl_name(item: PendingItem) -> str:
+    """What names a keyless question of a per-call HumanInTheLoopMiddleware besides its
+    tool_call_id: its interrupt id (a batched question's calls share theirs)."""
+    return item.interrupt_id if item.position is None else ""
+
+
+def _slot(item: PendingItem) -> tuple[str, str]:
+    """Where `Review.decisions` keeps the decision for `item`."""
+    return item.interrupt_id, item.key or ("" if item.position is None else f"#{item.position}")
+
+
 def describe_decision(item: PendingItem, decision: dict[str, Any]) -> str:
     """A decision in words: its type, reviewer, message or receipt, an edit's changes."""
     words = [decision["type"]]
@@ -332,10 +402,74 @@ def describe_decision(item: PendingItem, decision: dict[str, Any]) -> str:
     return " ".join(words)
 
 
+def _hitl_item(interrupt: Any) -> PendingItem:
+    """A question of `HumanInTheLoopMiddleware` (see `is_hitl_question`): answered by its
+    interrupt id, in LangChain's decision shapes; its `key` is empty."""
+    value = interrupt.value
+    schema = getattr(interrupt, "response_schema", None)
+    schema = schema if isinstance(schema, dict) else None
+    return PendingItem(
+        kind="approval", tool_call_id=value["tool_call_id"], tool=value.get("name", ""),
+        args=dict(value.get("args") or {}), key="", attempts=0, error=None,
+        description=value.get("description"),
+        allowed_decisions=schema_decisions(schema) or _HITL_DECISIONS,
+        interrupt_id=interrupt.id, response_schema=schema)
+
+
+def is_batched_hitl_question(value: Any) -> bool:
+    """Whether an interrupt value is a batched `HumanInTheLoopMiddleware` question (one
+    per model turn, its `action_requests` answered in order)."""
+    return (isinstance(value, dict) and isinstance(value.get("action_requests"), list)
+            and isinstance(value.get("review_configs"), list))
+
+
+def hitl_items(interrupt: Any, messages: Any) -> list[PendingItem]:
+    """The calls a question of `HumanInTheLoopMiddleware` asks about (per call, or
+    batched), or `[]` if `interrupt` is not one. `messages` are the thread's (they name
+    a batched question's calls)."""
+    value = getattr(interrupt, "value", None)
+    if is_hitl_question(value):
+        return [_hitl_item(interrupt)]
+    if is_batched_hitl_question(value):
+        return _batched_items(interrupt, messages if isinstance(messages, list) else [])
+    return []
+
+
+def _batched_items(interrupt: Any, messages: list[Any]) -> list[PendingItem]:
+    """The calls a batched `HumanInTheLoopMiddleware` question asks about, in its order.
+
+    Its actions carry no tool_call_id: each is the next call of the last AIMessage with
+    its name and args (the calls the middleware asked about, in the message's order)."""
+    calls = next((list(m.tool_calls) for m in reversed(messages)
+                  if getattr(m, "type", None) == "ai" and getattr(m, "tool_calls", None)), [])
+    configs = {c.get("action_name"): c for c in interrupt.value["review_configs"]
+               if isinstance(c, dict)}
+    items, start = [], 0
+    for position, action in enumerate(interrupt.value["action_requests"]):
+        found = next((i for i in range(start, len(calls))
+                      if calls[i].get("name") == action.get("name")
+                      and calls[i].get("args") == action.get("args")), None)
+        if found is not None:
+            start = found + 1
+        allowed = (configs.get(action.get("name")) or {}).get("allowed_decisions")
+        items.append(PendingItem(
+            kind="approval",
+            tool_call_id=calls[found]["id"] if found is not None else f"action-{position}",
+            tool=action.get("name", ""), args=dict(action.get("args") or {}), key="",
+            attempts=0, error=None, description=action.get("description"),
+            allowed_decisions=tuple(allowed or _HITL_DECISIONS), interrupt_id=interrupt.id,
+            position=position))
+    return items
+
+
 def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
     items = []
     for interrupt in state.interrupts:
         value = interrupt.value
+        asked = hitl_items(interrupt, (getattr(state, "values", None) or {}).get("messages"))
+        if asked:
+            items.extend(asked)
+            continue
         if not isinstance(value, dict) or value.get("type") not in _KINDS:
             continue
         record = saver.effect(value["key"], thread_id) if saver is not None else None
@@ -388,6 +522,9 @@ async def areview(graph: Any, config: dict[str, Any]) -> Review:
     saver = _saver_of(graph)
     items = []
     for item in _pending_from(state, None, thread_id):
+        if not item.key:  # HumanInTheLoopMiddleware's: the ledger has no record of it yet
+            items.append(item)
+            continue
         record = await saver.aeffect(item.key, thread_id) if saver is not None else None
         if answered(record, item.kind):
             continue

@@ -243,3 +243,40 @@ def test_the_status_names_the_unknown_call_and_the_pending_approval(tmp_path: Pa
     assert status.status == "needs_human"
     assert "call_0_1" in status.reason and "approval of ['call_0_0']" in status.reason
     assert set(status.pending) == {"call_0_0", "call_0_1"}
+
+
+HITL = {"tools": {"charge": {"mode": "blind", "policy": "blind", "approval": True,
+                             "retries": 0, "timeout": None}},
+        "turns": [[{"tool": "charge", "id": "c1", "item": "x00", "n": 0}]],
+        "topology": "create_agent", "stack": "hitl_before_guard"}
+
+
+def hitl_graph(saver: Any) -> Any:
+    """--graph target: create_agent with HumanInTheLoopMiddleware before the guard."""
+    from graph_durable.testing.explorer_scenario import build_explorer_agent
+
+    kwargs = json.loads(os.environ["CLI_HITL"])
+    return build_explorer_agent(**kwargs).graph.builder.compile(checkpointer=saver)
+
+
+def test_pending_lists_a_question_of_hitl_and_approve_answers_it_by_resuming(
+        tmp_path: Path) -> None:
+    from graph_durable.testing.explorer_scenario import build_explorer_agent
+
+    kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path / "p"),
+              **HITL}
+    agent = build_explorer_agent(**kwargs)
+    agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": "t"}}, durability="sync")
+    db = kwargs["db_path"]
+    [item] = ok(cli("pending", "--db", db, "--json"))
+    assert (item["tool_call_id"], item["kind"], item["key"], item["args"]) == (
+        "c1", "approval", "", {"item": "x00", "n": 0})
+    refused = cli("approve", "t", "c1", "--db", db, "--no-resume")
+    assert refused.returncode != 0 and "HumanInTheLoopMiddleware" in refused.stderr
+    charges = FakeProvider(str(tmp_path / "p" / "charge.sqlite"), "blind", name="charge")
+    assert charges.count() == 0
+    env = {"CLI_HITL": json.dumps(kwargs)}
+    [row] = ok(cli("approve", "t", "c1", "--db", db, "--graph",
+                   "tests.test_cli_operators:hitl_graph", "--json", env=env))
+    assert row["resumed"] and row["status"] == "done", row
+    assert charges.count() == 1 and ok(cli("pending", "--db", db, "--json")) == []

@@ -653,8 +653,6 @@ def _hitl_agent(tmp_path):
                                 topology="create_agent", stack="hitl_before_guard")
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason="open: review() reads an effect key "
-                   "every question of HumanInTheLoopMiddleware lacks")
 def test_review_reads_a_thread_paused_by_human_in_the_loop_before_the_guard(tmp_path) -> None:
     """`hitl_review`: with a per-call `HumanInTheLoopMiddleware` listed before the guard
     (the order the docs recommend), `review(graph, config)` raised `KeyError('key')`."""
@@ -665,9 +663,6 @@ def test_review_reads_a_thread_paused_by_human_in_the_loop_before_the_guard(tmp_
     assert agent.providers["charge"].count() == 1
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: "
-                   "HumanInTheLoopMiddleware asks again after a crash, and a different answer "
-                   "sends a second charge")
 def test_a_call_approved_through_human_in_the_loop_and_crashed_is_not_asked_again(
         tmp_path) -> None:
     """Seeds 1013, 1028 (`hitl_asked_again`): a call approved through a per-call
@@ -691,9 +686,6 @@ def test_a_call_approved_through_human_in_the_loop_and_crashed_is_not_asked_agai
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: after the middleware "
-                   "order is fixed, the guard takes HumanInTheLoopMiddleware's answer as the "
-                   "answer to its own earlier question")
 def test_an_order_fixed_after_a_crash_asks_the_guard_question_anew(tmp_path) -> None:
     """Seed 3891 (`hitl_after_guard`): two charges under `[EffectGuardMiddleware,
     HumanInTheLoopMiddleware]`, killed after the first intent; resumed, the guard asked
@@ -734,8 +726,6 @@ def test_a_restarted_subgraph_answers_the_call_under_its_new_id(tmp_path) -> Non
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: the guard takes "
-                   "HumanInTheLoopMiddleware's approval as the answer to its own question")
 def test_a_question_of_the_guard_is_not_answered_by_human_in_the_loop(tmp_path) -> None:
     """Seed 277 (`hitl_before_guard`): a charge past its timeout (effect_unknown, asked
     by the guard) beside another charge needing approval, killed before the second's

@@ -344,3 +344,26 @@ async def test_an_async_resume_refused_by_another_workers_lease_is_shown_and_sen
         await asyncio.gather(*thread.view.tasks)
         assert "Paid and told." in thread.result.value
         assert agent.payments.count() == 1 and agent.mail.count() == 1
+
+
+def test_a_question_of_hitl_before_the_guard_is_decided_from_the_widget(tmp_path: Path) -> None:
+    """create_agent with HumanInTheLoopMiddleware listed before the guard: its question
+    is a card like the guard's, and an edit clicked there is sent as edited, once."""
+    from graph_durable.testing.explorer_scenario import build_explorer_agent
+
+    charge = {"mode": "blind", "policy": "blind", "approval": True, "retries": 0,
+              "timeout": None}
+    agent = build_explorer_agent(str(tmp_path / "a.sqlite"), str(tmp_path / "p"),
+                                 {"charge": charge},
+                                 [[{"tool": "charge", "id": "c1", "item": "x00", "n": 0}]],
+                                 topology="create_agent", stack="hitl_before_guard")
+    agent.graph.invoke(agent.inputs, config("t"), durability="sync")
+    box = inbox(agent.graph, agent.saver, reviewer="ana")
+    card = box.call("t", "c1")
+    assert set(card.buttons) == {"approve", "edit", "reject", "respond"}
+    card.fields["n"].value = 1
+    card.buttons["edit"].click()
+    box.thread("t").resume_button.click()
+    [sent] = agent.providers["charge"].effects()
+    assert sent["payload"] == {"item": "x00", "n": 1}
+    assert not box.refresh().threads

@@ -36,7 +36,7 @@ from langchain_core.messages import AIMessage
 
 from graph_durable.errors import UnkeyableToolCall
 
-__all__ = ["call_anchor", "messages_of"]
+__all__ = ["call_anchor", "messages_of", "requested_args"]
 
 
 def messages_of(state: Any, messages_key: str = "messages") -> Sequence[Any]:
@@ -77,3 +77,29 @@ def call_anchor(state: Any, tool_call_id: str | None, fallback: str,
             thread_id=thread_id, tool_call_id=tool_call_id,
         )
     return fallback
+
+
+def requested_args(state: Any, tool_call: Mapping[str, Any],
+                   messages_key: str = "messages") -> dict[str, Any] | None:
+    """The args the model asked for, when `tool_call` reaches the guard with others.
+
+    A middleware listed before the guard may change a call's args before it runs (a
+    per-call `HumanInTheLoopMiddleware`'s `edit`). The call is still the one the model
+    requested: it keeps that request's key, so a question asked again after a crash (or
+    on a fork), answered otherwise the second time, reaches the same effect and is
+    reconciled with it, never sent as a second one. `None` when the args are those of the
+    requesting AIMessage, or when it does not tell them apart (no such call, or several
+    calls under the id).
+    """
+    for message in reversed(messages_of(state, messages_key)):
+        if not isinstance(message, AIMessage):
+            continue
+        asked = [call for call in message.tool_calls if call.get("id") == tool_call.get("id")]
+        if not asked:
+            continue
+        if any(call.get("args") == tool_call.get("args") for call in asked):
+            return None
+        if len(asked) != 1 or asked[0].get("name") != tool_call.get("name"):
+            return None
+        return dict(asked[0].get("args") or {})
+    return None

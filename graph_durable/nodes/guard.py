@@ -29,6 +29,8 @@ from graph_durable._langgraph import (
     CONFIG_KEY_DURABILITY,
     CONFIG_KEY_RESUME_MAP,
     CONFIG_KEY_SCRATCHPAD,
+    CONFIG_KEY_TASK_ID,
+    INTERRUPT,
 )
 from graph_durable._langgraph import interrupt_id as _interrupt_id
 from graph_durable.checkpointers._base import actor_of, durable_saver
@@ -41,7 +43,7 @@ from graph_durable.ledger import (
     TransitionWrite,
     WriteBatch,
 )
-from graph_durable.nodes.anchor import call_anchor
+from graph_durable.nodes.anchor import call_anchor, requested_args
 from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
 from graph_durable.nodes.outcomes import (
@@ -104,7 +106,31 @@ def _offered_resume(conf: Mapping[str, Any]) -> bool:
     return scratchpad.get_null_resume(False) is not None or bool(conf.get(CONFIG_KEY_RESUME_MAP))
 
 
-def _peek_resume(conf: Mapping[str, Any], asked: list[EffectRecord]) -> Any:
+def _legacy_answer(conf: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """`(interrupt_id, value)` of the answer a resume map addresses to one of the task's
+    own LangGraph interrupt ids, which LangGraph appended last to the scratchpad's
+    answers; `None` if it addresses none.
+
+    Whose question that id names is not known here: a guard of an earlier release asked
+    under it (one interrupt per task), but so does any `interrupt()` of the task, such
+    as a per-call `HumanInTheLoopMiddleware` listed before the guard, which has taken
+    the answer by the time the guard runs. The caller asks the checkpoint (see
+    `_guard_asked_under`).
+    """
+    scratchpad = conf.get(CONFIG_KEY_SCRATCHPAD)
+    resume_map = conf.get(CONFIG_KEY_RESUME_MAP) or {}
+    if scratchpad is None or not scratchpad.resume or not resume_map:
+        return None
+    ns = str(conf.get("checkpoint_ns", ""))
+    last = scratchpad.resume[-1]
+    for interrupt_id in (_interrupt_id(ns, len(scratchpad.resume) - 1), _interrupt_id(ns, 0)):
+        if interrupt_id in resume_map and resume_map[interrupt_id] is last:
+            return interrupt_id, last
+    return None
+
+
+def _peek_resume(conf: Mapping[str, Any], asked: list[EffectRecord],
+                 legacy_id: str | None = None) -> Any:
     """The resume value offered to this task's guard, read without consuming it.
 
     - the answers a resume map addresses to the interrupts of the `asked` calls, as
@@ -112,9 +138,10 @@ def _peek_resume(conf: Mapping[str, Any], asked: list[EffectRecord]) -> Any:
       to every task in its config);
     - else a bare resume value (a decision, `{tool_call_id: decision}`, or LangChain's
       `{"decisions": [...]}`), which LangGraph lets through when one interrupt is pending;
-    - else the value a map addressed to the task's own LangGraph interrupt id (pending
-      interrupts of earlier releases, one per task): LangGraph appends it last to the
-      scratchpad's answers.
+    - else the value a map addressed to the task's own LangGraph interrupt id, if that
+      id (`legacy_id`) is the one the guard asked under (pending interrupts of earlier
+      releases, one per task). An answer addressed to another question under a LangGraph
+      id (a `HumanInTheLoopMiddleware` before the guard) never answers the guard's.
 
     LangGraph stores a resume value once `interrupt()` returns it, so a value that turns
     out malformed would be replayed forever; peeking lets the guard validate first. The
@@ -133,12 +160,27 @@ def _peek_resume(conf: Mapping[str, Any], asked: list[EffectRecord]) -> Any:
     bare = scratchpad.get_null_resume(False)
     if bare is not None:
         return bare
-    if not scratchpad.resume or not resume_map:
+    legacy = _legacy_answer(conf)
+    if legacy is None or legacy[0] != legacy_id:
         return None
-    last = scratchpad.resume[-1]
-    legacy = (resume_map.get(_interrupt_id(ns, len(scratchpad.resume) - 1)),
-              resume_map.get(_interrupt_id(ns, 0)))
-    return last if any(last is value for value in legacy) else None
+    return legacy[1]
+
+
+def _guard_asked_under(pending: Any, task_id: Any, interrupt_id: str,
+                       asked: list[EffectRecord]) -> bool:
+    """Whether the question pending under `interrupt_id` in the checkpoint tuple
+    `pending` (the task's last interrupt) is the guard's: its value names the key of
+    one of the `asked` effects."""
+    keys = {record.key for record in asked}
+    for owner, channel, value in getattr(pending, "pending_writes", None) or ():
+        if owner != task_id or channel != INTERRUPT:
+            continue
+        for interrupt in value if isinstance(value, list | tuple) else (value,):
+            question = getattr(interrupt, "value", None)
+            if (getattr(interrupt, "id", None) == interrupt_id and isinstance(question, dict)
+                    and question.get("key") in keys):
+                return True
+    return False
 
 
 def _config_of(request: ToolCallRequest) -> Mapping[str, Any]:
@@ -190,6 +232,15 @@ class _Task:
         if checkpoint_id is None:
             return None
         return self.thread_id, parent_ns, checkpoint_id
+
+    def pending_at(self) -> dict[str, Any] | None:
+        """The config of the checkpoint whose pending writes hold this task's."""
+        where = self.requesting_checkpoint()
+        if where is None:
+            return None
+        thread_id, checkpoint_ns, checkpoint_id = where
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns,
+                                 "checkpoint_id": checkpoint_id}}
 
     def resume_at(self) -> tuple[str, str] | None:
         """Where the graph-level resume value of this run is stored."""
@@ -322,7 +373,8 @@ class GuardCore:
         anchor = self._anchor(task, tool_call, state)
         return CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call),
                            self.policy_for(tool_call["name"]), keying.key_thread, anchor,
-                           secret=keying.secret, key_scheme=keying.pin)
+                           secret=keying.secret, key_scheme=keying.pin,
+                           requested_args=requested_args(state, tool_call, self.messages_key))
 
     def _anchor(self, task: _Task, tool_call: Mapping[str, Any], state: Any) -> str:
         """What the call's key is anchored to: the AIMessage that requested it."""
@@ -479,7 +531,12 @@ class GuardCore:
             if settled:
                 raise refuse_stale(settled[0], task.saver.events(task.thread_id, settled[0].key),
                                    task.thread_id)
-        resume = _peek_resume(task.conf, asked) if asked else None
+        legacy = _legacy_answer(task.conf) if asked else None
+        where = task.pending_at() if legacy is not None else None
+        legacy_id = (legacy[0] if where is not None and _guard_asked_under(
+            task.saver.get_tuple(where), task.conf.get(CONFIG_KEY_TASK_ID), legacy[0], asked)
+            else None)
+        resume = _peek_resume(task.conf, asked, legacy_id) if asked else None
         batch = None if resume is None else _decision_batch(task, asked, resume, tools,
                                                                  self.policy_for)
         if batch is not None:
@@ -501,7 +558,12 @@ class GuardCore:
                 raise refuse_stale(
                     settled[0], await task.saver.aevents(task.thread_id, settled[0].key),
                     task.thread_id)
-        resume = _peek_resume(task.conf, asked) if asked else None
+        legacy = _legacy_answer(task.conf) if asked else None
+        where = task.pending_at() if legacy is not None else None
+        legacy_id = (legacy[0] if where is not None and _guard_asked_under(
+            await task.saver.aget_tuple(where), task.conf.get(CONFIG_KEY_TASK_ID), legacy[0],
+            asked) else None)
+        resume = _peek_resume(task.conf, asked, legacy_id) if asked else None
         batch = None if resume is None else _decision_batch(task, asked, resume, tools,
                                                                  self.policy_for)
         if batch is not None:

@@ -159,6 +159,10 @@ class CallContext:
     earlier_tool_call_id: str | None = None
     """The tool_call_id an earlier run of a restarted subgraph gave this call, when the
     call takes that run's key (`graph_durable.nodes.restarts`)."""
+    requested_args: dict[str, Any] | None = None
+    """The args the model asked for, when a middleware before the guard changed them
+    (`anchor.requested_args`): the key is the requested call's, and `tool_call`'s args
+    are what is recorded and sent."""
     key: str = field(init=False)
     args_json: str = field(init=False)
 
@@ -174,7 +178,8 @@ class CallContext:
             )
         self.key_thread_id = self.key_thread_id or self.thread_id
         self.anchor = self.anchor or self.checkpoint_ns
-        self.args_json = encode_args(call["args"], thread_id=self.thread_id,
+        requested = call["args"] if self.requested_args is None else self.requested_args
+        self.args_json = encode_args(requested, thread_id=self.thread_id,
                                      tool_call_id=call["id"], tool=call["name"])
         self.key = key_of_encoded(self.key_thread_id, self.anchor, call["id"],
                                   call["name"], self.args_json, self.secret)
@@ -284,6 +289,8 @@ def run_call(ctx: CallContext) -> Protocol:
 
 def _intent(ctx: CallContext, status: EffectStatus, *, record_args: dict[str, Any] | None = None,
             key: str | None = None) -> IntentWrite:
+    if record_args is None and ctx.requested_args is not None:
+        record_args = ctx.tool_call["args"]  # changed before the guard: what is sent
     return IntentWrite(
         key=key or ctx.key,
         thread_id=ctx.thread_id,

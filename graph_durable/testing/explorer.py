@@ -41,8 +41,8 @@ given the seed and the paths; a run is too when its calls run one at a time (mos
 episodes) and no timing decides (slow providers, lease expiry), so a replay
 reproduces most failures but not every race.
 
-Not generated (yet): PostgreSQL savers; `HumanInTheLoopMiddleware` next to the guard
-(and LangChain's batched `{"decisions": [...]}` it answers); guarded writes outside
+Not generated (yet): PostgreSQL savers; a batched `HumanInTheLoopMiddleware` (LangChain's
+`{"decisions": [...]}`; the per-call one is, before and after the guard); guarded writes outside
 ToolNode (`guarded(effect)` in a custom node or a functional-API `@task`); sub-keys
 (`current_effect().subkey`); a `Command` tool inside `create_agent`; forks or time
 travel to a model step of a flat graph (the model asks again: new calls by design) and

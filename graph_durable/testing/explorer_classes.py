@@ -89,30 +89,6 @@ KNOWN_BUGS: dict[str, str] = {
     "without an answer in the finished thread (seed 4157: two levels down, killed after "
     "the charge, resumed from get_state().config, killed before a checkpoint, copied; "
     "the source's final state answers call_3b72... where the model asked call_7f72...).",
-    "hitl_before_guard": "with a per-call HumanInTheLoopMiddleware before the guard (the "
-    "order the docs recommend), a call the guard asked about itself (effect_unknown: it "
-    "timed out, or was in flight at a crash) is asked about by HumanInTheLoopMiddleware "
-    "again when its step runs again, and the guard takes the human's approval of that "
-    "question as the answer to its own, raising InvalidDecision (seed 277: a charge "
-    "past its timeout beside another, killed before the second's intent, resumed).",
-    "hitl_after_guard": "HumanInTheLoopMiddleware listed after the guard is refused "
-    "(MiddlewareOrderError) as documented; but a call the guard had already asked about "
-    "(effect_unknown, in flight from a crash) under that order, once the order is fixed "
-    "and HumanInTheLoopMiddleware asks about it first, takes the human's approval of "
-    "that question as the answer to its own and raises InvalidDecision (seed 3891: two "
-    "charges, killed after the first intent, resumed under the wrong order, then the "
-    "right one).",
-    "hitl_review": "`review(graph, config)` raises KeyError('key') on a thread paused by a "
-    "per-call HumanInTheLoopMiddleware listed before the guard (the order the docs "
-    "recommend): its questions carry no effect key. The driver answers those pauses "
-    "by interrupt id unless this class is enabled.",
-    "hitl_asked_again": "a per-call HumanInTheLoopMiddleware listed before the guard asks "
-    "again about a call it was answered for when the thread is resumed after a crash "
-    "(or run from a checkpoint): its answer is kept nowhere the resumed run reads. A "
-    "person who answers differently the second time (approve, then edit) has the call "
-    "sent twice, once as first asked and once edited (seeds 1013, 1028, on create_agent "
-    "with hitl_before_guard). The driver's reviewer answers such a question as the first "
-    "time unless this class is enabled.",
     "retry_swallows_refusal": "ToolRetryMiddleware listed before EffectGuardMiddleware "
     "(`tool_retry_outside`, the safe order) catches the guard's InvalidDecision and "
     "answers the call with an error ToolMessage (seed 219): a malformed decision is not "
@@ -142,7 +118,12 @@ thread and still leaves decided calls pending fails the episode. `error_tool_exc
 `error_message` and `error_validation` (seeds 216, 218: a write whose tool reported the
 lost answer itself was recorded `failed` though applied) are stable since an error
 reported after the tool body ran is an unknown outcome; `tool_retry_inside` (seeds 341,
-363: a lost charge re-sent by the retry middleware) since that order is refused."""
+363: a lost charge re-sent by the retry middleware) since that order is refused. With a per-call `HumanInTheLoopMiddleware` (`hitl_before_guard`,
+`hitl_after_guard`): `hitl_review` (`review()` could not read its questions),
+`hitl_asked_again` (seeds 1013, 1028: asked again after a crash, an edit sent a second
+charge; an edited call now keeps the requested call's key) and the guard taking its
+answers for the guard's own (seeds 277, 3891: an answer addressed to a LangGraph
+interrupt id now answers the guard only if the guard asked under that id)."""
 STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
 SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
 

@@ -105,9 +105,7 @@ class _Run:
                       "sealed": episode.sealed}
         self.output = os.path.join(directory, "children.log")
         self.result = EpisodeResult(episode)
-        self.reviewer = Reviewer(episode, self.files["provider_dir"],
-                                  None if "hitl_asked_again" in classes
-                                  else self.result.sidesteps)
+        self.reviewer = Reviewer(episode, self.files["provider_dir"])
         self.crashes: list[Crash] = list(episode.crashes)
         self.stack = episode.stack
         """The middleware list the next children run with: an unsafe one, once refused,
@@ -240,11 +238,8 @@ class _Run:
                 if len(decisions) > 1 and self.reviewer.rounds % 3 == 0:
                     # A partial answer: the calls left out stay pending, asked again.
                     decisions = dict(list(decisions.items())[:len(decisions) // 2])
-                self.reviewer.sent(decisions)
                 style = "raw" if self.episode.reviewer.get("raw") else "review"
                 hitl = any("key" not in i["value"] for i in asked)
-                if style == "review" and hitl and self.known_bug("hitl_review", ""):
-                    style = "raw"  # review() cannot read LangChain's own questions
                 if style == "raw":
                     # LangGraph takes another form only while one interrupt is pending;
                     # LangChain's HumanInTheLoopMiddleware reads no tool_call_id map.

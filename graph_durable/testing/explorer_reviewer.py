@@ -8,10 +8,8 @@ from the episode's reviewer seed and the round, so a replay answers alike.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-from collections import Counter
 from typing import Any
 
 from graph_durable.testing.explorer_checks import RESPONDED
@@ -27,25 +25,10 @@ APPROVALS = ("effect_approval", "tool_approval")
 class Reviewer:
     """Answers pauses as a careful person with the providers' dashboards would."""
 
-    def __init__(self, episode: Episode, provider_dir: str,
-                 sidesteps: Counter[str] | None = None) -> None:
+    def __init__(self, episode: Episode, provider_dir: str) -> None:
         self.episode = episode
         self.provider_dir = provider_dir
         self.rounds = 0
-        self.sidesteps = sidesteps
-        """Set (the run's counter) while `hitl_asked_again` is not enabled: a question
-        of HumanInTheLoopMiddleware asked again is answered as the first time."""
-        self.answered: dict[str, dict[str, Any]] = {}
-        self.drawn: dict[str, tuple[str, dict[str, Any]]] = {}
-        """`{name in the decisions: (the question, its decision)}` of the last round's
-        HumanInTheLoopMiddleware questions, remembered once sent (`sent`)."""
-
-    def sent(self, decisions: dict[str, Any]) -> None:
-        """Remember the HumanInTheLoopMiddleware answers among `decisions` (sent)."""
-        for name in decisions:
-            if name in self.drawn:
-                asked, decision = self.drawn[name]
-                self.answered.setdefault(asked, decision)
 
     def _rng(self, what: str) -> random.Random:
         return random.Random(f"{self.episode.reviewer.get('seed', 0)}-{self.rounds}-{what}")
@@ -58,7 +41,6 @@ class Reviewer:
                pending: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
         """`{tool_call_id or key: decision}`, one valid decision per pending call."""
         self.rounds += 1
-        self.drawn = {}
         rng = self._rng("valid")
         decisions = {}
         questions = [i["value"] for i in interrupts]
@@ -90,12 +72,6 @@ class Reviewer:
                                 else {"type": "skip", "message": "leave it"})
                 else:
                     decision = {"type": "retry"} if roll < 0.7 else {"type": "skip"}
-            if "key" not in question:  # HumanInTheLoopMiddleware's, which keeps no record
-                asked = json.dumps([question["tool_call_id"], question["args"]], sort_keys=True)
-                if asked in self.answered and self.sidesteps is not None:
-                    decision = self.answered[asked]
-                    self.sidesteps["hitl_asked_again"] += 1
-                self.drawn[question["tool_call_id"]] = (asked, decision)
             # A model that repeats a tool_call_id leaves the key as the call's only name.
             name = question["tool_call_id"]
             # HumanInTheLoopMiddleware's questions have no key: their interrupt id, then.

@@ -14,6 +14,7 @@ def test_config_keys_match_langgraphs() -> None:
     assert internals.CONFIG_KEY_DURABILITY == _constants.CONFIG_KEY_DURABILITY
     assert internals.CONFIG_KEY_SCRATCHPAD == _constants.CONFIG_KEY_SCRATCHPAD
     assert internals.CONFIG_KEY_RESUME_MAP == _constants.CONFIG_KEY_RESUME_MAP
+    assert internals.CONFIG_KEY_TASK_ID == _constants.CONFIG_KEY_TASK_ID
     assert internals.CONFIG_KEY_CHECKPOINT_MAP == _constants.CONFIG_KEY_CHECKPOINT_MAP
 
 
