@@ -45,6 +45,8 @@ __all__ = [
     "SecretUnavailable",
     "ThreadCancelled",
     "ThreadStatus",
+    "acancel",
+    "acompensate",
     "ainbox",
     "arecord_decisions",
     "areview",
@@ -68,6 +70,8 @@ _HOMES = {
     "AsyncDurableSqliteSaver": "graph_durable.checkpointers.aio",
     "CancelReport": "graph_durable.compensation",
     "Compensation": "graph_durable.policy",
+    "acancel": "graph_durable.compensation",
+    "acompensate": "graph_durable.compensation",
     "cancel": "graph_durable.compensation",
     "compensate": "graph_durable.compensation",
     "DurableSqliteSaver": "graph_durable.checkpointers.sqlite",
@@ -162,7 +166,13 @@ if TYPE_CHECKING:
     from graph_durable.nodes.writes import guarded
     from graph_durable.nodes.middleware import EffectGuardMiddleware
     from graph_durable.nodes.node import EffectGuardNode
-    from graph_durable.compensation import CancelReport, cancel, compensate
+    from graph_durable.compensation import (
+        CancelReport,
+        acancel,
+        acompensate,
+        cancel,
+        compensate,
+    )
     from graph_durable.orphans import Orphan, find_orphans, resolve_orphan
     from graph_durable.policy import Compensation, Effect
     from graph_durable.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status

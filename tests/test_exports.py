@@ -28,6 +28,8 @@ EXPECTED = [
     "SecretUnavailable",
     "ThreadCancelled",
     "ThreadStatus",
+    "acancel",
+    "acompensate",
     "ainbox",
     "arecord_decisions",
     "areview",
