@@ -132,7 +132,9 @@ class Review:
         """`: it was decided at <when> by <whom> (<type>)`, when the ledger says so (a
         double click, a second reviewer, an answer to an earlier question)."""
         saver = _saver_of(self.graph)
-        if saver is None:
+        if saver is None or _on_its_loop(saver):
+            # An async saver is not read synchronously on its own loop (a Review from
+            # `areview` there): the refusal goes without the note.
             return ""
         keys = {r.key for r in saver.effects(self.thread_id)
                 if tool_call_id in (r.tool_call_id, r.key)}
@@ -382,6 +384,14 @@ def _as_record(item: PendingItem, thread_id: str) -> EffectRecord:
 
 def _saver_of(graph: Any) -> Any:
     return durable_saver(getattr(graph, "checkpointer", None))
+
+
+def _on_its_loop(saver: Any) -> bool:
+    """Whether `saver` is an async saver whose event loop runs this code."""
+    try:
+        return getattr(saver, "loop", None) is asyncio.get_running_loop()
+    except RuntimeError:  # no running loop
+        return False
 
 
 def review(graph: Any, config: dict[str, Any]) -> Review:
