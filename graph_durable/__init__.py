@@ -47,9 +47,13 @@ __all__ = [
     "ThreadStatus",
     "acancel",
     "acompensate",
+    "afind_orphans",
     "ainbox",
     "arecord_decisions",
+    "arecover",
+    "aresolve_orphan",
     "areview",
+    "athread_status",
     "cancel",
     "compensate",
     "current_effect",
@@ -82,6 +86,8 @@ _HOMES = {
     "EffectRecord": "graph_durable.ledger",
     "EffectStatus": "graph_durable.ledger",
     "Orphan": "graph_durable.orphans",
+    "afind_orphans": "graph_durable.orphans",
+    "aresolve_orphan": "graph_durable.orphans",
     "find_orphans": "graph_durable.orphans",
     "resolve_orphan": "graph_durable.orphans",
     "RecoveryOutcome": "graph_durable.recovery",
@@ -96,6 +102,8 @@ _HOMES = {
     "ainbox": "graph_durable.inbox",
     "arecord_decisions": "graph_durable.inbox",
     "record_decisions": "graph_durable.inbox",
+    "arecover": "graph_durable.recovery",
+    "athread_status": "graph_durable.recovery",
     "recover": "graph_durable.recovery",
     "review": "graph_durable.review",
     "redact_keys": "graph_durable.secrets",
@@ -173,8 +181,21 @@ if TYPE_CHECKING:
         cancel,
         compensate,
     )
-    from graph_durable.orphans import Orphan, find_orphans, resolve_orphan
+    from graph_durable.orphans import (
+        Orphan,
+        afind_orphans,
+        aresolve_orphan,
+        find_orphans,
+        resolve_orphan,
+    )
     from graph_durable.policy import Compensation, Effect
-    from graph_durable.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status
+    from graph_durable.recovery import (
+        RecoveryOutcome,
+        ThreadStatus,
+        arecover,
+        athread_status,
+        recover,
+        thread_status,
+    )
     from graph_durable.review import Review, areview, review
     from graph_durable.secrets import SecretUnavailable, redact_keys
