@@ -45,9 +45,15 @@ __all__ = [
     "SecretUnavailable",
     "ThreadCancelled",
     "ThreadStatus",
+    "acancel",
+    "acompensate",
+    "afind_orphans",
     "ainbox",
     "arecord_decisions",
+    "arecover",
+    "aresolve_orphan",
     "areview",
+    "athread_status",
     "cancel",
     "compensate",
     "current_effect",
@@ -68,6 +74,8 @@ _HOMES = {
     "AsyncDurableSqliteSaver": "graph_durable.checkpointers.aio",
     "CancelReport": "graph_durable.compensation",
     "Compensation": "graph_durable.policy",
+    "acancel": "graph_durable.compensation",
+    "acompensate": "graph_durable.compensation",
     "cancel": "graph_durable.compensation",
     "compensate": "graph_durable.compensation",
     "DurableSqliteSaver": "graph_durable.checkpointers.sqlite",
@@ -78,6 +86,8 @@ _HOMES = {
     "EffectRecord": "graph_durable.ledger",
     "EffectStatus": "graph_durable.ledger",
     "Orphan": "graph_durable.orphans",
+    "afind_orphans": "graph_durable.orphans",
+    "aresolve_orphan": "graph_durable.orphans",
     "find_orphans": "graph_durable.orphans",
     "resolve_orphan": "graph_durable.orphans",
     "RecoveryOutcome": "graph_durable.recovery",
@@ -92,6 +102,8 @@ _HOMES = {
     "ainbox": "graph_durable.inbox",
     "arecord_decisions": "graph_durable.inbox",
     "record_decisions": "graph_durable.inbox",
+    "arecover": "graph_durable.recovery",
+    "athread_status": "graph_durable.recovery",
     "recover": "graph_durable.recovery",
     "review": "graph_durable.review",
     "redact_keys": "graph_durable.secrets",
@@ -162,9 +174,28 @@ if TYPE_CHECKING:
     from graph_durable.nodes.writes import guarded
     from graph_durable.nodes.middleware import EffectGuardMiddleware
     from graph_durable.nodes.node import EffectGuardNode
-    from graph_durable.compensation import CancelReport, cancel, compensate
-    from graph_durable.orphans import Orphan, find_orphans, resolve_orphan
+    from graph_durable.compensation import (
+        CancelReport,
+        acancel,
+        acompensate,
+        cancel,
+        compensate,
+    )
+    from graph_durable.orphans import (
+        Orphan,
+        afind_orphans,
+        aresolve_orphan,
+        find_orphans,
+        resolve_orphan,
+    )
     from graph_durable.policy import Compensation, Effect
-    from graph_durable.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status
+    from graph_durable.recovery import (
+        RecoveryOutcome,
+        ThreadStatus,
+        arecover,
+        athread_status,
+        recover,
+        thread_status,
+    )
     from graph_durable.review import Review, areview, review
     from graph_durable.secrets import SecretUnavailable, redact_keys

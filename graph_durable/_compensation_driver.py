@@ -1,18 +1,26 @@
-"""The driver of compensation protocols outside a graph (`graph_durable.compensation`).
+"""The drivers of compensations outside a graph (`graph_durable.compensation`), sync and async.
 
-It performs the operations `graph_durable.nodes.compensation.run_compensation` yields, as
-the guard's drivers do inside a graph step: ledger reads and writes on the saver under a
-lease's config, the compensation's own call (with `current_effect()` set to its key), its
-lookup, sleeps; a question (`Ask`) has nobody to ask outside a graph, so the record is
-left saying what a human owes.
+What `compensate()` and `cancel()` decide is written once, as generators that yield
+operations, as the guard's protocol is (`graph_durable.nodes.protocol`): the compensation
+protocol's own (`run_compensation`: ledger reads and writes, the compensation's call, its
+lookup, sleeps), plus `TakeLease` (hold the thread until the run ends), `Undo` (call a
+compensation, with `current_effect()` set to its key) and `AskLookup` (ask a policy's
+lookup about a key). `Driver` performs them with the saver's sync methods, `AsyncDriver`
+with its `a`-prefixed ones, so an async saver is never called synchronously on its own
+event loop. A question (`Ask`) has nobody to ask outside a graph, so the record is left
+saying what a human owes. An operation that raises is thrown back into the generator.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import time
-from typing import Any
+from collections.abc import Generator
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from langchain_core.messages import ToolMessage
 
@@ -35,154 +43,300 @@ from graph_durable.nodes.protocol import (
 )
 from graph_durable.policy import Compensation, Effect
 
-__all__ = ["Driver", "answer_message", "call_lookup", "settle_open"]
+__all__ = ["AskLookup", "AsyncDriver", "Driver", "Steps", "TakeLease", "Undo",
+           "acall_lookup", "answer_message", "call_lookup", "compensate_steps", "settle_failed",
+           "settle_open", "settle_unknown", "transition"]
 
 S = EffectStatus
+T = TypeVar("T")
+
+Steps = Generator[Any, Any, T]
+"""A run of compensation logic: yields operations, receives their results, returns `T`."""
+
+
+@dataclass(frozen=True)
+class TakeLease:
+    """Operation: hold `thread_id` as `owner` until the run ends (raises `LeaseHeld`);
+    every later ledger write presents its fencing token. The result is the `Lease`."""
+
+    thread_id: str
+    owner: str
+    ttl: float
+
+
+@dataclass(frozen=True)
+class Undo:
+    """Operation: call `compensation` once for the compensating call `ctx` of
+    `original`; the result is an `Outcome`."""
+
+    ctx: CallContext
+    compensation: Compensation
+    original: EffectRecord
+    call: CallTool
+
+
+@dataclass(frozen=True)
+class AskLookup:
+    """Operation: ask `policy`'s lookup about `key`; the result is an `Outcome` (see
+    `call_lookup`)."""
+
+    policy: Effect
+    key: str
 
 
 class Driver:
-    """Runs compensation protocols for one thread under `lease`."""
+    """Performs compensation steps with the saver's sync methods."""
 
-    def __init__(self, saver: Any, lease: Lease, compensation: Compensation | None = None,
-                 original: EffectRecord | None = None) -> None:
+    def __init__(self, saver: Any) -> None:
         self.saver = saver
-        self.lease = lease
-        self.config = lease.config
-        self.compensation = compensation
-        self.original = original
+        self.lease: Lease | None = None
 
-    def run(self, protocol: Protocol, ctx: CallContext | None = None) -> Any:
-        value: Any = None
-        while True:
+    @property
+    def config(self) -> dict[str, Any] | None:
+        return None if self.lease is None else self.lease.config
+
+    def run(self, steps: Steps[T]) -> T:
+        """Perform `steps` to their end; a lease they took is released then."""
+        with ExitStack() as stack:
+            value: Any = None
+            error: Exception | None = None
+            while True:
+                try:
+                    op = steps.send(value) if error is None else steps.throw(error)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                try:
+                    value, error = self._perform(op, stack), None
+                except Exception as exc:
+                    value, error = None, exc
+
+    def _perform(self, op: Any, stack: ExitStack) -> Any:
+        if isinstance(op, Read):
+            return getattr(self.saver, op.name)(*op.args)
+        if isinstance(op, Claim):
+            return self.saver.claim(op.intent, self.config)
+        if isinstance(op, Write):
+            return self.saver.apply(op.write, self.config)
+        if isinstance(op, TakeLease):
+            self.lease = stack.enter_context(self.saver.lease(op.thread_id, op.owner, op.ttl))
+            return self.lease
+        if isinstance(op, Undo):
+            token = _enter(op, self.lease)
             try:
-                op = protocol.send(value)
-            except StopIteration as done:
-                return done.value
-            if isinstance(op, Read):
-                value = getattr(self.saver, op.name)(*op.args)
-            elif isinstance(op, Claim):
-                value = self.saver.claim(op.intent, self.config)
-            elif isinstance(op, Write):
-                value = self.saver.apply(op.write, self.config)
-            elif isinstance(op, CallTool):
-                assert ctx is not None
-                value = self._undo(ctx, op)
-            elif isinstance(op, Lookup):
-                assert ctx is not None
-                value = call_lookup(ctx.policy, op.key)
-            elif isinstance(op, Sleep):
-                time.sleep(op.seconds)
-            elif isinstance(op, Ask):
-                value = None  # outside a graph nobody is asked: the record says what is owed
-            else:  # pragma: no cover - the protocol yields nothing else
-                raise TypeError(f"unknown protocol operation {op!r}")
+                undo = op.compensation.undo
+                if hasattr(undo, "invoke"):
+                    value = undo.invoke(dict(op.call.record.args))
+                else:
+                    value = undo(op.original, op.original.receipt)
+                if inspect.isawaitable(value):
+                    if inspect.iscoroutine(value):
+                        value.close()
+                    raise TypeError(f"compensation {op.ctx.tool!r} is async; cancel() and "
+                                    "compensate() call it synchronously: use acancel() or "
+                                    "acompensate()")
+                return _undone(op, value)
+            except Exception as exc:
+                return Outcome(error=exc)
+            finally:
+                _CURRENT.reset(token)
+        if isinstance(op, AskLookup):
+            return call_lookup(op.policy, op.key)
+        if isinstance(op, Sleep):
+            time.sleep(op.seconds)
+            return None
+        raise TypeError(f"unknown compensation operation {op!r}")  # pragma: no cover
 
-    def _undo(self, ctx: CallContext, op: CallTool) -> Outcome:
-        """Call the compensation once, as the guard calls a tool."""
-        self.lease.check()
-        compensation, original = self.compensation, self.original
-        assert compensation is not None and original is not None
-        effect = EffectContext(key=op.record.key, thread_id=ctx.thread_id,
-                               tool_call_id=ctx.tool_call_id, tool=ctx.tool,
-                               attempt=op.record.attempts, fencing_token=actor_of(self.config)[1])
-        token = _CURRENT.set(effect)
-        try:
-            undo = compensation.undo
-            if hasattr(undo, "invoke"):
-                value = undo.invoke(dict(op.record.args))
+
+class AsyncDriver:
+    """Performs compensation steps with the saver's async (`a`-prefixed) methods; a sync
+    compensation or lookup runs on a worker thread, never on the event loop."""
+
+    def __init__(self, saver: Any) -> None:
+        self.saver = saver
+        self.lease: Lease | None = None
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        return None if self.lease is None else self.lease.config
+
+    async def run(self, steps: Steps[T]) -> T:
+        """Perform `steps` to their end; a lease they took is released then."""
+        async with AsyncExitStack() as stack:
+            value: Any = None
+            error: Exception | None = None
+            while True:
+                try:
+                    op = steps.send(value) if error is None else steps.throw(error)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                try:
+                    value, error = await self._perform(op, stack), None
+                except Exception as exc:
+                    value, error = None, exc
+
+    async def _perform(self, op: Any, stack: AsyncExitStack) -> Any:
+        if isinstance(op, Read):
+            return await getattr(self.saver, "a" + op.name)(*op.args)
+        if isinstance(op, Claim):
+            return await self.saver.aclaim(op.intent, self.config)
+        if isinstance(op, Write):
+            return await self.saver.aapply(op.write, self.config)
+        if isinstance(op, TakeLease):
+            alease = getattr(self.saver, "alease", None)
+            if alease is None:  # a sync saver: its lease is taken as its writes are, at once
+                self.lease = stack.enter_context(
+                    self.saver.lease(op.thread_id, op.owner, op.ttl))
             else:
-                value = undo(original, original.receipt)
-            if inspect.isawaitable(value):
-                if inspect.iscoroutine(value):
-                    value.close()
-                raise TypeError(f"compensation {ctx.tool!r} is async; cancel() and "
-                                "compensate() call it synchronously")
-            return Outcome(value=value if isinstance(value, ToolMessage) else ctx.message(value))
-        except Exception as exc:
-            return Outcome(error=exc)
-        finally:
-            _CURRENT.reset(token)
+                self.lease = await stack.enter_async_context(
+                    alease(op.thread_id, op.owner, op.ttl))
+            return self.lease
+        if isinstance(op, Undo):
+            token = _enter(op, self.lease)
+            try:
+                undo = op.compensation.undo
+                if hasattr(undo, "ainvoke"):
+                    value = await undo.ainvoke(dict(op.call.record.args))
+                elif inspect.iscoroutinefunction(undo):
+                    value = await undo(op.original, op.original.receipt)
+                else:  # copies the context: current_effect() is set on the worker thread
+                    value = await asyncio.to_thread(undo, op.original, op.original.receipt)
+                    if inspect.isawaitable(value):
+                        value = await value
+                return _undone(op, value)
+            except Exception as exc:
+                return Outcome(error=exc)
+            finally:
+                _CURRENT.reset(token)
+        if isinstance(op, AskLookup):
+            return await acall_lookup(op.policy, op.key)
+        if isinstance(op, Sleep):
+            await asyncio.sleep(op.seconds)
+            return None
+        raise TypeError(f"unknown compensation operation {op!r}")  # pragma: no cover
 
-    def _context(self, original: EffectRecord, compensation: Compensation,
-                 cause: dict[str, Any]) -> CallContext:
-        """The context of the compensating call of `original` this try is under."""
-        self.compensation, self.original = compensation, original
-        return compensation_context(original, compensation,
-                                    self.saver.keying(original.thread_id),
-                                    _failed_tries(self.saver, original), cause)
 
-    def compensate(self, original: EffectRecord, compensation: Compensation,
-                   cause: dict[str, Any]) -> EffectRecord:
-        """Undo the applied `original`; its record afterwards."""
-        ctx = self._context(original, compensation, cause)
-        return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
+def _enter(op: Undo, lease: Lease | None) -> Any:
+    """Check the lease, then set `current_effect()` to the compensating call's key."""
+    assert lease is not None, "a compensation runs under a lease"
+    lease.check()
+    ctx, record = op.ctx, op.call.record
+    return _CURRENT.set(EffectContext(
+        key=record.key, thread_id=ctx.thread_id, tool_call_id=ctx.tool_call_id, tool=ctx.tool,
+        attempt=record.attempts, fencing_token=actor_of(lease.config)[1]))
 
-    def settle_failed(self, original: EffectRecord, compensation: Compensation,
-                      decision: dict[str, Any], receipt: Any, *, have_receipt: bool
-                      ) -> EffectRecord:
-        """A human's word on a `compensation_failed` (or `compensation_unknown`) effect:
-        `receipt` says it was undone
-        (by the compensation whose outcome was open, or by hand); without one, the
-        compensation is tried again: the same call (looked up first where it can be)
-        if its outcome is open, a new call if it certainly failed."""
-        ctx = self._context(original, compensation, {"decision": decision})
-        undo = self.saver.effect(ctx.key, original.thread_id)
-        open_ = undo is not None and undo.status in (S.UNKNOWN, S.IN_FLIGHT)
-        if have_receipt:
-            if open_:
-                assert undo is not None
-                if undo.status is S.IN_FLIGHT:
-                    undo = self.transition(undo, S.UNKNOWN, "unknown", error=undo.error)
-                self.transition(undo, S.APPLIED, "receipt", error=None, receipt=receipt,
-                                asked=False, decision=None, data={"source": "human"})
-            return self.transition(original, S.COMPENSATED, "compensated", error=None,
-                                   data={"source": "human", "decision": decision})
+
+def _undone(op: Undo, value: Any) -> Outcome:
+    return Outcome(value=value if isinstance(value, ToolMessage) else op.ctx.message(value))
+
+
+# -- the steps, written once -----------------------------------------------------------------
+
+
+def _undoing(ctx: CallContext, compensation: Compensation, original: EffectRecord,
+             protocol: Protocol) -> Steps[EffectRecord]:
+    """`protocol` (a compensation's), its call and lookups made operations of their own:
+    the compensating call calls the compensation, and is looked up by its own policy."""
+    value: Any = None
+    while True:
+        try:
+            op = protocol.send(value)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if isinstance(op, CallTool):
+            value = yield Undo(ctx, compensation, original, op)
+        elif isinstance(op, Lookup):
+            value = yield AskLookup(ctx.policy, op.key)
+        elif isinstance(op, Ask):
+            value = None  # outside a graph nobody is asked: the record says what is owed
+        else:
+            value = yield op
+
+
+def _context(original: EffectRecord, compensation: Compensation,
+             cause: dict[str, Any]) -> Steps[CallContext]:
+    """The context of the compensating call of `original` this try is under."""
+    keying = yield Read("keying", (original.thread_id,))
+    events = yield Read("events", (original.thread_id, original.key))
+    return compensation_context(original, compensation, keying, _failed_tries(events), cause)
+
+
+def compensate_steps(original: EffectRecord, compensation: Compensation,
+                     cause: dict[str, Any]) -> Steps[EffectRecord]:
+    """Undo the applied `original`; its record afterwards."""
+    ctx = yield from _context(original, compensation, cause)
+    return (yield from _undoing(ctx, compensation, original, run_compensation(ctx, original)))
+
+
+def settle_failed(original: EffectRecord, compensation: Compensation,
+                  decision: dict[str, Any], receipt: Any, *, have_receipt: bool
+                  ) -> Steps[EffectRecord]:
+    """A human's word on a `compensation_failed` (or `compensation_unknown`) effect:
+    `receipt` says it was undone
+    (by the compensation whose outcome was open, or by hand); without one, the
+    compensation is tried again: the same call (looked up first where it can be)
+    if its outcome is open, a new call if it certainly failed."""
+    ctx = yield from _context(original, compensation, {"decision": decision})
+    undo = yield Read("effect", (ctx.key, original.thread_id))
+    open_ = undo is not None and undo.status in (S.UNKNOWN, S.IN_FLIGHT)
+    if have_receipt:
         if open_:
             assert undo is not None
-            self.transition(undo, undo.status, "decision", decision={"type": "retry",
-                            "decided_at": time.time()}, asked=False,
-                            data={"decision": {"type": "retry"}})
-        return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
-
-    def settle_unknown(self, original: EffectRecord, compensation: Compensation,
-                       cause: dict[str, Any]) -> EffectRecord:
-        """Reconcile a `compensation_unknown` effect without a human, as the guard
-        reconciles any call: its compensation's lookup (found: undone; certainly absent:
-        sent again under its key), else a same-key re-send where the provider dedupes.
-        When neither can tell, the effect stays `compensation_unknown` for a human
-        (`compensate(receipt=...)` if it was undone, `retry=True` if it was not)."""
-        ctx = self._context(original, compensation, cause)
-        undo = self.saver.effect(ctx.key, original.thread_id)
-        if undo is None or undo.status not in (S.UNKNOWN, S.IN_FLIGHT):
-            return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
-        policy = compensation.effect
-        found = call_lookup(policy, undo.key) if policy.lookup is not None else None
-        if found is not None and found.error is None and found.value is not None:
-            self.transition(undo, S.APPLIED, "receipt", error=None, receipt=found.value,
-                            asked=False, decision=None, result=answer_message(undo, found.value),
-                            data={"source": "lookup"})
-            return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
-        if found is not None and found.error is None:
-            why = "a lookup found no effect for the key: send it again, same key"
-        elif policy.idempotent:
-            why = "provider dedupes: re-send with the same key"
-        else:
-            return original
-        self.transition(undo, undo.status, "decision", asked=False,
-                        decision={"type": "retry", "decided_at": time.time()},
-                        data={"decision": {"type": "retry"}, "reason": why})
-        return self.run(run_compensation(ctx, original), ctx)  # type: ignore[no-any-return]
-
-    def transition(self, record: EffectRecord, to: EffectStatus, kind: str,
-                   **fields: Any) -> EffectRecord:
-        [after] = self.saver.apply(TransitionWrite(
-            thread_id=record.thread_id, key=record.key, to=to, kind=kind, **fields), self.config)
-        return after  # type: ignore[no-any-return]
+            if undo.status is S.IN_FLIGHT:
+                undo = yield from transition(undo, S.UNKNOWN, "unknown", error=undo.error)
+            yield from transition(undo, S.APPLIED, "receipt", error=None, receipt=receipt,
+                                  asked=False, decision=None, data={"source": "human"})
+        return (yield from transition(original, S.COMPENSATED, "compensated", error=None,
+                                      data={"source": "human", "decision": decision}))
+    if open_:
+        assert undo is not None
+        yield from transition(undo, undo.status, "decision", decision={
+            "type": "retry", "decided_at": time.time()}, asked=False,
+            data={"decision": {"type": "retry"}})
+    return (yield from _undoing(ctx, compensation, original, run_compensation(ctx, original)))
 
 
-def _failed_tries(saver: Any, original: EffectRecord) -> int:
-    """How many compensations of `original` certainly failed (each retry is a new call)."""
-    return sum(1 for e in saver.events(original.thread_id, original.key)
+def settle_unknown(original: EffectRecord, compensation: Compensation,
+                   cause: dict[str, Any]) -> Steps[EffectRecord]:
+    """Reconcile a `compensation_unknown` effect without a human, as the guard
+    reconciles any call: its compensation's lookup (found: undone; certainly absent:
+    sent again under its key), else a same-key re-send where the provider dedupes.
+    When neither can tell, the effect stays `compensation_unknown` for a human
+    (`compensate(receipt=...)` if it was undone, `retry=True` if it was not)."""
+    ctx = yield from _context(original, compensation, cause)
+    undo = yield Read("effect", (ctx.key, original.thread_id))
+    if undo is None or undo.status not in (S.UNKNOWN, S.IN_FLIGHT):
+        return (yield from _undoing(ctx, compensation, original, run_compensation(ctx, original)))
+    policy = compensation.effect
+    found = (yield AskLookup(policy, undo.key)) if policy.lookup is not None else None
+    if found is not None and found.error is None and found.value is not None:
+        yield from transition(undo, S.APPLIED, "receipt", error=None, receipt=found.value,
+                              asked=False, decision=None,
+                              result=answer_message(undo, found.value), data={"source": "lookup"})
+        return (yield from _undoing(ctx, compensation, original, run_compensation(ctx, original)))
+    if found is not None and found.error is None:
+        why = "a lookup found no effect for the key: send it again, same key"
+    elif policy.idempotent:
+        why = "provider dedupes: re-send with the same key"
+    else:
+        return original
+    yield from transition(undo, undo.status, "decision", asked=False,
+                          decision={"type": "retry", "decided_at": time.time()},
+                          data={"decision": {"type": "retry"}, "reason": why})
+    return (yield from _undoing(ctx, compensation, original, run_compensation(ctx, original)))
+
+
+def transition(record: EffectRecord, to: EffectStatus, kind: str,
+               **fields: Any) -> Steps[EffectRecord]:
+    """Move `record` to `to`, journaling `kind`; its record afterwards."""
+    [after] = yield Write(TransitionWrite(
+        thread_id=record.thread_id, key=record.key, to=to, kind=kind, **fields))
+    return after  # type: ignore[no-any-return]
+
+
+def _failed_tries(events: list[Any]) -> int:
+    """How many compensations of an effect certainly failed, from its journal `events`
+    (each retry is a new call)."""
+    return sum(1 for e in events
                if e.kind == "compensation_failed" and e.data.get("status") == S.FAILED.value)
 
 
@@ -198,33 +352,52 @@ def call_lookup(policy: Effect, key: str) -> Outcome:
     if inspect.isawaitable(found):
         if inspect.iscoroutine(found):
             found.close()
-        return Outcome(error=TypeError("the lookup is async; cancel() calls it synchronously"))
+        return Outcome(error=TypeError("the lookup is async; cancel() calls it synchronously: "
+                                       "use acancel() or acompensate()"))
     return Outcome(value=found)
 
 
-def settle_open(driver: Driver, record: EffectRecord, policy: Effect,
-                 receipt: Any = None, *, have_receipt: bool = False) -> EffectRecord:
+async def acall_lookup(policy: Effect, key: str) -> Outcome:
+    """Async `call_lookup`: an async lookup is awaited, a sync one runs on a worker
+    thread. Not timed out, as `call_lookup` is not: a lookup that timed out could not
+    tell, which is not "certainly absent"."""
+    lookup = policy.lookup
+    if lookup is None:
+        return Outcome(error=LookupError("no lookup"))
+    try:
+        found = (await lookup(key) if inspect.iscoroutinefunction(lookup)
+                 else await asyncio.to_thread(lookup, key))
+        if inspect.isawaitable(found):
+            found = await found
+    except Exception as exc:
+        return Outcome(error=exc)
+    return Outcome(value=found)
+
+
+def settle_open(record: EffectRecord, policy: Effect, receipt: Any = None, *,
+                have_receipt: bool = False) -> Steps[EffectRecord]:
     """An effect whose outcome is open (`in_flight`, `unknown`): applied once a lookup
     finds it or a human gives its receipt, not applied once a lookup finds nothing, and
     left as it is (`unknown`) when neither can tell."""
     if have_receipt:
-        return driver.transition(
+        return (yield from transition(
             record, S.APPLIED, "receipt", error=None, receipt=receipt, asked=False,
-            decision=None, result=answer_message(record, receipt), data={"source": "human"})
-    found = call_lookup(policy, record.key)
+            decision=None, result=answer_message(record, receipt), data={"source": "human"}))
+    found = yield AskLookup(policy, record.key)
     if found.error is None and found.value is not None:
-        return driver.transition(
+        return (yield from transition(
             record, S.APPLIED, "receipt", error=None, receipt=found.value, asked=False,
-            decision=None, result=answer_message(record, found.value), data={"source": "lookup"})
+            decision=None, result=answer_message(record, found.value), data={"source": "lookup"}))
     if found.error is None:
         note = f"a lookup found no effect for key {record.key}: nothing was applied, nothing to undo"
         to = S.FAILED if record.status is S.IN_FLIGHT else S.SKIPPED
-        return driver.transition(record, to, "resolved", error=None, asked=False, decision=None,
-                                 result=answer_message(record, f"Not applied: {note}", "error"),
-                                 data={"reason": note})
+        return (yield from transition(
+            record, to, "resolved", error=None, asked=False, decision=None,
+            result=answer_message(record, f"Not applied: {note}", "error"), data={"reason": note}))
     if record.status is S.IN_FLIGHT:
-        return driver.transition(record, S.UNKNOWN, "unknown",
-                                 error="the thread was cancelled while the call was in flight")
+        return (yield from transition(
+            record, S.UNKNOWN, "unknown",
+            error="the thread was cancelled while the call was in flight"))
     return record
 
 

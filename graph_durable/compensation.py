@@ -5,12 +5,17 @@
 
     compensate(graph, saver, "t1", "call_charge", reviewer="ana")   # one applied effect
 
+    await acancel(graph, saver, "t1")      # the same, from async code: on the event loop
+    await acompensate(graph, saver, "t1", "call_charge")            # of an async saver
+
 Each compensation is a guarded effect of its own (`graph_durable.nodes.compensation`):
 intent before it is sent, a key derived from the key of the effect it undoes, receipt
 after, and its own policy (`Compensation.effect`) decides what a crash in the middle
 costs: a lookup, a same-key re-send, or a human's look. Both functions run under a lease
 on the thread, so they are fenced against any worker, and both are resumable: run them
 again after a crash and they go on where they stopped, never undoing anything twice.
+What they decide is written once (`graph_durable._compensation_driver`); the sync and
+async functions differ only in how the saver, the compensations and lookups are called.
 
 A compensation runs only for an effect known to exist: `applied`, or `unknown` once a
 lookup finds it or a human gives its receipt. An `unknown` effect whose lookup finds
@@ -24,19 +29,31 @@ compiled graph does not expose).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from graph_durable._compensation_driver import Driver, answer_message, settle_open
+from graph_durable._compensation_driver import (
+    AsyncDriver,
+    Driver,
+    Steps,
+    TakeLease,
+    answer_message,
+    compensate_steps,
+    settle_failed,
+    settle_open,
+    settle_unknown,
+    transition,
+)
 from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld
 from graph_durable.leases import CANCEL_PREFIX
 from graph_durable.ledger import EffectRecord, EffectStatus
 from graph_durable.nodes.compensation import is_compensation
+from graph_durable.nodes.protocol import Read
 from graph_durable.policy import Effect
 
-__all__ = ["CancelReport", "cancel", "compensate", "policies_of", "tools_of"]
+__all__ = ["CancelReport", "acancel", "acompensate", "cancel", "compensate", "policies_of",
+           "tools_of"]
 
 S = EffectStatus
 
@@ -127,43 +144,61 @@ def compensate(
             never sent, or already settled otherwise); nothing was changed.
         LeaseHeld: a worker holds the thread; try again once it has stopped.
     """
-    saver = _saver_of(saver)
-    thread_id = str(thread_id)
+    return Driver(_saver_of(saver)).run(_compensate(
+        graph, str(thread_id), call, receipt, retry, reviewer, owner, ttl, effects))
+
+
+async def acompensate(
+    graph: Any, saver: Any, thread_id: str, call: str, *, receipt: Any = None,
+    retry: bool = False, reviewer: str | None = None, owner: str | None = None,
+    ttl: float = 30.0, effects: Mapping[str, Effect] | None = None,
+) -> EffectRecord:
+    """Async `compensate`: the same decisions, made with the saver's `a`-prefixed methods,
+    so it runs on the event loop of an async saver (`AsyncDurableSqliteSaver`,
+    `AsyncDurablePostgresSaver`), where the sync `compensate` refuses. A compensation or
+    lookup may be async; a sync one runs on a worker thread."""
+    return await AsyncDriver(_saver_of(saver)).run(_compensate(
+        graph, str(thread_id), call, receipt, retry, reviewer, owner, ttl, effects))
+
+
+def _compensate(graph: Any, thread_id: str, call: str, receipt: Any, retry: bool,
+                reviewer: str | None, owner: str | None, ttl: float,
+                effects: Mapping[str, Effect] | None) -> Steps[EffectRecord]:
     have_receipt = receipt is not None
-    record = _find(saver, thread_id, call)
+    record = yield from _find(thread_id, call)
     policies = dict(effects) if effects is not None else policies_of(graph)
     policy = _policy(policies, record.tool)
     _check_compensable(record, policy, thread_id, have_receipt, retry)
     who = owner or f"compensate:{reviewer or 'reviewer'}"
-    if saver.cancelled_by(thread_id) is not None:
+    if (yield Read("cancelled_by", (thread_id,))) is not None:
         who = CANCEL_PREFIX + who  # settling what a cancel left to a human
-    with saver.lease(thread_id, who, ttl) as lease:
-        driver = Driver(saver, lease)
-        record = _find(saver, thread_id, call)  # as it stands under the lease
-        _check_compensable(record, policy, thread_id, have_receipt, retry)
-        decision = {"type": "compensate", **({"reviewer": reviewer} if reviewer else {}),
-                    **({"receipt": receipt} if have_receipt else {}),
-                    **({"retry": True} if retry else {})}
-        if record.status is not S.APPLIED:
-            # Journaled before it takes effect; an applied effect's compensation journals
-            # the decision with its own intent (an applied record does not move otherwise).
-            record = driver.transition(record, record.status, "decision",
+    yield TakeLease(thread_id, who, ttl)
+    record = yield from _find(thread_id, call)  # as it stands under the lease
+    _check_compensable(record, policy, thread_id, have_receipt, retry)
+    decision = {"type": "compensate", **({"reviewer": reviewer} if reviewer else {}),
+                **({"receipt": receipt} if have_receipt else {}),
+                **({"retry": True} if retry else {})}
+    if record.status is not S.APPLIED:
+        # Journaled before it takes effect; an applied effect's compensation journals
+        # the decision with its own intent (an applied record does not move otherwise).
+        record = yield from transition(record, record.status, "decision",
                                        data={"decision": decision}, redact=policy.redact)
-        assert policy.compensation is not None
-        if record.status is S.COMPENSATION_UNKNOWN and not (have_receipt or retry):
-            return driver.settle_unknown(record, policy.compensation, {"decision": decision})
-        if record.status in (S.COMPENSATION_FAILED, S.COMPENSATION_UNKNOWN):
-            return driver.settle_failed(record, policy.compensation, decision, receipt,
-                                        have_receipt=have_receipt)
-        if record.status in (S.IN_FLIGHT, S.UNKNOWN):
-            record = settle_open(driver, record, policy, receipt, have_receipt=have_receipt)
-        if record.status is S.APPLIED:
-            record = driver.compensate(record, policy.compensation, {"decision": decision})
-        return record
+    assert policy.compensation is not None
+    if record.status is S.COMPENSATION_UNKNOWN and not (have_receipt or retry):
+        return (yield from settle_unknown(record, policy.compensation, {"decision": decision}))
+    if record.status in (S.COMPENSATION_FAILED, S.COMPENSATION_UNKNOWN):
+        return (yield from settle_failed(record, policy.compensation, decision, receipt,
+                                         have_receipt=have_receipt))
+    if record.status in (S.IN_FLIGHT, S.UNKNOWN):
+        record = yield from settle_open(record, policy, receipt, have_receipt=have_receipt)
+    if record.status is S.APPLIED:
+        record = yield from compensate_steps(record, policy.compensation,
+                                             {"decision": decision})
+    return record
 
 
-def _find(saver: Any, thread_id: str, call: str) -> EffectRecord:
-    records = [r for r in saver.effects(thread_id)
+def _find(thread_id: str, call: str) -> Steps[EffectRecord]:
+    records = [r for r in (yield Read("effects", (thread_id,)))
                if (r.tool_call_id == call or r.key == call) and not is_compensation(r)]
     if not records:
         raise InvalidDecision(
@@ -254,57 +289,69 @@ def cancel(
     Returns:
         `CancelReport`; `held_elsewhere` when a worker holds the thread now.
     """
-    saver = _saver_of(saver)
-    thread_id = str(thread_id)
+    return Driver(_saver_of(saver)).run(
+        _cancel(graph, str(thread_id), compensate, owner, ttl, effects))
+
+
+async def acancel(
+    graph: Any, saver: Any, thread_id: str, *, compensate: bool = True,
+    owner: str = "graph-durable", ttl: float = 30.0,
+    effects: Mapping[str, Effect] | None = None,
+) -> CancelReport:
+    """Async `cancel`: the same saga, run with the saver's `a`-prefixed methods, so it
+    runs on the event loop of an async saver, where the sync `cancel` refuses. A
+    compensation or lookup may be async; a sync one runs on a worker thread. A cancel
+    that stopped half way is finished by `cancel` or `acancel`, from any process."""
+    return await AsyncDriver(_saver_of(saver)).run(
+        _cancel(graph, str(thread_id), compensate, owner, ttl, effects))
+
+
+def _cancel(graph: Any, thread_id: str, compensate: bool, owner: str, ttl: float,
+            effects: Mapping[str, Effect] | None) -> Steps[CancelReport]:
     policies = dict(effects) if effects is not None else policies_of(graph)
-    with ExitStack() as stack:
-        try:
-            lease = stack.enter_context(saver.lease(thread_id, CANCEL_PREFIX + owner, ttl))
-        except LeaseHeld as held:
-            return CancelReport(thread_id, "held_elsewhere", held_by=held.holder)
-        return _cancel_under(Driver(saver, lease), thread_id, policies, compensate)
-
-
-def _cancel_under(driver: Driver, thread_id: str, policies: Mapping[str, Effect],
-                  compensate: bool) -> CancelReport:
-    saver = driver.saver
+    try:
+        yield TakeLease(thread_id, CANCEL_PREFIX + owner, ttl)
+    except LeaseHeld as held:
+        return CancelReport(thread_id, "held_elsewhere", held_by=held.holder)
     withdrawn: list[EffectRecord] = []
-    originals = [r for r in saver.effects(thread_id) if not is_compensation(r)]
+    originals = [r for r in (yield Read("effects", (thread_id,))) if not is_compensation(r)]
     for record in originals:
         policy = _policy(policies, record.tool)
         if record.status is S.AWAITING_APPROVAL:
             note = "the thread was cancelled before the call was approved; nothing was sent"
-            withdrawn.append(driver.transition(
+            withdrawn.append((yield from transition(
                 record, S.REJECTED, "cancelled", asked=False, decision=None,
-                result=answer_message(record, f"Cancelled: {note}", "error"), data={"reason": note}))
+                result=answer_message(record, f"Cancelled: {note}", "error"),
+                data={"reason": note})))
         elif record.status in (S.IN_FLIGHT, S.UNKNOWN):
-            settled = settle_open(driver, record, policy)
+            settled = yield from settle_open(record, policy)
             if settled.status in (S.FAILED, S.SKIPPED):
                 withdrawn.append(settled)
-    records = {r.key: r for r in saver.effects(thread_id) if not is_compensation(r)}
+    records = {r.key: r for r in (yield Read("effects", (thread_id,)))
+               if not is_compensation(r)}
     compensated, left, needs_human = [], [], []
-    for record in _newest_applied_first(saver, thread_id, records):
+    for record in (yield from _newest_applied_first(thread_id, records)):
         compensation = _policy(policies, record.tool).compensation
         if record.status is S.APPLIED and (not compensate or compensation is None):
             left.append(record)
             continue
         if record.status is S.APPLIED:
             assert compensation is not None
-            record = driver.compensate(record, compensation, {"cause": "cancel"})
+            record = yield from compensate_steps(record, compensation, {"cause": "cancel"})
         elif record.status is S.COMPENSATION_UNKNOWN and compensate and compensation:
-            record = driver.settle_unknown(record, compensation, {"cause": "cancel"})
+            record = yield from settle_unknown(record, compensation, {"cause": "cancel"})
         (compensated if record.status is S.COMPENSATED else needs_human).append(record)
     needs_human += [r for r in records.values() if r.status in (S.UNKNOWN, S.IN_FLIGHT)]
     return CancelReport(thread_id, "cancelled", tuple(compensated), tuple(left),
                         tuple(needs_human), tuple(withdrawn))
 
 
-def _newest_applied_first(saver: Any, thread_id: str, records: Mapping[str, EffectRecord]
-                          ) -> list[EffectRecord]:
+def _newest_applied_first(thread_id: str, records: Mapping[str, EffectRecord]
+                          ) -> Steps[list[EffectRecord]]:
     """The effects that were applied, the last applied first (by their receipt's place in
     the journal), compensated or not."""
     applied_at: dict[str, int] = {}
-    for event in saver.events(thread_id):
+    for event in (yield Read("events", (thread_id,))):
         if event.kind == "receipt" and event.key in records:
             applied_at.setdefault(event.key, event.seq)
     sent = [r for r in records.values()

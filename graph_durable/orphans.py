@@ -4,6 +4,7 @@
         print(orphan.thread_id, orphan.tool_call_id, orphan.reason)
     resolve_orphan(saver, "t1", "call_7", effects={"charge": policy})      # its lookup
     resolve_orphan(saver, "t1", "call_8", {"type": "skip", "message": "checked"})
+    await aresolve_orphan(saver, "t1", "call_9", effects=...)  # async code, async savers
 
 An `in_flight` or `unknown` effect is reconciled by the task that holds its call: when the
 thread resumes, the task runs again, claims the same key and looks it up, re-sends it or
@@ -42,6 +43,7 @@ human's `applied` (with the receipt) or `skip`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,8 +65,8 @@ from graph_durable.nodes.compensation import is_compensation
 from graph_durable.nodes.decisions import check_decision
 from graph_durable.policy import Effect
 
-__all__ = ["ORPHAN_DECISIONS", "Orphan", "check_orphan_decision", "find_orphans", "orphan_reason",
-           "resolve_orphan"]
+__all__ = ["ORPHAN_DECISIONS", "Orphan", "afind_orphans", "aresolve_orphan",
+           "check_orphan_decision", "find_orphans", "orphan_reason", "resolve_orphan"]
 
 S = EffectStatus
 OPEN = (S.IN_FLIGHT, S.UNKNOWN)
@@ -265,6 +267,32 @@ def resolve_orphan(
         writes.extend(_write(record, to, kind, policy, **fields) for to, kind, fields in settle)
         changed = saver.apply(WriteBatch(thread_id, tuple(writes)), lease.config)
         return changed[-1]  # type: ignore[no-any-return]
+
+
+async def afind_orphans(saver: Any, thread_id: str | None = None) -> list[Orphan]:
+    """Async `find_orphans`: read on a worker thread, whose saver calls an async saver
+    answers on this loop, which the await leaves free."""
+    return await asyncio.to_thread(find_orphans, saver, thread_id)
+
+
+async def aresolve_orphan(
+    saver: Any,
+    thread_id: str,
+    call: str,
+    decision: Mapping[str, Any] | None = None,
+    *,
+    effects: Mapping[str, Effect] | None = None,
+    graph: Any = None,
+    reviewer: str | None = None,
+    owner: str | None = None,
+    ttl: float = 30.0,
+) -> EffectRecord:
+    """Async `resolve_orphan`, for an async saver on its own loop (an orphan a `Review`
+    from `areview` lists): it runs on a worker thread, the lookup too, and the saver
+    calls it makes are answered on this loop, which the await leaves free."""
+    return await asyncio.to_thread(
+        resolve_orphan, saver, thread_id, call, decision, effects=effects, graph=graph,
+        reviewer=reviewer, owner=owner, ttl=ttl)
 
 
 def _policy(effects: Mapping[str, Effect] | None, graph: Any, tool: str) -> Effect:

@@ -7,6 +7,7 @@ A thread is *orphaned* when it has steps to run, no pending interrupt and no liv
 lease: its worker crashed. `recover` takes a lease on each orphaned thread before
 resuming it and checks again once it holds the lease, so any number of processes can
 sweep the same database at once and each thread is resumed by exactly one of them.
+From async code (an async saver on its own loop), await `arecover` and `athread_status`.
 
 An *orphaned intent* is another thing: an open effect no pending task of its thread will
 run again (`graph_durable.orphans`). A thread with one is never `done`; `recover` looks
@@ -15,7 +16,9 @@ each up with its policy's lookup and lists those left for a human.
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,7 +29,8 @@ from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld
 from graph_durable.ledger import EffectStatus, answered
 from graph_durable.orphans import Orphan, find_orphans, resolve_orphan
 
-__all__ = ["RecoveryOutcome", "ThreadStatus", "open_interrupts", "recover", "thread_status"]
+__all__ = ["RecoveryOutcome", "ThreadStatus", "arecover", "athread_status", "open_interrupts",
+           "recover", "thread_status"]
 
 Status = Literal["running", "waiting", "needs_human", "done", "failed", "orphaned",
                  "cancelled"]
@@ -201,6 +205,39 @@ def recover(
     `durability="sync"` until it finishes or pauses again. An orphaned intent no lookup
     settles is listed in its thread's `orphans`, for a human.
     """
+    return _recover(graph, saver, owner, limit, ttl,
+                    lambda config: graph.invoke(None, config, durability="sync"))
+
+
+async def arecover(
+    graph: Any,
+    saver: Any,
+    owner: str,
+    limit: int | None = None,
+    *,
+    ttl: float = 30.0,
+) -> list[RecoveryOutcome]:
+    """Async `recover`, for async code and async savers: the sweep runs on a worker
+    thread, whose saver calls an async saver answers on this loop (which the await
+    leaves free), and each thread is resumed with `graph.ainvoke` on this loop."""
+    loop = asyncio.get_running_loop()
+
+    def resume(config: dict[str, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(
+            graph.ainvoke(None, config, durability="sync"), loop).result()
+
+    return await asyncio.to_thread(_recover, graph, saver, owner, limit, ttl, resume)
+
+
+async def athread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
+                         ) -> ThreadStatus:
+    """Async `thread_status`: read on a worker thread, whose saver calls an async saver
+    answers on this loop, which the await leaves free."""
+    return await asyncio.to_thread(thread_status, saver, thread_id, ignore_owner=ignore_owner)
+
+
+def _recover(graph: Any, saver: Any, owner: str, limit: int | None, ttl: float,
+             resume: Callable[[dict[str, Any]], Any]) -> list[RecoveryOutcome]:
     outcomes: list[RecoveryOutcome] = []
     threads = saver.thread_ids()
     # Sweepers start at different places, and pass by a thread another one is writing
@@ -211,7 +248,8 @@ def recover(
         if limit is not None and len(outcomes) >= limit:
             break
         status = thread_status(saver, thread_id).status
-        outcome = _resume(graph, saver, thread_id, owner, ttl) if status == "orphaned" else None
+        outcome = (_resume(resume, saver, thread_id, owner, ttl) if status == "orphaned"
+                   else None)
         if status not in ("running", "cancelled") and (
                 outcome is None or outcome.outcome == "resumed"):
             lost = find_orphans(saver, thread_id)
@@ -224,13 +262,13 @@ def recover(
     return outcomes
 
 
-def _resume(graph: Any, saver: Any, thread_id: str, owner: str, ttl: float
-            ) -> RecoveryOutcome:
+def _resume(resume: Callable[[dict[str, Any]], Any], saver: Any, thread_id: str, owner: str,
+            ttl: float) -> RecoveryOutcome:
     try:
         with saver.lease(thread_id, owner, ttl, wait=False) as lease:
             if thread_status(saver, thread_id, ignore_owner=owner).status != "orphaned":
                 return RecoveryOutcome(thread_id, "no_longer_orphaned")
-            graph.invoke(None, lease.config, durability="sync")
+            resume(lease.config)
     except LeaseHeld:
         return RecoveryOutcome(thread_id, "held_elsewhere")
     except Exception as exc:

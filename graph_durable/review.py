@@ -179,7 +179,9 @@ class Review:
         """`: it was decided at <when> by <whom> (<type>)`, when the ledger says so (a
         double click, a second reviewer, an answer to an earlier question)."""
         saver = _saver_of(self.graph)
-        if self._journal is None and saver is None:
+        if self._journal is None and (saver is None or _on_its_loop(saver)):
+            # An async saver is not read synchronously on its own loop: without what
+            # `areview` read, the refusal goes without the note.
             return ""
         records = self._journal[0] if self._journal else saver.effects(self.thread_id)
         keys = {r.key for r in records if tool_call_id in (r.tool_call_id, r.key)}
@@ -264,16 +266,34 @@ class Review:
         with what was recorded when the thread resumes (`resume()`)."""
         from graph_durable.compensation import compensate
 
+        item = self._compensable(tool_call_id, interrupt_id)
+        compensate(self.graph, _saver_of(self.graph), self.thread_id, item.key,
+                   receipt=receipt, reviewer=reviewer)
+        return self._settled(item)
+
+    async def acompensate(self, tool_call_id: str, *, receipt: Any = None,
+                          reviewer: str | None = None, interrupt_id: str | None = None
+                          ) -> Review:
+        """Async `compensate` (`graph_durable.acompensate`): for a `Review` of a graph on
+        an async saver, from its event loop."""
+        from graph_durable.compensation import acompensate
+
+        item = self._compensable(tool_call_id, interrupt_id)
+        await acompensate(self.graph, _saver_of(self.graph), self.thread_id, item.key,
+                          receipt=receipt, reviewer=reviewer)
+        return self._settled(item)
+
+    def _compensable(self, tool_call_id: str, interrupt_id: str | None) -> PendingItem:
+        """The pending item a compensate decision names (an `unknown` one)."""
         found = [i for i in self.pending if tool_call_id in (i.tool_call_id, i.key)]
         if found and all(i.kind == "approval" for i in found):
             raise InvalidDecision(
                 f"Tool call {tool_call_id!r} in thread {self.thread_id!r} awaits approval: it "
                 "was never sent, so there is nothing to compensate; reject it instead. "
                 "Nothing was changed.", thread_id=self.thread_id, tool_call_id=tool_call_id)
-        item = self._item(tool_call_id, "applied", interrupt_id)
-        saver = _saver_of(self.graph)
-        compensate(self.graph, saver, self.thread_id, item.key, receipt=receipt,
-                   reviewer=reviewer)
+        return self._item(tool_call_id, "applied", interrupt_id)
+
+    def _settled(self, item: PendingItem) -> Review:
         self.pending = [i for i in self.pending if i is not item]
         self.settled.append(item)
         return self
@@ -503,6 +523,14 @@ def _as_record(item: PendingItem, thread_id: str) -> EffectRecord:
 
 def _saver_of(graph: Any) -> Any:
     return durable_saver(getattr(graph, "checkpointer", None))
+
+
+def _on_its_loop(saver: Any) -> bool:
+    """Whether `saver` is an async saver whose event loop runs this code."""
+    try:
+        return getattr(saver, "loop", None) is asyncio.get_running_loop()
+    except RuntimeError:  # no running loop
+        return False
 
 
 def review(graph: Any, config: dict[str, Any]) -> Review:

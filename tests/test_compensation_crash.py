@@ -54,11 +54,12 @@ def saga(server: ForkServer, folder: Path, action: str, modes: tuple[str, str],
                              "close_mode": modes[1], "ttl": 0.4}, fault=fault)
 
 
-def cancel_again(server: ForkServer, folder: Path, modes: tuple[str, str]) -> ChildOutcome:
+def cancel_again(server: ForkServer, folder: Path, modes: tuple[str, str],
+                 action: str = "cancel") -> ChildOutcome:
     """Run the cancel in a new process once the killed one's lease has expired."""
     deadline = time.monotonic() + 30
     while True:
-        done = saga(server, folder, "cancel", modes)
+        done = saga(server, folder, action, modes)
         held = done.result is not None and done.result["outcome"] == "held_elsewhere"
         if not held or time.monotonic() > deadline:
             assert done.exitcode == 0 and done.result["outcome"] == "cancelled", done
@@ -66,12 +67,13 @@ def cancel_again(server: ForkServer, folder: Path, modes: tuple[str, str]) -> Ch
         time.sleep(0.2)
 
 
-def points_of_a_cancel(base: Path, scratch: Path, modes: tuple[str, str]) -> list[FaultPlan]:
+def points_of_a_cancel(base: Path, scratch: Path, modes: tuple[str, str],
+                       action: str = "cancel") -> list[FaultPlan]:
     """Every fault point an undisturbed cancel reaches, each occurrence a plan."""
     shutil.copytree(base, scratch)
     trace = scratch / "trace.jsonl"
     done = subprocess.run(
-        [sys.executable, "-m", "graph_durable.testing.scenarios_saga", "cancel",
+        [sys.executable, "-m", "graph_durable.testing.scenarios_saga", action,
          str(scratch / "agent.sqlite"), str(scratch), *modes],
         env={**os.environ, ENV_TRACE: str(trace)}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -103,20 +105,24 @@ def applied_saga(tmp_path: Path, server: ForkServer):
     return make
 
 
-@pytest.mark.parametrize("modes", [("dedupe", "lookup"), ("lookup", "dedupe")])
+@pytest.mark.parametrize(("modes", "action"), [(("dedupe", "lookup"), "cancel"),
+                                               (("lookup", "dedupe"), "cancel"),
+                                               (("dedupe", "lookup"), "acancel")])
 def test_a_cancel_killed_anywhere_undoes_each_effect_exactly_once(
-        tmp_path: Path, server: ForkServer, applied_saga, modes: tuple[str, str]) -> None:
+        tmp_path: Path, server: ForkServer, applied_saga, modes: tuple[str, str],
+        action: str) -> None:
+    """`acancel` (on an async saver's event loop) is killed and run again the same way."""
     base = applied_saga(modes)
-    plans = points_of_a_cancel(base, tmp_path / "trace", modes)
+    plans = points_of_a_cancel(base, tmp_path / "trace", modes, action)
     assert {p.point for p in plans} >= {"before_intent", "after_intent", "after_effect",
                                         "after_receipt"}
     assert {p.tool for p in plans} == {"refund", "close_ticket"}
     for n, plan in enumerate(plans):
         work = tmp_path / f"run{n}"
         shutil.copytree(base, work)
-        killed = saga(server, work, "cancel", modes, plan)
+        killed = saga(server, work, action, modes, plan)
         assert killed.killed, (plan, killed)
-        cancel_again(server, work, modes)
+        cancel_again(server, work, modes, action)
         providers = saga_providers(str(work), *modes)
         records = ledger(work)
         for call, (provider, undo_call) in UNDO.items():
@@ -130,17 +136,18 @@ def test_a_cancel_killed_anywhere_undoes_each_effect_exactly_once(
             assert thread_status(saver, SAGA_THREAD).status == "cancelled"
 
 
+@pytest.mark.parametrize("action", ["cancel", "acancel"])
 def test_a_blind_compensation_killed_anywhere_is_never_sent_twice(
-        tmp_path: Path, server: ForkServer, applied_saga) -> None:
+        tmp_path: Path, server: ForkServer, applied_saga, action: str) -> None:
     modes = ("blind", "blind")
     base = applied_saga(modes)
-    plans = points_of_a_cancel(base, tmp_path / "trace", modes)
+    plans = points_of_a_cancel(base, tmp_path / "trace", modes, action)
     paused_after_effect = 0
     for n, plan in enumerate(plans):
         work = tmp_path / f"run{n}"
         shutil.copytree(base, work)
-        assert saga(server, work, "cancel", modes, plan).killed, plan
-        again = cancel_again(server, work, modes)
+        assert saga(server, work, action, modes, plan).killed, plan
+        again = cancel_again(server, work, modes, action)
         providers = saga_providers(str(work), *modes)
         records = ledger(work)
         for call, (provider, undo_call) in UNDO.items():

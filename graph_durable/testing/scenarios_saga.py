@@ -11,15 +11,17 @@ provider can neither dedupe nor be asked.
 
 Run it in a child process (for SIGKILL crash tests)::
 
-    python -m graph_durable.testing.scenarios_saga run|cancel DB PROVIDER_DIR REFUND_MODE CLOSE_MODE [TTL]
+    python -m graph_durable.testing.scenarios_saga run|cancel|acancel DB PROVIDER_DIR REFUND_MODE CLOSE_MODE [TTL]
 
 `run` drives the thread to its end; `cancel` cancels it (`graph_durable.cancel`, under a
 lease of TTL seconds, 1 by default, so a killed cancel's lease soon expires) and prints
-the report's summary; it exits 3 while another worker holds the thread.
+the report's summary; it exits 3 while another worker holds the thread. `acancel` does
+the same with `graph_durable.acancel`, on an `AsyncDurableSqliteSaver`'s event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import sys
@@ -116,11 +118,13 @@ def graph_on(saver: Any) -> Any:
 def saga_step(action: str, db_path: str, provider_dir: str, refund_mode: str = "dedupe",
               close_mode: str = "lookup", ttl: float = 1.0) -> dict[str, Any]:
     """Run the thread to its end (`run`; `resume` goes on from its last checkpoint), or
-    cancel it (`cancel`); for a child process (`ForkServer.run` names it). Runs are
-    `audited`."""
+    cancel it (`cancel`, or `acancel` on an async saver); for a child process
+    (`ForkServer.run` names it). Runs are `audited`."""
     from graph_durable.audit import audited
     from graph_durable.compensation import cancel
 
+    if action == "acancel":
+        return asyncio.run(_acancel(db_path, provider_dir, refund_mode, close_mode, ttl))
     agent = build_saga_agent(db_path, provider_dir, refund_mode, close_mode)
     try:
         if action in ("run", "resume"):
@@ -133,6 +137,18 @@ def saga_step(action: str, db_path: str, provider_dir: str, refund_mode: str = "
         return {"outcome": report.outcome, "summary": report.summary()}
     finally:
         agent.saver.conn.close()
+
+
+async def _acancel(db_path: str, provider_dir: str, refund_mode: str, close_mode: str,
+                   ttl: float) -> dict[str, Any]:
+    from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+    from graph_durable.compensation import acancel
+
+    async with AsyncDurableSqliteSaver.from_conn_string(db_path) as saver:
+        agent = assemble_saga_agent(saver, saga_providers(provider_dir, refund_mode, close_mode))
+        report = await acancel(agent.graph, saver, SAGA_THREAD, owner=f"pid-{os.getpid()}",
+                               ttl=ttl)
+    return {"outcome": report.outcome, "summary": report.summary()}
 
 
 def _main(argv: list[str]) -> int:
