@@ -138,3 +138,42 @@ def test_async_restarted_subgraph_reconciles_the_first_call(tmp_path: Path) -> N
     assert charges.count() == 1, f"sent again: {charges.requests()}"
     assert resumed.done, resumed.summary
     assert [r.status for r in ledger(tmp_path)] == [EffectStatus.APPLIED]
+
+
+def unanswered(result: Any) -> list[str]:
+    """The tool_call_ids a finished run's messages ask for and no ToolMessage answers."""
+    messages = result.summary["messages"]
+    asked = [c["id"] for m in messages for c in m.get("tool_calls", [])]
+    return [i for i in asked if i not in {m["tool_call_id"] for m in answers(result)}]
+
+
+@pytest.mark.parametrize("action", ["resume", "resume_at_checkpoint"])
+def test_a_copy_that_restarted_the_subgraph_answers_the_source_under_its_own_id(
+        tmp_path: Path, action: str) -> None:
+    """Seed 4157: the thread, killed after the charge, is copied; the copy is run from
+    `get_state().config`, its subgraph asks again under a new tool_call_id and settles
+    the charge by lookup. The source then takes the copy's receipt (it was sent in the
+    family); the answer it replays must answer the source's own call, asked before the
+    crash (`resume`) or asked anew by a restarted subgraph (`resume_at_checkpoint`), not
+    the copy's."""
+    kwargs = kwargs_for(tmp_path, "lookup", fresh_ids=True, depth=2)
+    charges = provider(tmp_path, "lookup")
+    crashed = run_fork_child(SUB, kwargs, thread_id="t",
+                             fault=FaultPlan("after_effect", tool="charge"))
+    assert crashed.killed, crashed.stderr[-2000:]
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite"))
+    saver.copy_thread("t", "t-copy")
+    saver.conn.close()
+
+    copy = run_fork_child(SUB, kwargs, thread_id="t-copy", action="resume_at_checkpoint")
+    assert copy.done, copy.summary
+    assert unanswered(copy) == []
+    source = run_fork_child(SUB, kwargs, thread_id="t", action=action)
+    assert source.done, source.summary
+    assert charges.count() == 1, f"sent again: {charges.requests()}"
+    assert unanswered(source) == [], source.summary["messages"]
+    [mine] = [c["id"] for m in source.summary["messages"] for c in m.get("tool_calls", [])]
+    [theirs] = [c["id"] for m in copy.summary["messages"] for c in m.get("tool_calls", [])]
+    assert mine != theirs
+    assert [a["status"] for a in answers(source)] == ["success"]
+

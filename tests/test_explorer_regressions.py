@@ -713,8 +713,6 @@ def test_an_order_fixed_after_a_crash_asks_the_guard_question_anew(tmp_path) -> 
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: a restarted subgraph's "
-                   "replayed answer carries the earlier run's tool_call_id")
 def test_a_restarted_subgraph_answers_the_call_under_its_new_id(tmp_path) -> None:
     """Seed 4157 (`fresh_call_ids`): a model that gives new tool_call_ids each time it
     is asked, two subgraphs down; after a crash after the charge, a run from

@@ -51,7 +51,7 @@ from graph_durable.nodes.outcomes import (
     watch_reports,
 )
 from graph_durable.nodes.reentry import ReentryRefused, ToolGate
-from graph_durable.nodes.restarts import earlier_effect, fork_sources, with_call_id
+from graph_durable.nodes.restarts import earlier_effect, fork_sources
 from graph_durable.nodes.protocol import (
     Ask,
     CallContext,
@@ -373,7 +373,6 @@ class GuardCore:
         earlier = yield from earlier_effect(ctx, root, sources, state, self.messages_key)
         if earlier is not None:
             ctx.key = earlier.key
-            ctx.earlier_tool_call_id = earlier.tool_call_id
 
     # -- claiming a step's calls together (before any of them runs) -----------------------
 
@@ -555,7 +554,7 @@ class GuardCore:
             try:
                 op = protocol.send(_unredacted(ctx, value))
             except StopIteration as done:
-                return _answering(ctx, done.value)
+                return done.value
             if isinstance(op, Read):
                 value = getattr(task.saver, op.name)(*op.args)
             elif isinstance(op, Claim):
@@ -860,7 +859,7 @@ class GuardCore:
             try:
                 op = protocol.send(_unredacted(ctx, value))
             except StopIteration as done:
-                return _answering(ctx, done.value)
+                return done.value
             if isinstance(op, Read):
                 value = await getattr(task.saver, "a" + op.name)(*op.args)
             elif isinstance(op, Claim):
@@ -967,13 +966,6 @@ class GuardCore:
             return Outcome(timed_out=True)
         except Exception as exc:
             return Outcome(error=exc)
-
-
-def _answering(ctx: CallContext, result: Any) -> Any:
-    """`result` as the answer to the call `ctx` (see `restarts.with_call_id`)."""
-    if ctx.earlier_tool_call_id is None:
-        return result
-    return with_call_id(result, ctx.earlier_tool_call_id, ctx.tool_call_id)
 
 
 def _perform_reads(saver: Any, reads: Generator[Read, Any, Any]) -> Any:

@@ -34,7 +34,13 @@ from graph_durable.ledger import (
     key_of_encoded,
 )
 from graph_durable.nodes.decisions import approval_payload, unknown_payload
-from graph_durable.nodes.results import answering, note_edit, rebuilt_by_lookup, receipt_of
+from graph_durable.nodes.results import (
+    answering,
+    note_edit,
+    rebound,
+    rebuilt_by_lookup,
+    receipt_of,
+)
 from graph_durable.policy import Effect
 from graph_durable.faults import fault_point
 
@@ -156,9 +162,6 @@ class CallContext:
     defer_receipts: bool = True
     """Whether a reconcilable call's receipt may ride on the thread's next write (a
     step's call: its step writes next); a call outside a step commits it at once."""
-    earlier_tool_call_id: str | None = None
-    """The tool_call_id an earlier run of a restarted subgraph gave this call, when the
-    call takes that run's key (`graph_durable.nodes.restarts`)."""
     key: str = field(init=False)
     args_json: str = field(init=False)
 
@@ -307,7 +310,8 @@ def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
         if edited_key is not None:
             edited = yield Read("effect", (edited_key, ctx.thread_id))
             return (yield from _resume(ctx, edited))
-        return (yield Read("stored_result", (ctx.thread_id, record.key)))
+        stored = yield Read("stored_result", (ctx.thread_id, record.key))
+        return rebound(stored, ctx.tool_call_id, (record.tool_call_id,))
     if record.decision is not None:
         return (yield from _act_on_decision(ctx, record))
     if record.status is S.IN_FLIGHT:
@@ -458,7 +462,8 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
         # Sent there as a reviewer edited it: that effect is this call's.
         sent = (yield Read("effect", (edited_key, sent.thread_id))) or sent
     if sent.status in SENT_STATUSES:
-        result = yield Read("stored_result", (sent.thread_id, sent.key))
+        result = rebound((yield Read("stored_result", (sent.thread_id, sent.key))),
+                         ctx.tool_call_id, (sent.tool_call_id, record.tool_call_id))
         yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                    receipt=sent.receipt, result=result,
                                    data={"source": "family", "thread": sent.thread_id}))
