@@ -177,3 +177,39 @@ def test_a_copy_that_restarted_the_subgraph_answers_the_source_under_its_own_id(
     assert mine != theirs
     assert [a["status"] for a in answers(source)] == ["success"]
 
+
+def test_a_question_about_a_restarted_call_names_the_call_asked_now(tmp_path: Path) -> None:
+    """A restarted subgraph whose model asks again under a new tool_call_id asks about
+    the charge in flight under that id (the key stays the first run's); a decision
+    keyed by it settles the call, and the answer names it too."""
+    kwargs = kwargs_for(tmp_path, "blind", fresh_ids=True)
+    charges = provider(tmp_path, "blind")
+    crashed = run_fork_child(SUB, kwargs, thread_id="t",
+                             fault=FaultPlan("after_effect", tool="charge"))
+    assert crashed.killed, crashed.stderr[-2000:]
+    [first] = ledger(tmp_path)
+    resumed = run_fork_child(SUB, kwargs, thread_id="t", action="resume_at_checkpoint")
+    [question] = resumed.interrupts
+    assert question["type"] == "effect_unknown" and question["key"] == first.key
+
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite",
+                                               check_same_thread=False))
+    agent = assemble_subgraph_charge_agent(saver, str(tmp_path), "blind", fresh_ids=True)
+    config = {"configurable": {"thread_id": "t"}}
+    [task] = agent.graph.get_state(config, subgraphs=True).tasks
+    [asked] = [c["id"] for m in task.state.values["messages"] for c in
+               getattr(m, "tool_calls", [])]
+    assert asked != first.tool_call_id
+    assert question["tool_call_id"] == asked
+    agent.graph.invoke(Command(resume={asked: {"type": "applied",
+                                               "receipt": {"id": "charge-1"}}}),
+                       config, durability="sync")
+    assert charges.count() == 1
+    state = agent.graph.get_state(config)
+    assert not state.next
+    [answer] = [m for m in state.values["messages"] if m.type == "tool"]
+    assert answer.tool_call_id == asked
+    [record] = saver.effects("t")
+    assert (record.key, record.tool_call_id, record.status) == (
+        first.key, asked, EffectStatus.APPLIED)
+    saver.conn.close()

@@ -440,12 +440,17 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
 
 
 def _ask(ctx: CallContext, record: EffectRecord) -> Protocol:
+    # The question names the call asking now: a restarted subgraph's model may have given
+    # the call another tool_call_id than the run that recorded its intent (the key is kept).
+    renamed = ({"tool_call_id": ctx.tool_call_id, "was": record.tool_call_id}
+               if record.tool_call_id != ctx.tool_call_id else {})
+    [record] = yield Write(ctx.transition(record, record.status, "asked", asked=True,
+                                          checkpoint_ns=ctx.checkpoint_ns,
+                                          tool_call_id=ctx.tool_call_id, data=renamed))
     if record.status is S.AWAITING_APPROVAL:
         payload = approval_payload(record, ctx.policy.description)
     else:
         payload = unknown_payload(record)
-    [record] = yield Write(ctx.transition(record, record.status, "asked", asked=True,
-                                          checkpoint_ns=ctx.checkpoint_ns))
     return (yield Ask(record, payload))
 
 

@@ -23,7 +23,8 @@ earlier run asked them (calls in the subgraph's input, asked before it ran, keep
 keys): a model that asks the same thing in two turns gets each turn's receipt.
 The earlier effect is then replayed, reconciled or asked about like any resumed call,
 under the tool_call_id the model gives now: a replayed answer is made to answer it
-(`graph_durable.nodes.results.rebound`); the key stays.
+(`graph_durable.nodes.results.rebound`), and a question names it (the record takes it
+when it is asked about, so a decision keyed by it finds the call); the key stays.
 
 Earlier runs that match from more than one incarnation (a `Send` fan-out of identical
 payloads) cannot be told apart; such a call is refused before anything is sent.
