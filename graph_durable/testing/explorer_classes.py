@@ -83,12 +83,6 @@ KNOWN_BUGS: dict[str, str] = {
     "301, 412, 430, 537), where README says one invalid answer runs none of the set. "
     "The driver sends the malformed answer alone in such a set unless this class is "
     "enabled.",
-    "fresh_call_ids": "a subgraph restarted by a run from a named parent checkpoint, "
-    "whose model asks again under new tool_call_ids, answers the call with the receipt "
-    "of the earlier run under the earlier run's tool_call_id: the new call is left "
-    "without an answer in the finished thread (seed 4157: two levels down, killed after "
-    "the charge, resumed from get_state().config, killed before a checkpoint, copied; "
-    "the source's final state answers call_3b72... where the model asked call_7f72...).",
     "hitl_before_guard": "with a per-call HumanInTheLoopMiddleware before the guard (the "
     "order README recommends), a call the guard asked about itself (effect_unknown: it "
     "timed out, or was in flight at a crash) is asked about by HumanInTheLoopMiddleware "
@@ -142,7 +136,11 @@ thread and still leaves decided calls pending fails the episode. `error_tool_exc
 `error_message` and `error_validation` (seeds 216, 218: a write whose tool reported the
 lost answer itself was recorded `failed` though applied) are stable since an error
 reported after the tool body ran is an unknown outcome; `tool_retry_inside` (seeds 341,
-363: a lost charge re-sent by the retry middleware) since that order is refused."""
+363: a lost charge re-sent by the retry middleware) since that order is refused;
+`fresh_call_ids` (seed 4157: a restarted subgraph whose model asked again under a new
+tool_call_id was answered under the id of the run, or the copy, that settled the
+charge, and left its own call without an answer) since a replayed answer, and a
+question, name the call asked now."""
 STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
 SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
 
