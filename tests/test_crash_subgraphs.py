@@ -213,3 +213,24 @@ def test_a_question_about_a_restarted_call_names_the_call_asked_now(tmp_path: Pa
     assert (record.key, record.tool_call_id, record.status) == (
         first.key, asked, EffectStatus.APPLIED)
     saver.conn.close()
+
+
+def test_a_receipt_a_restarted_run_kept_answers_the_next_restart(tmp_path: Path) -> None:
+    """A run from `get_state().config` settles the charge under the new tool_call_id its
+    model gave, and is killed before the subgraph's step is checkpointed; the next run
+    from a named checkpoint restarts the subgraph once more, under a third id. The
+    receipt it replays answered the second run's call: it must answer the third's."""
+    kwargs = kwargs_for(tmp_path, "dedupe", fresh_ids=True)
+    charges = provider(tmp_path, "dedupe")
+    crashed = run_fork_child(SUB, kwargs, thread_id="t",
+                             fault=FaultPlan("after_effect", tool="charge"))
+    assert crashed.killed, crashed.stderr[-2000:]
+    cut = run_fork_child(SUB, kwargs, thread_id="t", action="resume_at_checkpoint",
+                         fault=FaultPlan("before_put", occurrence=5))
+    assert cut.killed, cut.stderr[-2000:]
+    [settled] = ledger(tmp_path)
+    assert settled.status is EffectStatus.APPLIED
+    resumed = run_fork_child(SUB, kwargs, thread_id="t", action="resume_at_checkpoint")
+    assert resumed.done, resumed.summary
+    assert charges.count() == 1, f"sent again: {charges.requests()}"
+    assert unanswered(resumed) == [], resumed.summary["messages"]
