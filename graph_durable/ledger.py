@@ -323,6 +323,10 @@ class TransitionWrite:
     checkpoint_ns: str | _Unset = _UNSET
     """The task now handling the effect: a question is answered in the task that asked
     it, which after a fork or time travel is not the task that recorded the intent."""
+    tool_call_id: str | _Unset = _UNSET
+    """The call now asking about the effect: a subgraph that a run from a named checkpoint
+    restarted asks again under the tool_call_ids its model gives now, and a question (and
+    a decision keyed by tool_call_id) names that call; the key stays the earlier one."""
     defer: bool = False
     redact: Any = None
     """`Effect.redact`: what of the receipt, result, decision, error and data is stored

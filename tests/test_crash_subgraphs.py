@@ -138,3 +138,99 @@ def test_async_restarted_subgraph_reconciles_the_first_call(tmp_path: Path) -> N
     assert charges.count() == 1, f"sent again: {charges.requests()}"
     assert resumed.done, resumed.summary
     assert [r.status for r in ledger(tmp_path)] == [EffectStatus.APPLIED]
+
+
+def unanswered(result: Any) -> list[str]:
+    """The tool_call_ids a finished run's messages ask for and no ToolMessage answers."""
+    messages = result.summary["messages"]
+    asked = [c["id"] for m in messages for c in m.get("tool_calls", [])]
+    return [i for i in asked if i not in {m["tool_call_id"] for m in answers(result)}]
+
+
+@pytest.mark.parametrize("action", ["resume", "resume_at_checkpoint"])
+def test_a_copy_that_restarted_the_subgraph_answers_the_source_under_its_own_id(
+        tmp_path: Path, action: str) -> None:
+    """Seed 4157: the thread, killed after the charge, is copied; the copy is run from
+    `get_state().config`, its subgraph asks again under a new tool_call_id and settles
+    the charge by lookup. The source then takes the copy's receipt (it was sent in the
+    family); the answer it replays must answer the source's own call, asked before the
+    crash (`resume`) or asked anew by a restarted subgraph (`resume_at_checkpoint`), not
+    the copy's."""
+    kwargs = kwargs_for(tmp_path, "lookup", fresh_ids=True, depth=2)
+    charges = provider(tmp_path, "lookup")
+    crashed = run_fork_child(SUB, kwargs, thread_id="t",
+                             fault=FaultPlan("after_effect", tool="charge"))
+    assert crashed.killed, crashed.stderr[-2000:]
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite"))
+    saver.copy_thread("t", "t-copy")
+    saver.conn.close()
+
+    copy = run_fork_child(SUB, kwargs, thread_id="t-copy", action="resume_at_checkpoint")
+    assert copy.done, copy.summary
+    assert unanswered(copy) == []
+    source = run_fork_child(SUB, kwargs, thread_id="t", action=action)
+    assert source.done, source.summary
+    assert charges.count() == 1, f"sent again: {charges.requests()}"
+    assert unanswered(source) == [], source.summary["messages"]
+    [mine] = [c["id"] for m in source.summary["messages"] for c in m.get("tool_calls", [])]
+    [theirs] = [c["id"] for m in copy.summary["messages"] for c in m.get("tool_calls", [])]
+    assert mine != theirs
+    assert [a["status"] for a in answers(source)] == ["success"]
+
+
+def test_a_question_about_a_restarted_call_names_the_call_asked_now(tmp_path: Path) -> None:
+    """A restarted subgraph whose model asks again under a new tool_call_id asks about
+    the charge in flight under that id (the key stays the first run's); a decision
+    keyed by it settles the call, and the answer names it too."""
+    kwargs = kwargs_for(tmp_path, "blind", fresh_ids=True)
+    charges = provider(tmp_path, "blind")
+    crashed = run_fork_child(SUB, kwargs, thread_id="t",
+                             fault=FaultPlan("after_effect", tool="charge"))
+    assert crashed.killed, crashed.stderr[-2000:]
+    [first] = ledger(tmp_path)
+    resumed = run_fork_child(SUB, kwargs, thread_id="t", action="resume_at_checkpoint")
+    [question] = resumed.interrupts
+    assert question["type"] == "effect_unknown" and question["key"] == first.key
+
+    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite",
+                                               check_same_thread=False))
+    agent = assemble_subgraph_charge_agent(saver, str(tmp_path), "blind", fresh_ids=True)
+    config = {"configurable": {"thread_id": "t"}}
+    [task] = agent.graph.get_state(config, subgraphs=True).tasks
+    [asked] = [c["id"] for m in task.state.values["messages"] for c in
+               getattr(m, "tool_calls", [])]
+    assert asked != first.tool_call_id
+    assert question["tool_call_id"] == asked
+    agent.graph.invoke(Command(resume={asked: {"type": "applied",
+                                               "receipt": {"id": "charge-1"}}}),
+                       config, durability="sync")
+    assert charges.count() == 1
+    state = agent.graph.get_state(config)
+    assert not state.next
+    [answer] = [m for m in state.values["messages"] if m.type == "tool"]
+    assert answer.tool_call_id == asked
+    [record] = saver.effects("t")
+    assert (record.key, record.tool_call_id, record.status) == (
+        first.key, asked, EffectStatus.APPLIED)
+    saver.conn.close()
+
+
+def test_a_receipt_a_restarted_run_kept_answers_the_next_restart(tmp_path: Path) -> None:
+    """A run from `get_state().config` settles the charge under the new tool_call_id its
+    model gave, and is killed before the subgraph's step is checkpointed; the next run
+    from a named checkpoint restarts the subgraph once more, under a third id. The
+    receipt it replays answered the second run's call: it must answer the third's."""
+    kwargs = kwargs_for(tmp_path, "dedupe", fresh_ids=True)
+    charges = provider(tmp_path, "dedupe")
+    crashed = run_fork_child(SUB, kwargs, thread_id="t",
+                             fault=FaultPlan("after_effect", tool="charge"))
+    assert crashed.killed, crashed.stderr[-2000:]
+    cut = run_fork_child(SUB, kwargs, thread_id="t", action="resume_at_checkpoint",
+                         fault=FaultPlan("before_put", occurrence=5))
+    assert cut.killed, cut.stderr[-2000:]
+    [settled] = ledger(tmp_path)
+    assert settled.status is EffectStatus.APPLIED
+    resumed = run_fork_child(SUB, kwargs, thread_id="t", action="resume_at_checkpoint")
+    assert resumed.done, resumed.summary
+    assert charges.count() == 1, f"sent again: {charges.requests()}"
+    assert unanswered(resumed) == [], resumed.summary["messages"]

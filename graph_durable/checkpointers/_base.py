@@ -465,6 +465,8 @@ class DurableSaverMixin:
             columns["asked"] = int(write.asked)
         if write.checkpoint_ns is not _UNSET:
             columns["checkpoint_ns"] = write.checkpoint_ns
+        if write.tool_call_id is not _UNSET:
+            columns["tool_call_id"] = write.tool_call_id
         return columns
 
     def _plan_update(self, write: TransitionWrite, now: float,

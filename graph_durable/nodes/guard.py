@@ -53,7 +53,7 @@ from graph_durable.nodes.outcomes import (
     watch_reports,
 )
 from graph_durable.nodes.reentry import ReentryRefused, ToolGate
-from graph_durable.nodes.restarts import earlier_effect, fork_sources, with_call_id
+from graph_durable.nodes.restarts import earlier_effect, fork_sources
 from graph_durable.nodes.protocol import (
     Ask,
     CallContext,
@@ -425,7 +425,6 @@ class GuardCore:
         earlier = yield from earlier_effect(ctx, root, sources, state, self.messages_key)
         if earlier is not None:
             ctx.key = earlier.key
-            ctx.earlier_tool_call_id = earlier.tool_call_id
 
     # -- claiming a step's calls together (before any of them runs) -----------------------
 
@@ -617,7 +616,7 @@ class GuardCore:
             try:
                 op = protocol.send(_unredacted(ctx, value))
             except StopIteration as done:
-                return _answering(ctx, done.value)
+                return done.value
             if isinstance(op, Read):
                 value = getattr(task.saver, op.name)(*op.args)
             elif isinstance(op, Claim):
@@ -922,7 +921,7 @@ class GuardCore:
             try:
                 op = protocol.send(_unredacted(ctx, value))
             except StopIteration as done:
-                return _answering(ctx, done.value)
+                return done.value
             if isinstance(op, Read):
                 value = await getattr(task.saver, "a" + op.name)(*op.args)
             elif isinstance(op, Claim):
@@ -1029,13 +1028,6 @@ class GuardCore:
             return Outcome(timed_out=True)
         except Exception as exc:
             return Outcome(error=exc)
-
-
-def _answering(ctx: CallContext, result: Any) -> Any:
-    """`result` as the answer to the call `ctx` (see `restarts.with_call_id`)."""
-    if ctx.earlier_tool_call_id is None:
-        return result
-    return with_call_id(result, ctx.earlier_tool_call_id, ctx.tool_call_id)
 
 
 def _perform_reads(saver: Any, reads: Generator[Read, Any, Any]) -> Any:

@@ -34,7 +34,13 @@ from graph_durable.ledger import (
     key_of_encoded,
 )
 from graph_durable.nodes.decisions import approval_payload, unknown_payload
-from graph_durable.nodes.results import answering, note_edit, rebuilt_by_lookup, receipt_of
+from graph_durable.nodes.results import (
+    answering,
+    note_edit,
+    rebound,
+    rebuilt_by_lookup,
+    receipt_of,
+)
 from graph_durable.policy import Effect
 from graph_durable.faults import fault_point
 
@@ -156,9 +162,6 @@ class CallContext:
     defer_receipts: bool = True
     """Whether a reconcilable call's receipt may ride on the thread's next write (a
     step's call: its step writes next); a call outside a step commits it at once."""
-    earlier_tool_call_id: str | None = None
-    """The tool_call_id an earlier run of a restarted subgraph gave this call, when the
-    call takes that run's key (`graph_durable.nodes.restarts`)."""
     requested_args: dict[str, Any] | None = None
     """The args the model asked for, when a middleware before the guard changed them
     (`anchor.requested_args`): the key is the requested call's, and `tool_call`'s args
@@ -314,7 +317,8 @@ def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
         if edited_key is not None:
             edited = yield Read("effect", (edited_key, ctx.thread_id))
             return (yield from _resume(ctx, edited))
-        return (yield Read("stored_result", (ctx.thread_id, record.key)))
+        stored = yield Read("stored_result", (ctx.thread_id, record.key))
+        return rebound(stored, ctx.tool_call_id, (record.tool_call_id,))
     if record.decision is not None:
         return (yield from _act_on_decision(ctx, record))
     if record.status is S.IN_FLIGHT:
@@ -443,12 +447,17 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
 
 
 def _ask(ctx: CallContext, record: EffectRecord) -> Protocol:
+    # The question names the call asking now: a restarted subgraph's model may have given
+    # the call another tool_call_id than the run that recorded its intent (the key is kept).
+    renamed = ({"tool_call_id": ctx.tool_call_id, "was": record.tool_call_id}
+               if record.tool_call_id != ctx.tool_call_id else {})
+    [record] = yield Write(ctx.transition(record, record.status, "asked", asked=True,
+                                          checkpoint_ns=ctx.checkpoint_ns,
+                                          tool_call_id=ctx.tool_call_id, data=renamed))
     if record.status is S.AWAITING_APPROVAL:
         payload = approval_payload(record, ctx.policy.description)
     else:
         payload = unknown_payload(record)
-    [record] = yield Write(ctx.transition(record, record.status, "asked", asked=True,
-                                          checkpoint_ns=ctx.checkpoint_ns))
     return (yield Ask(record, payload))
 
 
@@ -465,7 +474,8 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
         # Sent there as a reviewer edited it: that effect is this call's.
         sent = (yield Read("effect", (edited_key, sent.thread_id))) or sent
     if sent.status in SENT_STATUSES:
-        result = yield Read("stored_result", (sent.thread_id, sent.key))
+        result = rebound((yield Read("stored_result", (sent.thread_id, sent.key))),
+                         ctx.tool_call_id, (sent.tool_call_id, record.tool_call_id))
         yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                    receipt=sent.receipt, result=result,
                                    data={"source": "family", "thread": sent.thread_id}))

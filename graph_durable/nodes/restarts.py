@@ -21,7 +21,10 @@ of the root graph repeats a call of an earlier run of the same subgraph (an
 The n-th such call of the new run takes the n-th such earlier effect, in the order the
 earlier run asked them (calls in the subgraph's input, asked before it ran, keep their own
 keys): a model that asks the same thing in two turns gets each turn's receipt.
-The earlier effect is then replayed, reconciled or asked about like any resumed call.
+The earlier effect is then replayed, reconciled or asked about like any resumed call,
+under the tool_call_id the model gives now: a replayed answer is made to answer it
+(`graph_durable.nodes.results.rebound`), and a question names it (the record takes it
+when it is asked about, so a decision keyed by it finds the call); the key stays.
 
 Earlier runs that match from more than one incarnation (a `Send` fan-out of identical
 payloads) cannot be told apart; such a call is refused before anything is sent.
@@ -35,15 +38,14 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessage, ToolMessage
-from langgraph.types import Command
+from langchain_core.messages import AIMessage
 
 from graph_durable.errors import GraphDurableError
 from graph_durable.ledger import EffectRecord, canonical_json, key_of_encoded
 from graph_durable.nodes.anchor import messages_of
 from graph_durable.nodes.protocol import CallContext, Read
 
-__all__ = ["fork_sources", "node_path", "earlier_effect", "with_call_id"]
+__all__ = ["fork_sources", "node_path", "earlier_effect"]
 
 _FORK_SOURCES = ("fork", "update")
 _MAX_LINKS = 64
@@ -178,21 +180,3 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
     ordinal = len(mine) - 1 - mine[::-1].index(ctx.tool_call_id)
     return earlier[ordinal] if ordinal < len(earlier) else None
 
-
-def with_call_id(result: Any, earlier: str, tool_call_id: str) -> Any:
-    """`result` answering `tool_call_id` where it answered `earlier`: an earlier run's
-    stored answer names the tool_call_id that run's model gave the call, which a
-    restarted model need not reuse."""
-    if earlier == tool_call_id:
-        return result
-    if isinstance(result, ToolMessage):
-        if result.tool_call_id != earlier:
-            return result
-        return result.model_copy(update={"tool_call_id": tool_call_id})
-    if isinstance(result, Command) and isinstance(result.update, Mapping):
-        messages = result.update.get("messages")
-        if isinstance(messages, list):
-            fixed = [with_call_id(m, earlier, tool_call_id) for m in messages]
-            return Command(graph=result.graph, update={**result.update, "messages": fixed},
-                           resume=result.resume, goto=result.goto)
-    return result

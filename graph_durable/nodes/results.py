@@ -16,7 +16,8 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
-__all__ = ["answering", "note_edit", "rebuilt_by_lookup", "receipt_of", "tool_messages"]
+__all__ = ["answering", "note_edit", "rebound", "rebuilt_by_lookup", "receipt_of",
+           "tool_messages"]
 
 _JSON_STARTS = frozenset('{["-0123456789tfnNI')
 """The first characters of every text `json.loads` accepts (after JSON whitespace)."""
@@ -94,6 +95,44 @@ def answering(found: ToolMessage | Command, tool_call_id: str, tool: str
     elif isinstance(update, list):
         update = fixed(update)
     return dataclasses.replace(found, update=update)
+
+
+def rebound(result: Any, tool_call_id: str, answered: tuple[str, ...] = ()) -> Any:
+    """A stored result, replayed to the call `tool_call_id`, made to answer it.
+
+    A result answers the call that ran or settled it. A subgraph that a run from a named
+    checkpoint restarted asks again under the tool_call_ids its model gives now, and takes
+    the earlier request's key (`graph_durable.nodes.restarts`): the receipt it replays, or
+    takes over from a copy of the thread, answers the earlier run's call. The ToolMessage
+    of a result that carries one is made to answer `tool_call_id`; of a result that
+    carries several, those answering one of `answered` (the ids the effect was asked
+    under). Anything else is returned as it was.
+    """
+    answers = [result] if isinstance(result, ToolMessage) else tool_messages(result)
+    stale = set(answered)
+    if len(answers) == 1:
+        stale.add(answers[0].tool_call_id)
+    stale.discard(tool_call_id)
+    if not stale or not any(answer.tool_call_id in stale for answer in answers):
+        return result
+
+    def fixed(value: Any) -> Any:
+        if isinstance(value, ToolMessage):
+            if value.tool_call_id not in stale:
+                return value
+            return value.model_copy(update={"tool_call_id": tool_call_id})
+        if isinstance(value, list):
+            return [fixed(item) for item in value]
+        if isinstance(value, Command):
+            update = value.update
+            if isinstance(update, dict):
+                return dataclasses.replace(
+                    value, update={name: fixed(item) for name, item in update.items()})
+            if isinstance(update, list):
+                return dataclasses.replace(value, update=fixed(update))
+        return value
+
+    return fixed(result)
 
 
 def note_edit(result: Any, args: dict[str, Any]) -> Any:

@@ -114,6 +114,18 @@ def _summary(state: Any, thread_id: str) -> dict[str, Any]:
             "interrupts": [{"id": i.id, "value": i.value} for i in state.interrupts]}
 
 
+def _asked_calls(state: Any) -> list[str]:
+    """The tool_call_ids the messages of `state`, and of the subgraphs it is running (a
+    snapshot read with `subgraphs=True`), ask for: the calls a question may name."""
+    values = state.values if isinstance(state.values, dict) else {}
+    asked = [call["id"] for message in values.get("messages", [])
+             for call in getattr(message, "tool_calls", None) or []]
+    for task in state.tasks:
+        if task.state is not None and hasattr(task.state, "values"):
+            asked += _asked_calls(task.state)
+    return asked
+
+
 def _wait_for_abandoned_attempts() -> int:
     """Join tool attempts a timeout abandoned; how many are still running after that."""
     deadline = time.monotonic() + 4 * SLOW_SECONDS + 1.0
@@ -194,6 +206,9 @@ def _run_sync(spec: dict[str, Any]) -> dict[str, Any]:
     except (Exception, errors.LeaseLost) as exc:  # reported: the driver judges it
         report["raised"] = _classify(exc)
     report.update(_summary(graph.get_state(_thread_config(spec)), spec["thread_id"]))
+    if report["interrupts"]:
+        report["asked_calls"] = _asked_calls(
+            graph.get_state(_thread_config(spec), subgraphs=True))
     saver.conn.close()
     return report
 
@@ -232,6 +247,9 @@ async def _run_async(spec: dict[str, Any]) -> dict[str, Any]:
     except (Exception, errors.LeaseLost) as exc:  # reported: the driver judges it
         report["raised"] = _classify(exc)
     report.update(_summary(await graph.aget_state(_thread_config(spec)), spec["thread_id"]))
+    if report["interrupts"]:
+        report["asked_calls"] = _asked_calls(
+            await graph.aget_state(_thread_config(spec), subgraphs=True))
     # aiosqlite runs a non-daemon thread per connection: close it or the loop lingers.
     await saver.conn.close()
     return report

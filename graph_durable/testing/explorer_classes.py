@@ -83,12 +83,6 @@ KNOWN_BUGS: dict[str, str] = {
     "301, 412, 430, 537), where the docs say one invalid answer runs none of the set. "
     "The driver sends the malformed answer alone in such a set unless this class is "
     "enabled.",
-    "fresh_call_ids": "a subgraph restarted by a run from a named parent checkpoint, "
-    "whose model asks again under new tool_call_ids, answers the call with the receipt "
-    "of the earlier run under the earlier run's tool_call_id: the new call is left "
-    "without an answer in the finished thread (seed 4157: two levels down, killed after "
-    "the charge, resumed from get_state().config, killed before a checkpoint, copied; "
-    "the source's final state answers call_3b72... where the model asked call_7f72...).",
     "retry_swallows_refusal": "ToolRetryMiddleware listed before EffectGuardMiddleware "
     "(`tool_retry_outside`, the safe order) catches the guard's InvalidDecision and "
     "answers the call with an error ToolMessage (seed 219): a malformed decision is not "
@@ -118,8 +112,12 @@ thread and still leaves decided calls pending fails the episode. `error_tool_exc
 `error_message` and `error_validation` (seeds 216, 218: a write whose tool reported the
 lost answer itself was recorded `failed` though applied) are stable since an error
 reported after the tool body ran is an unknown outcome; `tool_retry_inside` (seeds 341,
-363: a lost charge re-sent by the retry middleware) since that order is refused. With a per-call `HumanInTheLoopMiddleware` (`hitl_before_guard`,
-`hitl_after_guard`): `hitl_review` (`review()` could not read its questions),
+363: a lost charge re-sent by the retry middleware) since that order is refused;
+`fresh_call_ids` (seed 4157: a restarted subgraph whose model asked again under a new
+tool_call_id was answered under the id of the run, or the copy, that settled the
+charge, and left its own call without an answer) since a replayed answer, and a
+question, name the call asked now. With a per-call `HumanInTheLoopMiddleware`
+(`hitl_before_guard`, `hitl_after_guard`): `hitl_review` (`review()` could not read its questions),
 `hitl_asked_again` (seeds 1013, 1028: asked again after a crash, an edit sent a second
 charge; an edited call now keeps the requested call's key) and the guard taking its
 answers for the guard's own (seeds 277, 3891: an answer addressed to a LangGraph

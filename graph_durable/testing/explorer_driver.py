@@ -184,6 +184,14 @@ class _Run:
             f"{report['via']} on {thread_id}: next={report['next']} "
             f"pending={[i['value'].get('tool_call_id') for i in report['interrupts']]}"
             + (f" raised {raised['type']}: {raised['message'][:300]}" if raised else ""))
+        # A question of the guard names the call the model asks now (a restarted
+        # subgraph's model may have given it a new tool_call_id).
+        stray = [i["value"]["tool_call_id"] for i in report["interrupts"]
+                 if "key" in i["value"]
+                 and i["value"].get("tool_call_id") not in report.get("asked_calls", ())]
+        if stray:
+            raise _Stop(f"QUESTION {thread_id}: interrupts name tool calls {stray} that no "
+                        "model message of the thread asks now")
         return None, report
 
     def copy(self, thread_id: str, how: Resume) -> str:

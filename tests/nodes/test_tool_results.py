@@ -254,3 +254,25 @@ async def test_a_stored_command_keeps_every_field_async(amake_saver) -> None:
     await saver.aclaim(intent())
     await saver.aapply(receipt(defer=False))
     assert await (await amake_saver()).astored_result("t", "k1") == stored_command()
+
+
+def test_a_replayed_answer_is_made_to_answer_the_call_replaying_it() -> None:
+    """A stored answer replayed to a call the model asked under another tool_call_id (a
+    restarted subgraph): its one ToolMessage answers the new call, in a Command or a
+    list too; of several, only those answering the ids the effect was asked under."""
+    from graph_durable.nodes.results import rebound
+
+    old = ToolMessage("ok", tool_call_id="old", name="book")
+    assert rebound(old, "new").tool_call_id == "new"
+    assert rebound(old, "old") is old
+    command = Command(update={"messages": [old], "when": 1}, goto="audit")
+    again = rebound(command, "new")
+    assert again.update["messages"][0].tool_call_id == "new"
+    assert (again.goto, again.update["when"]) == ("audit", 1)
+    [listed] = rebound([command], "new")
+    assert listed.update["messages"][0].tool_call_id == "new"
+    other = ToolMessage("note", tool_call_id="other", name="note")
+    several = rebound(Command(update={"messages": [other, old]}), "new", ("old",))
+    assert [m.tool_call_id for m in several.update["messages"]] == ["other", "new"]
+    untouched = Command(update={"messages": [other, old]})
+    assert rebound(untouched, "new") is untouched
