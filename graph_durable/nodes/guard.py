@@ -32,7 +32,12 @@ from graph_durable._langgraph import (
 )
 from graph_durable._langgraph import interrupt_id as _interrupt_id
 from graph_durable.checkpointers._base import actor_of, durable_saver
-from graph_durable.errors import DurabilityError, MiddlewareOrderError, NotDurableCheckpointer
+from graph_durable.errors import (
+    DurabilityError,
+    InvalidDecision,
+    MiddlewareOrderError,
+    NotDurableCheckpointer,
+)
 from graph_durable.leases import active_lease, check_fence
 from graph_durable.ledger import (
     EffectRecord,
@@ -43,7 +48,13 @@ from graph_durable.ledger import (
 )
 from graph_durable.nodes.anchor import call_anchor
 from graph_durable.nodes.context import _CURRENT, EffectContext
-from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
+from graph_durable.nodes.decisions import (
+    RefusedDecision,
+    check_answers,
+    match_decisions,
+    refuse_stale,
+    response_schema,
+)
 from graph_durable.nodes.outcomes import (
     call_with_timeout,
     read_reports,
@@ -249,6 +260,32 @@ def _decision_batch(task: _Task, asked: list[Any], resume: Any,
         resume_at=task.resume_at(),
         resume_value=resume,
     )
+
+
+def _decisions(task: _Task, tools: Mapping[str, Any] | None,
+               policy_for: Callable[[str], Effect]) -> Generator[Read, Any, WriteBatch | None]:
+    """The journal entries of the decisions this run's resume value carries for the
+    task's questions (`None`: none), after checking every answer it holds; the sync and
+    async drivers perform its reads.
+
+    Each task of a step (`create_agent`'s calls, the branches of a `Send`) is handed the
+    whole resume map, and may be the first of them to run: it checks the answers the map
+    addresses to the other tasks' questions as well as its own, so that every task
+    refuses a set with one invalid answer, and none of the set is recorded or sent."""
+    asked = yield Read("asked_in_task", (task.thread_id, task.checkpoint_ns))
+    questions = {interrupt_id_for(task.checkpoint_ns, r.key): r for r in asked}
+    stale = _stale_ids(task, asked)
+    if stale:
+        thread = yield Read("effects", (task.thread_id,))
+        settled = [r for r in thread if _answers(task, r, stale)]
+        if settled:
+            events = yield Read("events", (task.thread_id, settled[0].key))
+            raise refuse_stale(settled[0], events, task.thread_id)
+        questions = {interrupt_id_for(r.checkpoint_ns, r.key): r for r in thread if r.asked}
+    check_answers(task.conf.get(CONFIG_KEY_RESUME_MAP) or {}, questions, task.thread_id,
+                  tools)
+    resume = _peek_resume(task.conf, asked) if asked else None
+    return None if resume is None else _decision_batch(task, asked, resume, tools, policy_for)
 
 
 @dataclass
@@ -466,22 +503,19 @@ class GuardCore:
                           tools: Mapping[str, Any] | None = None) -> None:
         """Journal the decisions a resume value carries for this task, if any.
 
-        `tools` (by name) give the argument schemas an edit is checked against. An
-        answer addressed to a question of this task that is no longer asked is refused
-        (`InvalidDecision`), and nothing is recorded."""
+        `tools` (by name) give the argument schemas an edit is checked against. A resume
+        map is checked whole first, the answers to other tasks' questions included
+        (`decisions.check_answers`): one invalid answer runs none of the set. An answer
+        addressed to a question of this task that is no longer asked is refused too.
+        Refusals are raised as `RefusedDecision` (an `InvalidDecision`), and nothing is
+        recorded."""
         task = _task_with_resume(config)
         if task is None:
             return
-        asked = task.saver.asked_in_task(task.thread_id, task.checkpoint_ns)
-        stale = _stale_ids(task, asked)
-        if stale:
-            settled = [r for r in task.saver.effects(task.thread_id) if _answers(task, r, stale)]
-            if settled:
-                raise refuse_stale(settled[0], task.saver.events(task.thread_id, settled[0].key),
-                                   task.thread_id)
-        resume = _peek_resume(task.conf, asked) if asked else None
-        batch = None if resume is None else _decision_batch(task, asked, resume, tools,
-                                                                 self.policy_for)
+        try:
+            batch = _perform_reads(task.saver, _decisions(task, tools, self.policy_for))
+        except InvalidDecision as refused:
+            raise RefusedDecision.of(refused) from None
         if batch is not None:
             task.saver.apply(batch, task.config)
             fault_point("after_decision")
@@ -492,18 +526,11 @@ class GuardCore:
         task = _task_with_resume(config)
         if task is None:
             return
-        asked = await task.saver.aasked_in_task(task.thread_id, task.checkpoint_ns)
-        stale = _stale_ids(task, asked)
-        if stale:
-            settled = [r for r in await task.saver.aeffects(task.thread_id)
-                       if _answers(task, r, stale)]
-            if settled:
-                raise refuse_stale(
-                    settled[0], await task.saver.aevents(task.thread_id, settled[0].key),
-                    task.thread_id)
-        resume = _peek_resume(task.conf, asked) if asked else None
-        batch = None if resume is None else _decision_batch(task, asked, resume, tools,
-                                                                 self.policy_for)
+        try:
+            batch = await _aperform_reads(task.saver,
+                                          _decisions(task, tools, self.policy_for))
+        except InvalidDecision as refused:
+            raise RefusedDecision.of(refused) from None
         if batch is not None:
             await task.saver.aapply(batch, task.config)
             fault_point("after_decision")
