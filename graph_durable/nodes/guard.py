@@ -262,6 +262,50 @@ def _decision_batch(task: _Task, asked: list[Any], resume: Any,
     )
 
 
+def _taken_again(events: list[Any], answer: Any) -> bool:
+    """Whether `answer` is the decision a call last took (its journal, `events`) before
+    it was asked about again."""
+    kinds = [e.kind for e in events]
+    if "decision" not in kinds or not isinstance(answer, Mapping):
+        return False
+    last = len(kinds) - 1 - kinds[::-1].index("decision")
+    decided = events[last].data.get("decision") or {}
+    return "asked" in kinds[last:] and all(decided.get(k) == v for k, v in answer.items())
+
+
+def _answers_to_check(task: _Task, thread: list[EffectRecord], tools: Mapping[str, Any] | None
+                      ) -> Generator[Read, Any, dict[str, EffectRecord]]:
+    """The thread's questions, by interrupt id, whose answers in this run's resume map the
+    task checks: its own, and the other tasks' but for answers they already took.
+
+    A task that ran earlier in this run may have taken its answer, sent its call and
+    asked about it again (an unknown outcome) under the same interrupt id: the answer it
+    took is not checked against the new question. Its journal is read only for an answer
+    that does not fit."""
+    resume_map = task.conf.get(CONFIG_KEY_RESUME_MAP) or {}
+    questions = {}
+    for record in thread:
+        interrupt_id = interrupt_id_for(record.checkpoint_ns, record.key)
+        if not record.asked:
+            continue
+        answer = resume_map.get(interrupt_id)
+        if (record.checkpoint_ns != task.checkpoint_ns and answer is not None
+                and not _fits(answer, record, tools)):
+            events = yield Read("events", (task.thread_id, record.key))
+            if _taken_again(events, answer):
+                continue
+        questions[interrupt_id] = record
+    return questions
+
+
+def _fits(answer: Any, record: EffectRecord, tools: Mapping[str, Any] | None) -> bool:
+    try:
+        check_answers({"": answer}, {"": record}, "", tools)
+    except InvalidDecision:
+        return False
+    return True
+
+
 def _decisions(task: _Task, tools: Mapping[str, Any] | None,
                policy_for: Callable[[str], Effect]) -> Generator[Read, Any, WriteBatch | None]:
     """The journal entries of the decisions this run's resume value carries for the
@@ -281,7 +325,7 @@ def _decisions(task: _Task, tools: Mapping[str, Any] | None,
         if settled:
             events = yield Read("events", (task.thread_id, settled[0].key))
             raise refuse_stale(settled[0], events, task.thread_id)
-        questions = {interrupt_id_for(r.checkpoint_ns, r.key): r for r in thread if r.asked}
+        questions = yield from _answers_to_check(task, thread, tools)
     check_answers(task.conf.get(CONFIG_KEY_RESUME_MAP) or {}, questions, task.thread_id,
                   tools)
     resume = _peek_resume(task.conf, asked) if asked else None

@@ -216,3 +216,24 @@ def test_an_async_middleware_listed_before_the_guard_lets_the_refusal_through(
             assert not [m for m in state.values["messages"] if m.type == "tool"]
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("concurrency", [1, None])
+def test_an_answer_taken_in_the_run_is_not_checked_against_the_question_asked_after_it(
+        tmp_path, provider, concurrency) -> None:
+    """Seed 253: the first task takes its approval, sends the charge, loses the answer
+    and asks about the unknown outcome under the same interrupt id; the task that runs
+    after it in the same run checks that approval as taken, not against the new
+    question, and sends its own charge."""
+    provider.script_faults("lost")  # the first charge is applied, its answer lost
+    saver = sqlite_saver(tmp_path)
+    graph = agent(saver, provider)
+    questions = start(graph)
+    config = {**CONFIG, "max_concurrency": concurrency} if concurrency else CONFIG
+    result = graph.invoke(Command(resume={q.id: APPROVE for q in questions}), config,
+                          durability="sync")
+    [again] = result["__interrupt__"]
+    assert again.value["type"] == "effect_unknown" and again.id in {q.id for q in questions}
+    assert provider.count() == 2
+    statuses = sorted(r.status.value for r in saver.effects("t"))
+    assert statuses == ["applied", "unknown"]
