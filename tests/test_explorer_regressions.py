@@ -506,7 +506,7 @@ def _shapes():
             crashes=[Crash("after_receipt", "charge", 1, 0, Resume("copy_both"))],
             topology="subgraph_nested"),
         # Seeds 301, 412, 430: the other Send branch may go on with a decision it holds;
-        # the malformed answer is sent alone (a set is `malformed_across_tasks`, open).
+        # a set with one malformed answer runs none of it.
         "malformed_in_a_send_branch": Episode(
             0, {"charge": _tool(approval=True)}, charge, topology="subgraph_send",
             reviewer={"seed": 1, "malformed": True}),
@@ -534,8 +534,7 @@ def _shapes():
             crashes=[Crash("after_intent", "crm", 1, 0, Resume("recover", 6))],
             topology="subgraph_send", sealed=True,
             reviewer={"seed": 1874449336, "malformed": True}),
-        # Seed 537: the same for create_agent, one task per call, answered alone (a set
-        # is `malformed_across_tasks`, open).
+        # Seed 537: the same for create_agent, one task per call.
         "malformed_in_create_agent": Episode(
             0, {"charge": _tool(approval=True)}, approvals, topology="create_agent",
             reviewer={"seed": 1, "malformed": True}),

@@ -77,12 +77,6 @@ when enabled, or steps around."""
 ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
 
 KNOWN_BUGS: dict[str, str] = {
-    "malformed_across_tasks": "a set of answers to calls that run as tasks of their own "
-    "(create_agent's calls, the branches of a Send) with one malformed answer raises "
-    "InvalidDecision, but the other tasks record and send their valid answers (seeds "
-    "301, 412, 430, 537), where README says one invalid answer runs none of the set. "
-    "The driver sends the malformed answer alone in such a set unless this class is "
-    "enabled.",
     "fresh_call_ids": "a subgraph restarted by a run from a named parent checkpoint, "
     "whose model asks again under new tool_call_ids, answers the call with the receipt "
     "of the earlier run under the earlier run's tool_call_id: the new call is left "
@@ -113,12 +107,6 @@ KNOWN_BUGS: dict[str, str] = {
     "sent twice, once as first asked and once edited (seeds 1013, 1028, on create_agent "
     "with hitl_before_guard). The driver's reviewer answers such a question as the first "
     "time unless this class is enabled.",
-    "retry_swallows_refusal": "ToolRetryMiddleware listed before EffectGuardMiddleware "
-    "(`tool_retry_outside`, the safe order) catches the guard's InvalidDecision and "
-    "answers the call with an error ToolMessage (seed 219): a malformed decision is not "
-    "refused, the call is answered as failed without being sent, and the thread goes "
-    "on. The driver tries no malformed decision under that stack unless this class is "
-    "enabled.",
 }
 """Path classes that fail today (being fixed), and what the explorer sees; a class named
 here is generated only when asked for, and the driver steps around a runtime one. Each
@@ -142,7 +130,12 @@ thread and still leaves decided calls pending fails the episode. `error_tool_exc
 `error_message` and `error_validation` (seeds 216, 218: a write whose tool reported the
 lost answer itself was recorded `failed` though applied) are stable since an error
 reported after the tool body ran is an unknown outcome; `tool_retry_inside` (seeds 341,
-363: a lost charge re-sent by the retry middleware) since that order is refused."""
+363: a lost charge re-sent by the retry middleware) since that order is refused;
+`malformed_across_tasks` (seeds 301, 412, 430, 537: in a set of answers to calls that
+run as tasks of their own, the tasks holding valid answers recorded and sent them) since
+each task checks the whole set first; `retry_swallows_refusal` (seed 219:
+`ToolRetryMiddleware` listed before the guard answered a malformed decision's call with
+an error message) since the refusal is a `GraphBubbleUp`, which middleware lets through."""
 STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
 SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
 
