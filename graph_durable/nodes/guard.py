@@ -51,6 +51,7 @@ from graph_durable.nodes.context import _CURRENT, EffectContext
 from graph_durable.nodes.decisions import (
     RefusedDecision,
     check_answers,
+    check_decision,
     match_decisions,
     refuse_stale,
     response_schema,
@@ -300,7 +301,7 @@ def _answers_to_check(task: _Task, thread: list[EffectRecord], tools: Mapping[st
 
 def _fits(answer: Any, record: EffectRecord, tools: Mapping[str, Any] | None) -> bool:
     try:
-        check_answers({"": answer}, {"": record}, "", tools)
+        check_decision(answer, record, "", (tools or {}).get(record.tool))
     except InvalidDecision:
         return False
     return True
