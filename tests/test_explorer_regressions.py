@@ -402,7 +402,12 @@ def test_a_refused_answer_then_a_worker_killed_after_the_step_wrote_is_orphaned(
     with pytest.raises(InvalidDecision):
         graph.invoke(Command(resume={"type": "edit"}), CONFIG, durability="sync")
     latest = saver.get_tuple(CONFIG)
-    [task_id] = {w[0] for w in latest.pending_writes if w[1] == "__error__"}
+    # A refusal is now LangGraph's control-flow signal, which leaves no `__error__`
+    # write; the one an earlier release left (or a task that failed) is written here.
+    assert "__error__" not in [w[1] for w in latest.pending_writes]
+    [task] = graph.get_state(CONFIG).tasks
+    task_id = task.id
+    saver.put_writes(latest.config, [("__error__", InvalidDecision("refused"))], task_id)
     # What the valid answer's run saves before it is killed: the step's results, as
     # LangGraph writes them for the task (here without the effect, which is asked anew).
     saver.put_writes(latest.config, [("branch:to:agent", None)], task_id)
