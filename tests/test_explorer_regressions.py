@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.messages import HumanMessage
@@ -401,7 +402,12 @@ def test_a_refused_answer_then_a_worker_killed_after_the_step_wrote_is_orphaned(
     with pytest.raises(InvalidDecision):
         graph.invoke(Command(resume={"type": "edit"}), CONFIG, durability="sync")
     latest = saver.get_tuple(CONFIG)
-    [task_id] = {w[0] for w in latest.pending_writes if w[1] == "__error__"}
+    # A refusal is now LangGraph's control-flow signal, which leaves no `__error__`
+    # write; the one an earlier release left (or a task that failed) is written here.
+    assert "__error__" not in [w[1] for w in latest.pending_writes]
+    [task] = graph.get_state(CONFIG).tasks
+    task_id = task.id
+    saver.put_writes(latest.config, [("__error__", InvalidDecision("refused"))], task_id)
     # What the valid answer's run saves before it is killed: the step's results, as
     # LangGraph writes them for the task (here without the effect, which is asked anew).
     saver.put_writes(latest.config, [("branch:to:agent", None)], task_id)
@@ -505,7 +511,7 @@ def _shapes():
             crashes=[Crash("after_receipt", "charge", 1, 0, Resume("copy_both"))],
             topology="subgraph_nested"),
         # Seeds 301, 412, 430: the other Send branch may go on with a decision it holds;
-        # the malformed answer is sent alone (a set is `malformed_across_tasks`, open).
+        # a set with one malformed answer runs none of it.
         "malformed_in_a_send_branch": Episode(
             0, {"charge": _tool(approval=True)}, charge, topology="subgraph_send",
             reviewer={"seed": 1, "malformed": True}),
@@ -533,8 +539,7 @@ def _shapes():
             crashes=[Crash("after_intent", "crm", 1, 0, Resume("recover", 6))],
             topology="subgraph_send", sealed=True,
             reviewer={"seed": 1874449336, "malformed": True}),
-        # Seed 537: the same for create_agent, one task per call, answered alone (a set
-        # is `malformed_across_tasks`, open).
+        # Seed 537: the same for create_agent, one task per call.
         "malformed_in_create_agent": Episode(
             0, {"charge": _tool(approval=True)}, approvals, topology="create_agent",
             reviewer={"seed": 1, "malformed": True}),
@@ -601,8 +606,6 @@ def test_a_subgraph_run_twice_from_one_parent_checkpoint_charges_once(tmp_path, 
     assert charges.count() == 1, charges.requests()
 
 
-@pytest.mark.xfail(strict=True, reason="open: ToolRetryMiddleware listed before the guard "
-                   "turns InvalidDecision into an error ToolMessage")
 def test_a_malformed_answer_is_refused_under_a_retry_middleware_listed_first(tmp_path) -> None:
     """Seed 219 (`retry_swallows_refusal`): with `ToolRetryMiddleware` before
     `EffectGuardMiddleware` (the safe order), a malformed decision was not refused: the
@@ -620,8 +623,6 @@ def test_a_malformed_answer_is_refused_under_a_retry_middleware_listed_first(tmp
         agent.graph.invoke(Command(resume={"type": "retry"}), CONFIG, durability="sync")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: one malformed answer "
-                   "in a set spanning create_agent's tasks does not stop the others")
 def test_one_malformed_answer_runs_none_of_a_create_agent_set(tmp_path) -> None:
     """Seed 537 (`malformed_across_tasks`): create_agent runs each call as a task of its
     own; a set of answers with one malformed raised `InvalidDecision`, but the other
@@ -642,6 +643,82 @@ def test_one_malformed_answer_runs_none_of_a_create_agent_set(tmp_path) -> None:
                            CONFIG, durability="sync")
     assert agent.providers["charge"].count() == 0
     assert all(r.status is EffectStatus.AWAITING_APPROVAL for r in agent.saver.effects("t"))
+
+
+def _two_tasks_agent(tmp_path, topology: str, build: Any = None):
+    """Two calls needing approval, each asked in a task of its own: create_agent's two
+    calls, or one call in each of two `Send` branches of a subgraph."""
+    from graph_durable.testing.explorer_scenario import build_explorer_agent
+
+    calls = 2 if topology == "create_agent" else 1
+    return (build or build_explorer_agent)(
+        str(tmp_path / "a.sqlite"), str(tmp_path / "p"), {"charge": _tool(approval=True)},
+        [[{"tool": "charge", "id": f"c{i}", "item": f"x0{i}", "n": 0} for i in range(calls)]],
+        topology=topology)
+
+
+@pytest.mark.parametrize("topology", ["create_agent", "subgraph_send"])
+@pytest.mark.parametrize("bad", [0, 1])
+def test_one_malformed_answer_runs_none_of_a_set_across_tasks(tmp_path, topology,
+                                                              bad) -> None:
+    """Seeds 301, 412, 430 (`Send` branches) and 537 (create_agent): whichever task holds
+    the malformed answer, and whichever runs first, none of the set is recorded or sent;
+    the corrected set then runs each call once."""
+    from graph_durable import InvalidDecision
+
+    agent = _two_tasks_agent(tmp_path, topology)
+    questions = agent.graph.invoke(agent.inputs, CONFIG, durability="sync")["__interrupt__"]
+    assert len(questions) == 2
+    answers = {q.id: {"type": "bogus"} if i == bad else {"type": "approve"}
+               for i, q in enumerate(questions)}
+    with pytest.raises(InvalidDecision) as refused:
+        agent.graph.invoke(Command(resume=answers), CONFIG, durability="sync")
+    assert refused.value.thread_id == "t"
+    assert refused.value.tool_call_id == questions[bad].value["tool_call_id"]
+    assert agent.providers["charge"].count() == 0
+    records = agent.saver.effects("t")
+    assert all(r.status is EffectStatus.AWAITING_APPROVAL and r.asked for r in records)
+    assert not [e for e in agent.saver.events("t") if e.kind == "decision"]
+    assert {i.id for i in agent.graph.get_state(CONFIG, subgraphs=True).interrupts} \
+        == {q.id for q in questions}
+    agent.graph.invoke(Command(resume={q.id: {"type": "approve"} for q in questions}),
+                       CONFIG, durability="sync")
+    assert agent.providers["charge"].count() == 2
+
+
+@pytest.mark.parametrize("topology", ["create_agent", "subgraph_send"])
+def test_one_malformed_answer_runs_none_of_an_async_set_across_tasks(tmp_path,
+                                                                     topology) -> None:
+    """The same on the async path."""
+    import asyncio
+
+    from graph_durable import InvalidDecision
+    from graph_durable.testing.explorer_scenario import build_explorer_agent_async
+
+    async def main() -> None:
+        agent = await _two_tasks_agent(tmp_path, topology, build_explorer_agent_async)
+        try:
+            await decide(agent)
+        finally:
+            await agent.saver.conn.close()  # aiosqlite's thread would outlive the test
+
+    async def decide(agent: Any) -> None:
+        result = await agent.graph.ainvoke(agent.inputs, CONFIG, durability="sync")
+        first, second = result["__interrupt__"]
+        with pytest.raises(InvalidDecision):
+            await agent.graph.ainvoke(Command(resume={first.id: {"type": "approve"},
+                                                      second.id: {"type": "reject",
+                                                                  "message": 5}}),
+                                      CONFIG, durability="sync")
+        assert agent.providers["charge"].count() == 0
+        records = await agent.saver.aeffects("t")
+        assert all(r.status is EffectStatus.AWAITING_APPROVAL for r in records)
+        await agent.graph.ainvoke(Command(resume={first.id: {"type": "approve"},
+                                                  second.id: {"type": "approve"}}),
+                                  CONFIG, durability="sync")
+        assert agent.providers["charge"].count() == 2
+
+    asyncio.run(main())
 
 
 def _hitl_agent(tmp_path):

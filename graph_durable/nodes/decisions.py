@@ -14,6 +14,12 @@ a mapping `{interrupt_id | tool_call_id | effect key: decision}`, or LangChain's
 LangChain's HumanInTheLoopMiddleware shapes. Validation is pure: it runs before anything
 is recorded, so a malformed answer leaves the interrupt pending and the ledger unchanged.
 A mapping may answer some of the pending calls: the others stay pending.
+
+Calls that run as tasks of their own (`create_agent`'s, the branches of a `Send`) are
+each handed the whole resume map: each task checks every answer the map addresses to a
+question of the thread (`check_answers`) before it takes its own, so one invalid answer
+runs none of the set. Inside a graph run the guard raises the refusal as
+`RefusedDecision`, an `InvalidDecision` that is also LangGraph's control-flow signal.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from datetime import datetime, timezone
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
+from langgraph.errors import GraphBubbleUp
 from pydantic import BaseModel, ConfigDict, Discriminator, TypeAdapter, ValidationError, create_model
 
 from graph_durable.errors import InvalidDecision
@@ -31,8 +38,10 @@ from graph_durable.ledger import EffectRecord, EffectStatus
 __all__ = [
     "APPROVAL_DECISIONS",
     "UNKNOWN_DECISIONS",
+    "RefusedDecision",
     "allowed_decisions",
     "approval_payload",
+    "check_answers",
     "check_decision",
     "decided_note",
     "match_decisions",
@@ -46,6 +55,21 @@ UNKNOWN_DECISIONS = ("applied", "retry", "skip")
 APPROVAL_TYPES = ("tool_approval", "effect_approval")
 """Interrupt types asking for an approval: LangChain's per-call one, and the shape of
 earlier releases (`effect_approval`, with `tool` for `name`), still read."""
+
+
+class RefusedDecision(InvalidDecision, GraphBubbleUp):
+    """`InvalidDecision` as the guard raises it in a graph run: also a `GraphBubbleUp`,
+    LangGraph's control-flow signal (an interrupt is one), so that it reaches the caller
+    as an interrupt would. No middleware around the guard (`ToolRetryMiddleware`,
+    `ToolErrorMiddleware`), `ToolNode(handle_tool_errors=...)`, node `RetryPolicy` or
+    error handler takes it for a failed tool call. Catch it as `InvalidDecision`."""
+
+    @classmethod
+    def of(cls, refused: InvalidDecision) -> RefusedDecision:
+        """`refused`, raised in a graph run."""
+        if isinstance(refused, cls):
+            return refused
+        return cls(str(refused), thread_id=refused.thread_id, tool_call_id=refused.tool_call_id)
 
 
 def allowed_decisions(record: EffectRecord) -> tuple[str, ...]:
@@ -197,11 +221,30 @@ def _is_decision(value: Any) -> bool:
     return isinstance(value, Mapping) and "type" in value
 
 
+_SHAPES = {
+    "approve": "{'type': 'approve'}",
+    "edit": "{'type': 'edit', 'edited_action': {'name': TOOL, 'args': {...}}}",
+    "reject": "{'type': 'reject', 'message': '...'}",
+    "respond": "{'type': 'respond', 'message': '...'}",
+    "applied": "{'type': 'applied', 'receipt': {...}}",
+    "retry": "{'type': 'retry'}",
+    "skip": "{'type': 'skip', 'message': '...'}",
+}
+"""What each decision looks like, for error messages."""
+
+
+def _valid_shapes(record: EffectRecord) -> str:
+    return ", ".join(_SHAPES[kind].replace("TOOL", repr(record.tool))
+                     for kind in allowed_decisions(record))
+
+
 def _invalid(message: str, record: EffectRecord | None, thread_id: str) -> InvalidDecision:
     tool_call_id = record.tool_call_id if record else None
+    shapes = f" A valid decision for it is one of {_valid_shapes(record)}." if record else ""
     return InvalidDecision(
-        f"{message} (thread {thread_id!r}). Nothing was recorded and the interrupt is still "
-        "pending: resume again with Command(resume={tool_call_id: decision}), or use "
+        f"{message} (thread {thread_id!r}).{shapes} Nothing was recorded, nor any other "
+        "answer given with it, and the interrupts are still pending: resume again with "
+        "Command(resume={interrupt_id: decision, ...}), or use "
         "graph_durable.review(graph, config) to build the command.",
         thread_id=thread_id,
         tool_call_id=tool_call_id,
@@ -247,6 +290,27 @@ def check_decision(decision: Any, record: EffectRecord, thread_id: str,
     """Check one decision for the question asked about `record` (`InvalidDecision` if it
     does not answer it); `tool` gives the argument schema an edit must follow."""
     return _check_shape(decision, record, thread_id, tool)
+
+
+def check_answers(resume_map: Mapping[str, Any], asked: Mapping[str, EffectRecord],
+                  thread_id: str, tools: Mapping[str, Any] | None = None) -> None:
+    """Check every answer of `resume_map` ({interrupt_id: decision}) addressed to a
+    question asked about a call of the thread (`asked`: by interrupt id), in the map's
+    order, whichever task asks it.
+
+    Each task of a step is handed the whole map, and checks it all before it takes its
+    own answers: every task then refuses a set holding one invalid answer alike, with the
+    same error, and none of the set runs. `tools` (by name) give the argument schemas
+    edits are checked against.
+
+    Raises:
+        InvalidDecision: an answer that does not fit the question it answers.
+    """
+    tools = tools or {}
+    for interrupt_id, decision in resume_map.items():
+        record = asked.get(interrupt_id)
+        if record is not None:
+            _check_shape(decision, record, thread_id, tools.get(record.tool))
 
 
 def match_decisions(

@@ -34,7 +34,12 @@ from graph_durable._langgraph import (
 )
 from graph_durable._langgraph import interrupt_id as _interrupt_id
 from graph_durable.checkpointers._base import actor_of, durable_saver
-from graph_durable.errors import DurabilityError, MiddlewareOrderError, NotDurableCheckpointer
+from graph_durable.errors import (
+    DurabilityError,
+    InvalidDecision,
+    MiddlewareOrderError,
+    NotDurableCheckpointer,
+)
 from graph_durable.leases import active_lease, check_fence
 from graph_durable.ledger import (
     EffectRecord,
@@ -45,7 +50,14 @@ from graph_durable.ledger import (
 )
 from graph_durable.nodes.anchor import call_anchor, requested_args
 from graph_durable.nodes.context import _CURRENT, EffectContext
-from graph_durable.nodes.decisions import match_decisions, refuse_stale, response_schema
+from graph_durable.nodes.decisions import (
+    RefusedDecision,
+    check_answers,
+    check_decision,
+    match_decisions,
+    refuse_stale,
+    response_schema,
+)
 from graph_durable.nodes.outcomes import (
     call_with_timeout,
     read_reports,
@@ -302,6 +314,83 @@ def _decision_batch(task: _Task, asked: list[Any], resume: Any,
     )
 
 
+def _taken_again(events: list[Any], answer: Any) -> bool:
+    """Whether `answer` is the decision a call last took (its journal, `events`) before
+    it was asked about again."""
+    kinds = [e.kind for e in events]
+    if "decision" not in kinds or not isinstance(answer, Mapping):
+        return False
+    last = len(kinds) - 1 - kinds[::-1].index("decision")
+    decided = events[last].data.get("decision") or {}
+    return "asked" in kinds[last:] and all(decided.get(k) == v for k, v in answer.items())
+
+
+def _answers_to_check(task: _Task, thread: list[EffectRecord], tools: Mapping[str, Any] | None
+                      ) -> Generator[Read, Any, dict[str, EffectRecord]]:
+    """The thread's questions, by interrupt id, whose answers in this run's resume map the
+    task checks: its own, and the other tasks' but for answers they already took.
+
+    A task that ran earlier in this run may have taken its answer, sent its call and
+    asked about it again (an unknown outcome) under the same interrupt id: the answer it
+    took is not checked against the new question. Its journal is read only for an answer
+    that does not fit."""
+    resume_map = task.conf.get(CONFIG_KEY_RESUME_MAP) or {}
+    questions = {}
+    for record in thread:
+        interrupt_id = interrupt_id_for(record.checkpoint_ns, record.key)
+        if not record.asked:
+            continue
+        answer = resume_map.get(interrupt_id)
+        if (record.checkpoint_ns != task.checkpoint_ns and answer is not None
+                and not _fits(answer, record, tools)):
+            events = yield Read("events", (task.thread_id, record.key))
+            if _taken_again(events, answer):
+                continue
+        questions[interrupt_id] = record
+    return questions
+
+
+def _fits(answer: Any, record: EffectRecord, tools: Mapping[str, Any] | None) -> bool:
+    try:
+        check_decision(answer, record, "", (tools or {}).get(record.tool))
+    except InvalidDecision:
+        return False
+    return True
+
+
+def _decisions(task: _Task, tools: Mapping[str, Any] | None,
+               policy_for: Callable[[str], Effect]) -> Generator[Read, Any, WriteBatch | None]:
+    """The journal entries of the decisions this run's resume value carries for the
+    task's questions (`None`: none), after checking every answer it holds; the sync and
+    async drivers perform its reads.
+
+    Each task of a step (`create_agent`'s calls, the branches of a `Send`) is handed the
+    whole resume map, and may be the first of them to run: it checks the answers the map
+    addresses to the other tasks' questions as well as its own, so that every task
+    refuses a set with one invalid answer, and none of the set is recorded or sent."""
+    asked = yield Read("asked_in_task", (task.thread_id, task.checkpoint_ns))
+    questions = {interrupt_id_for(task.checkpoint_ns, r.key): r for r in asked}
+    stale = _stale_ids(task, asked)
+    if stale:
+        thread = yield Read("effects", (task.thread_id,))
+        settled = [r for r in thread if _answers(task, r, stale)]
+        if settled:
+            events = yield Read("events", (task.thread_id, settled[0].key))
+            raise refuse_stale(settled[0], events, task.thread_id)
+        questions = yield from _answers_to_check(task, thread, tools)
+    check_answers(task.conf.get(CONFIG_KEY_RESUME_MAP) or {}, questions, task.thread_id,
+                  tools)
+    legacy = _legacy_answer(task.conf) if asked else None
+    where = task.pending_at() if legacy is not None else None
+    legacy_id = None
+    if where is not None:
+        pending = yield Read("get_tuple", (where,))
+        if _guard_asked_under(pending, task.conf.get(CONFIG_KEY_TASK_ID), legacy[0], asked):
+            legacy_id = legacy[0]
+    resume = _peek_resume(task.conf, asked, legacy_id) if asked else None
+    return None if resume is None else _decision_batch(task, asked, resume, tools, policy_for)
+
+
 @dataclass
 class Started:
     """A write call whose protocol ran up to its claim (see `GuardCore.claim_step`)."""
@@ -517,27 +606,19 @@ class GuardCore:
                           tools: Mapping[str, Any] | None = None) -> None:
         """Journal the decisions a resume value carries for this task, if any.
 
-        `tools` (by name) give the argument schemas an edit is checked against. An
-        answer addressed to a question of this task that is no longer asked is refused
-        (`InvalidDecision`), and nothing is recorded."""
+        `tools` (by name) give the argument schemas an edit is checked against. A resume
+        map is checked whole first, the answers to other tasks' questions included
+        (`decisions.check_answers`): one invalid answer runs none of the set. An answer
+        addressed to a question of this task that is no longer asked is refused too.
+        Refusals are raised as `RefusedDecision` (an `InvalidDecision`), and nothing is
+        recorded."""
         task = _task_with_resume(config)
         if task is None:
             return
-        asked = task.saver.asked_in_task(task.thread_id, task.checkpoint_ns)
-        stale = _stale_ids(task, asked)
-        if stale:
-            settled = [r for r in task.saver.effects(task.thread_id) if _answers(task, r, stale)]
-            if settled:
-                raise refuse_stale(settled[0], task.saver.events(task.thread_id, settled[0].key),
-                                   task.thread_id)
-        legacy = _legacy_answer(task.conf) if asked else None
-        where = task.pending_at() if legacy is not None else None
-        legacy_id = (legacy[0] if where is not None and _guard_asked_under(
-            task.saver.get_tuple(where), task.conf.get(CONFIG_KEY_TASK_ID), legacy[0], asked)
-            else None)
-        resume = _peek_resume(task.conf, asked, legacy_id) if asked else None
-        batch = None if resume is None else _decision_batch(task, asked, resume, tools,
-                                                                 self.policy_for)
+        try:
+            batch = _perform_reads(task.saver, _decisions(task, tools, self.policy_for))
+        except InvalidDecision as refused:
+            raise RefusedDecision.of(refused) from None
         if batch is not None:
             task.saver.apply(batch, task.config)
             fault_point("after_decision")
@@ -548,23 +629,11 @@ class GuardCore:
         task = _task_with_resume(config)
         if task is None:
             return
-        asked = await task.saver.aasked_in_task(task.thread_id, task.checkpoint_ns)
-        stale = _stale_ids(task, asked)
-        if stale:
-            settled = [r for r in await task.saver.aeffects(task.thread_id)
-                       if _answers(task, r, stale)]
-            if settled:
-                raise refuse_stale(
-                    settled[0], await task.saver.aevents(task.thread_id, settled[0].key),
-                    task.thread_id)
-        legacy = _legacy_answer(task.conf) if asked else None
-        where = task.pending_at() if legacy is not None else None
-        legacy_id = (legacy[0] if where is not None and _guard_asked_under(
-            await task.saver.aget_tuple(where), task.conf.get(CONFIG_KEY_TASK_ID), legacy[0],
-            asked) else None)
-        resume = _peek_resume(task.conf, asked, legacy_id) if asked else None
-        batch = None if resume is None else _decision_batch(task, asked, resume, tools,
-                                                                 self.policy_for)
+        try:
+            batch = await _aperform_reads(task.saver,
+                                          _decisions(task, tools, self.policy_for))
+        except InvalidDecision as refused:
+            raise RefusedDecision.of(refused) from None
         if batch is not None:
             await task.saver.aapply(batch, task.config)
             fault_point("after_decision")

@@ -20,8 +20,12 @@ __all__ = ["EffectGuardMiddleware"]
 
 
 def _tools_of(request: ToolCallRequest) -> dict[str, Any]:
-    """The call's tool by name: an edit's args are checked against its schema."""
-    return {} if request.tool is None else {request.tool_call["name"]: request.tool}
+    """The agent's tools by name (the call's own among them): an edit's args are checked
+    against its tool's schema, the edits of the other calls answered with it included."""
+    tools = {tool.name: tool for tool in getattr(request.runtime, "tools", None) or ()}
+    if request.tool is not None:
+        tools[request.tool_call["name"]] = request.tool
+    return tools
 
 
 def _interrupt_now(ask: Ask, interrupt_id: str) -> Any:

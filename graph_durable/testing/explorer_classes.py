@@ -76,20 +76,7 @@ RUNTIME_PATHS = ("recover_after_decision", "recover_misjudged", "retry_swallows_
 when enabled, or steps around."""
 ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
 
-KNOWN_BUGS: dict[str, str] = {
-    "malformed_across_tasks": "a set of answers to calls that run as tasks of their own "
-    "(create_agent's calls, the branches of a Send) with one malformed answer raises "
-    "InvalidDecision, but the other tasks record and send their valid answers (seeds "
-    "301, 412, 430, 537), where the docs say one invalid answer runs none of the set. "
-    "The driver sends the malformed answer alone in such a set unless this class is "
-    "enabled.",
-    "retry_swallows_refusal": "ToolRetryMiddleware listed before EffectGuardMiddleware "
-    "(`tool_retry_outside`, the safe order) catches the guard's InvalidDecision and "
-    "answers the call with an error ToolMessage (seed 219): a malformed decision is not "
-    "refused, the call is answered as failed without being sent, and the thread goes "
-    "on. The driver tries no malformed decision under that stack unless this class is "
-    "enabled.",
-}
+KNOWN_BUGS: dict[str, str] = {}
 """Path classes that fail today (being fixed), and what the explorer sees; a class named
 here is generated only when asked for, and the driver steps around a runtime one. Each
 open one has a test in `tests/test_explorer_regressions.py` marked `xfail(strict=True)`,
@@ -117,11 +104,16 @@ reported after the tool body ran is an unknown outcome; `tool_retry_inside` (see
 tool_call_id was answered under the id of the run, or the copy, that settled the
 charge, and left its own call without an answer) since a replayed answer, and a
 question, name the call asked now. With a per-call `HumanInTheLoopMiddleware`
-(`hitl_before_guard`, `hitl_after_guard`): `hitl_review` (`review()` could not read its questions),
-`hitl_asked_again` (seeds 1013, 1028: asked again after a crash, an edit sent a second
-charge; an edited call now keeps the requested call's key) and the guard taking its
+(`hitl_before_guard`, `hitl_after_guard`): `hitl_review` (`review()` could not read its
+questions), `hitl_asked_again` (seeds 1013, 1028: asked again after a crash, an edit sent
+a second charge; an edited call now keeps the requested call's key) and the guard taking its
 answers for the guard's own (seeds 277, 3891: an answer addressed to a LangGraph
-interrupt id now answers the guard only if the guard asked under that id)."""
+interrupt id now answers the guard only if the guard asked under that id);
+`malformed_across_tasks` (seeds 301, 412, 430, 537: in a set of answers to calls that
+run as tasks of their own, the tasks holding valid answers recorded and sent them) since
+each task checks the whole set first; `retry_swallows_refusal` (seed 219:
+`ToolRetryMiddleware` listed before the guard answered a malformed decision's call with
+an error message) since the refusal is a `GraphBubbleUp`, which middleware lets through."""
 STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
 SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
 

@@ -393,26 +393,18 @@ class _Run:
         payload = self.reviewer.malformed(interrupts)
         if payload is None:
             return interrupts
-        if self.stack == "tool_retry_outside" and self.known_bug(
-                "retry_swallows_refusal", ""):
-            return interrupts
         self.wait_for_dead_lease()
         keys = None
         if self.episode.topology in ("subgraph_send", "create_agent"):
             # Each call of create_agent, each Send branch, is a task of its own: one that
-            # holds a decision journaled earlier may go on. Only the calls asked about
-            # must stay as they were.
+            # holds a decision journaled earlier may go on. The calls asked about, all
+            # answered in the set, must stay as they were.
             keys = {i["value"]["key"] for i in interrupts}
-            if len(interrupts) > 1 and self.known_bug("malformed_across_tasks", ""):
-                # Answered alone, the other calls run again unanswered: asked again (an
-                # `asked` event), or settled by a lookup.
-                payload = {interrupts[0]["id"]: payload[interrupts[0]["id"]]}
-                keys = {interrupts[0]["value"]["key"]}
         before = self.snapshot(keys)
         _, report = self.child(thread_id, Resume("decide"), crashable=False,
                                decisions=payload, style="malformed")
         raised = report.get("raised") or {}
-        if raised.get("type") != "InvalidDecision":
+        if raised.get("type") not in ("InvalidDecision", "RefusedDecision"):
             raise _Stop(f"MALFORMED decision {payload} was not refused with InvalidDecision: "
                         f"{raised.get('type', 'accepted')} {raised.get('message', '')[:300]}")
         after = self.snapshot(keys)
