@@ -388,8 +388,9 @@ class _Run:
             return interrupts
         self.wait_for_dead_lease()
         keys = None
-        if self.episode.topology in ("subgraph_send", "create_agent"):
-            # Each call of create_agent, each Send branch, is a task of its own: one that
+        if self.episode.topology in ("subgraph_send", "create_agent", "functional"):
+            # Each call of create_agent or of a functional-API agent, each Send branch,
+            # is a task of its own: one that
             # holds a decision journaled earlier may go on. Only the calls asked about
             # must stay as they were.
             keys = {i["value"]["key"] for i in interrupts}
