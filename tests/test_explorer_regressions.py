@@ -752,3 +752,28 @@ def test_a_question_of_the_guard_is_not_answered_by_human_in_the_loop(tmp_path) 
         reviewer={"seed": 1145061483, "malformed": True})
     result = _replay(tmp_path, episode, paths="stable,hitl_before_guard")
     assert result.ok, result.problems
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: thread_status reads a "
+                   "functional-API task's question its entrypoint never saved")
+def test_a_question_saved_by_a_task_but_not_its_entrypoint_is_asked_by_recover(
+        tmp_path) -> None:
+    """Seed 7056 (`functional_hidden_question`): a worker killed after a functional-API
+    `@task` saved its question and before its `@entrypoint` saved it. `get_state()` lists
+    no interrupt, so there is nothing to answer, yet `thread_status` says the thread
+    waits for a person, and `recover()` passes it by: no one is ever asked."""
+    from graph_durable.testing.child import run_child
+    from graph_durable.testing.scenarios_writes import build_write_graph
+
+    kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+              "mode": "blind", "shape": "functional", "approval": True}
+    crashed = run_child("graph_durable.testing.scenarios_writes:build_write_graph", kwargs,
+                        thread_id="t", fault=FaultPlan("after_put_writes", occurrence=1))
+    assert crashed.killed
+    agent = build_write_graph(**kwargs)
+    assert agent.graph.get_state(CONFIG).interrupts == ()  # the question was not shown
+    recover(agent.graph, agent.saver, "worker-2")
+    questions = agent.graph.get_state(CONFIG).interrupts
+    agent.saver.conn.close()
+    assert [q.value["type"] for q in questions] == ["tool_approval"], "no one was asked"
