@@ -533,6 +533,22 @@ def _shapes():
             crashes=[Crash("after_intent", "crm", 1, 0, Resume("recover", 6))],
             topology="subgraph_send", sealed=True,
             reviewer={"seed": 1874449336, "malformed": True}),
+        # Guarded writes outside ToolNode (`guarded_node`, `functional`): a looked-up
+        # charge and an approved email in one turn, a lost charge in the next, killed
+        # after the first charge; then two charges killed after the second, resumed
+        # from get_state().config, and the finished thread run again by time travel.
+        **{f"{topology}_{flavour}_{n}": Episode(
+            0, {"charge": _tool("lookup", "lookup"), "email": _tool(approval=True)},
+            turns, crashes=[crash], after=after, topology=topology, flavour=flavour,
+            reviewer={"seed": 3})
+           for topology in ("guarded_node", "functional") for flavour in ("sync", "async")
+           for n, (turns, crash, after) in enumerate([
+               ([[Call("charge", "c1", "x00"), Call("email", "c2", "x01")],
+                 [Call("charge", "c3", "x10", 0, ["lost"])]],
+                Crash("after_effect", "charge", 1, 0, Resume()), None),
+               ([[Call("charge", "c1", "x00"), Call("charge", "c2", "x01")]],
+                Crash("after_effect", "charge", 2, 0, Resume("checkpoint_config")),
+                Resume("time_travel", 1))])},
         # Seed 537: the same for create_agent, one task per call, answered alone (a set
         # is `malformed_across_tasks`, open).
         "malformed_in_create_agent": Episode(
@@ -549,7 +565,10 @@ def _shapes():
                                   "artifact_replayed", "copy_both_nested",
                                   "malformed_in_a_send_branch", "malformed_while_a_branch_settles",
                                   "malformed_in_create_agent", "respond_under_a_new_call_id",
-                                  "one_call_id_in_two_branches"])
+                                  "one_call_id_in_two_branches",
+                                  *(f"{topology}_{flavour}_{n}"
+                                    for topology in ("guarded_node", "functional")
+                                    for flavour in ("sync", "async") for n in (0, 1))])
 def test_everyday_shapes_keep_every_invariant(tmp_path, name) -> None:
     """Episodes of the explorer's shape classes that failed (the explorer's own false
     alarms, or refusals it did not know yet), pinned as episodes."""
@@ -557,6 +576,8 @@ def test_everyday_shapes_keep_every_invariant(tmp_path, name) -> None:
     assert result.ok, result.problems
     if name.startswith("malformed"):
         assert result.malformed >= 1, result.log
+    if name.startswith(("guarded_node", "functional")):
+        assert result.crashes == 1 and result.pauses >= name.endswith("_0"), result.log
     if name in ("retry_middleware_after_the_guard", "idless_messages",
                 "idless_messages_recovered"):
         assert any("refused as documented" in line for line in result.log), result.log
