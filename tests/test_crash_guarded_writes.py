@@ -137,3 +137,92 @@ def test_a_fork_after_a_looked_up_write_reconciles_it(tmp_path: Path, shape: str
     assert not resumed.killed, resumed.stderr[-2000:]
     assert (invoices.count(), mail.count()) == (1, 1), invoices.requests()
     assert resumed.done, resumed.summary
+
+
+# -- every fault point, asynchronous and on PostgreSQL ---------------------------------
+
+OPEN_INTENT = ("after_intent", "after_effect")
+"""Crash points after which a write's intent is durable and its receipt is not."""
+
+
+def assert_once_or_asked(report: CrashReport, mode: str) -> None:
+    """Each write once everywhere (`assert_clean`); a blind write whose intent was open
+    at the crash is asked about (`effect_unknown`), a deduped or looked-up one never.
+    (A crash at a saver point may find a blind intent open too: a task's writes can be
+    saved while the next task already runs.)"""
+    assert_clean(report)
+    for row in report.rows:
+        asked = "effect_unknown" in row.pauses
+        open_intent = any(p.point in OPEN_INTENT and p.tool is not None for p in row.schedule)
+        if mode == "blind" and open_intent:
+            assert asked, (row.schedule, row.pauses)
+        elif mode != "blind":
+            assert not asked, (row.schedule, row.pauses)
+
+
+@pytest.mark.parametrize("shape", ["node", "functional"])
+@pytest.mark.parametrize("mode", ["dedupe", "blind"])
+def test_async_guarded_writes_apply_once_or_ask_at_every_fault_point(
+        tmp_path: Path, shape: str, mode: str) -> None:
+    assert_once_or_asked(crash_matrix(AWRITES, {"mode": mode, "shape": shape}, workers=2,
+                                      directory=tmp_path, progress=False), mode)
+
+
+@pytest.mark.backends
+@pytest.mark.parametrize(("factory", "backend"), [(WRITES, "postgres"),
+                                                  (AWRITES, "postgres-async")])
+@pytest.mark.parametrize("shape", ["node", "functional"])
+@pytest.mark.parametrize("mode", ["lookup", "blind"])
+def test_every_fault_point_on_postgres_applies_each_guarded_write_once_or_asks(
+        tmp_path: Path, postgres_server: Any, factory: str, backend: str, shape: str,
+        mode: str) -> None:
+    made: list[str] = []
+
+    def database(directory: str) -> dict[str, str]:
+        made.append(f"gd_writes_{tmp_path.name[-24:]}_{len(made)}".lower())
+        return {"backend": backend, "conninfo": postgres_server.create_database(made[-1])}
+
+    try:
+        report = crash_matrix(factory, {"mode": mode, "shape": shape}, workers=2,
+                              directory=tmp_path, progress=False, database=database)
+    finally:
+        for name in made:
+            postgres_server.drop_database(name)
+    assert_once_or_asked(report, mode)
+
+
+FORK_SAVERS = [pytest.param(AWRITES, "sqlite", id="async-sqlite"),
+               pytest.param(WRITES, "postgres", marks=pytest.mark.backends, id="postgres"),
+               pytest.param(AWRITES, "postgres-async", marks=pytest.mark.backends,
+                            id="async-postgres")]
+
+
+@pytest.mark.parametrize(("factory", "backend"), FORK_SAVERS)
+@pytest.mark.parametrize(("shape", "action"), FORKS)
+@pytest.mark.parametrize("mode", ["lookup", "blind"])
+def test_a_fork_after_a_crashed_write_reconciles_or_asks_on_every_saver(
+        tmp_path: Path, request: pytest.FixtureRequest, factory: str, backend: str,
+        shape: str, action: str, mode: str) -> None:
+    """The fork tests above, asynchronous and on PostgreSQL: killed after the invoice was
+    applied, the thread is resumed from `get_state().config`, by time travel or from an
+    `update_state` fork (a functional-API thread has none: an update of an entrypoint
+    leaves nothing to run); the invoice is never sent again."""
+    kwargs = kwargs_for(tmp_path, mode, shape)
+    if backend != "sqlite":
+        kwargs["saver"] = {"backend": backend,
+                           "conninfo": request.getfixturevalue("postgres_conninfo")}
+    invoices, mail = providers(tmp_path, mode)
+    crashed = run_fork_child(factory, kwargs, thread_id="t",
+                             fault=FaultPlan("after_effect", tool="create_invoice"))
+    assert crashed.killed and invoices.count() == 1
+    resumed = run_fork_child(factory, kwargs, thread_id="t", action=action)  # type: ignore[arg-type]
+    assert not resumed.killed, resumed.stderr[-2000:]
+    assert invoices.count() == 1, f"sent again: {invoices.requests()}"
+    if mode == "blind":
+        [question] = resumed.interrupts
+        assert question["type"] == "effect_unknown" and question["name"] == "create_invoice"
+        [receipt] = [e["receipt"] for e in invoices.effects()]
+        resumed = run_child(factory, kwargs, thread_id="t", action="decide",
+                            resume={"type": "applied", "receipt": receipt})
+    assert resumed.done, resumed.summary
+    assert (invoices.count(), mail.count()) == (1, 1)

@@ -539,6 +539,22 @@ def _shapes():
             crashes=[Crash("after_intent", "crm", 1, 0, Resume("recover", 6))],
             topology="subgraph_send", sealed=True,
             reviewer={"seed": 1874449336, "malformed": True}),
+        # Guarded writes outside ToolNode (`guarded_node`, `functional`): a looked-up
+        # charge and an approved email in one turn, a lost charge in the next, killed
+        # after the first charge; then two charges killed after the second, resumed
+        # from get_state().config, and the finished thread run again by time travel.
+        **{f"{topology}_{flavour}_{n}": Episode(
+            0, {"charge": _tool("lookup", "lookup"), "email": _tool(approval=True)},
+            turns, crashes=[crash], after=after, topology=topology, flavour=flavour,
+            reviewer={"seed": 3})
+           for topology in ("guarded_node", "functional") for flavour in ("sync", "async")
+           for n, (turns, crash, after) in enumerate([
+               ([[Call("charge", "c1", "x00"), Call("email", "c2", "x01")],
+                 [Call("charge", "c3", "x10", 0, ["lost"])]],
+                Crash("after_effect", "charge", 1, 0, Resume()), None),
+               ([[Call("charge", "c1", "x00"), Call("charge", "c2", "x01")]],
+                Crash("after_effect", "charge", 2, 0, Resume("checkpoint_config")),
+                Resume("time_travel", 1))])},
         # Seed 537: the same for create_agent, one task per call.
         "malformed_in_create_agent": Episode(
             0, {"charge": _tool(approval=True)}, approvals, topology="create_agent",
@@ -554,7 +570,10 @@ def _shapes():
                                   "artifact_replayed", "copy_both_nested",
                                   "malformed_in_a_send_branch", "malformed_while_a_branch_settles",
                                   "malformed_in_create_agent", "respond_under_a_new_call_id",
-                                  "one_call_id_in_two_branches"])
+                                  "one_call_id_in_two_branches",
+                                  *(f"{topology}_{flavour}_{n}"
+                                    for topology in ("guarded_node", "functional")
+                                    for flavour in ("sync", "async") for n in (0, 1))])
 def test_everyday_shapes_keep_every_invariant(tmp_path, name) -> None:
     """Episodes of the explorer's shape classes that failed (the explorer's own false
     alarms, or refusals it did not know yet), pinned as episodes."""
@@ -562,6 +581,8 @@ def test_everyday_shapes_keep_every_invariant(tmp_path, name) -> None:
     assert result.ok, result.problems
     if name.startswith("malformed"):
         assert result.malformed >= 1, result.log
+    if name.startswith(("guarded_node", "functional")):
+        assert result.crashes == 1 and result.pauses >= name.endswith("_0"), result.log
     if name in ("retry_middleware_after_the_guard", "idless_messages",
                 "idless_messages_recovered"):
         assert any("refused as documented" in line for line in result.log), result.log
@@ -889,3 +910,28 @@ def test_a_call_answered_in_place_in_a_copy_then_sent_and_skipped_in_its_source(
     charges = FakeProvider(str(tmp_path / "episode" / "providers" / "charge.sqlite"), "blind",
                            name="charge")
     assert [e["key"] for e in charges.effects()].count(key) == 1
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: thread_status reads a "
+                   "functional-API task's question its entrypoint never saved")
+def test_a_question_saved_by_a_task_but_not_its_entrypoint_is_asked_by_recover(
+        tmp_path) -> None:
+    """Seed 7056 (`functional_hidden_question`): a worker killed after a functional-API
+    `@task` saved its question and before its `@entrypoint` saved it. `get_state()` lists
+    no interrupt, so there is nothing to answer, yet `thread_status` says the thread
+    waits for a person, and `recover()` passes it by: no one is ever asked."""
+    from graph_durable.testing.child import run_child
+    from graph_durable.testing.scenarios_writes import build_write_graph
+
+    kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+              "mode": "blind", "shape": "functional", "approval": True}
+    crashed = run_child("graph_durable.testing.scenarios_writes:build_write_graph", kwargs,
+                        thread_id="t", fault=FaultPlan("after_put_writes", occurrence=1))
+    assert crashed.killed
+    agent = build_write_graph(**kwargs)
+    assert agent.graph.get_state(CONFIG).interrupts == ()  # the question was not shown
+    recover(agent.graph, agent.saver, "worker-2")
+    questions = agent.graph.get_state(CONFIG).interrupts
+    agent.saver.conn.close()
+    assert [q.value["type"] for q in questions] == ["tool_approval"], "no one was asked"

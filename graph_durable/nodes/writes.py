@@ -264,10 +264,13 @@ class GuardedWrite:
                 named[param] = value
         return named
 
+    def _call(self, args: dict[str, Any], position: int) -> dict[str, Any]:
+        return {"name": self.name, "args": args, "id": f"{self.name}#{position}",
+                "type": "tool_call"}
+
     def _request(self, where: _Where, args: dict[str, Any], anchor: str, position: int
                  ) -> ToolCallRequest:
-        call = {"name": self.name, "args": args, "id": f"{self.name}#{position}",
-                "type": "tool_call"}
+        call = self._call(args, position)
         return ToolCallRequest(tool_call=call, tool=self.tool, state=anchor,  # type: ignore[arg-type]
                                runtime=_Runtime(where.config))  # type: ignore[arg-type]
 
@@ -285,6 +288,9 @@ class GuardedWrite:
         run = _run_of(where.conf)
         position, run.writes = run.writes, run.writes + 1
         task = _Task(where.config, {"id": f"{self.name}#{position}", "name": self.name})
+        # The root checkpoint is read to find the fork it came from; a run from a
+        # checkpoint id saves its fork in the background: wait for it to be stored.
+        _GUARD._check_requesting_checkpoint(task, self._call(named, position))
         anchor = where.anchor(_perform_reads(task.saver, _GUARD.origin(where)))
         if not run.decided:
             run.decided = True
@@ -304,6 +310,7 @@ class GuardedWrite:
         run = _run_of(where.conf)
         position, run.writes = run.writes, run.writes + 1
         task = _Task(where.config, {"id": f"{self.name}#{position}", "name": self.name})
+        await _GUARD._acheck_requesting_checkpoint(task, self._call(named, position))
         anchor = where.anchor(await _aperform_reads(task.saver, _GUARD.origin(where)))
         if not run.decided:
             run.decided = True

@@ -29,7 +29,8 @@ is compared with the fault-free one:
 Scenario protocol. `scenario` is `"module:attribute"`: a module-level factory (sync or
 `async def`) called as `factory(db_path=..., provider_dir=..., **kwargs)` with JSON
 kwargs, returning an object with `.graph` (compiled with a durable SQLite saver on
-`db_path`) and `.inputs`. Every `FakeProvider` it uses keeps its file in `provider_dir`
+`db_path`, or on the saver spec `saver=` it is given when the sweep has a `database`)
+and `.inputs`. Every `FakeProvider` it uses keeps its file in `provider_dir`
 as `<name>.sqlite`: the sweep counts effects there, and resolvers look keys up there.
 `demo.ticket.build_ticket_agent`, `testing.scenarios.build_effects_agent` and
 `testing.scenarios_extra.build_create_agent` follow it.
@@ -364,8 +365,9 @@ def _keep_first_crash(case: _Case, run: _Run, phase: int) -> _FirstCrash:
 
 
 @contextmanager
-def _reader(db_path: str) -> Iterator[Any]:
-    """The run's database, opened to read only (`None` if no process created it yet).
+def _reader(kwargs: Mapping[str, Any]) -> Iterator[Any]:
+    """The run's database, opened to read only (`None` if no process created it yet):
+    the SQLite file at `db_path`, or the PostgreSQL database of a `saver` spec.
 
     Between two processes the parent only looks: it never creates, migrates or writes
     the database, so the next process finds the files as the last one left them.
@@ -374,6 +376,12 @@ def _reader(db_path: str) -> Iterator[Any]:
     # this package, so a module-level import would be circular.
     from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 
+    spec = kwargs.get("saver") or {}
+    if spec.get("backend", "sqlite") != "sqlite":
+        with _postgres_reader(spec["conninfo"]) as saver:
+            yield saver
+        return
+    db_path = kwargs["db_path"]
     if not os.path.exists(db_path):
         yield None
         return
@@ -384,13 +392,30 @@ def _reader(db_path: str) -> Iterator[Any]:
         saver.conn.close()
 
 
+@contextmanager
+def _postgres_reader(conninfo: str) -> Iterator[Any]:
+    """`DurablePostgresSaver` on `conninfo`, or `None` while no process set it up."""
+    import psycopg
+
+    from graph_durable.checkpointers.postgres import DurablePostgresSaver
+
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        found = conn.execute("SELECT to_regclass('checkpoints') IS NOT NULL "
+                             "AND to_regclass('effects') IS NOT NULL").fetchone()
+    if not found or not found[0]:
+        yield None
+        return
+    with DurablePostgresSaver.from_conn_string(conninfo) as saver:
+        yield saver
+
+
 def _next_after_crash(case: _Case) -> str:
     """`resume`, or `start` again if the crash came before the input was checkpointed.
 
     A client whose request was never acknowledged sends it again; resuming a thread
     with no checkpoint has nothing to resume.
     """
-    with _reader(case.kwargs["db_path"]) as saver:
+    with _reader(case.kwargs) as saver:
         config = {"configurable": {"thread_id": case.thread_id}}
         found = saver is not None and saver.get_tuple(config) is not None
     return "resume" if found else "start"
@@ -438,7 +463,7 @@ def reference_run(scenario: str, kwargs: Mapping[str, Any] | None = None, *, dir
     _drive(case, (), run)
     points = tuple(p for _, reached in run.processes for p in reached)
     pauses = tuple(q.get("type", "?") if isinstance(q, dict) else "?" for q in run.questions)
-    with _reader(case.kwargs["db_path"]) as saver:
+    with _reader(case.kwargs) as saver:
         snapshot = _snapshot(case, run.summary, saver)
     return Reference(snapshot, points, pauses, time.monotonic() - started)
 
@@ -475,7 +500,7 @@ def _run_schedule(case: _Case, schedule: Sequence[CrashPoint], reference: Refere
             _drive(case, schedule, run, keep=keep, after=after)
             # One reader for the ledger and the audit: a sweep opens one per run, and
             # opening a database costs more than these reads.
-            saver = stack.enter_context(_reader(case.kwargs["db_path"]))
+            saver = stack.enter_context(_reader(case.kwargs))
             snapshot = _snapshot(case, run.summary, saver)
         except Exception as exc:  # a failing run is a row of the report, not an abort
             row.outcome, row.diff = "error", f"{type(exc).__name__}: {exc}"
@@ -502,7 +527,7 @@ def _resume_costs(case: _Case, saver: Any) -> dict[str, int]:
     try:
         with ExitStack() as stack:
             if saver is None:
-                saver = stack.enter_context(_reader(case.kwargs["db_path"]))
+                saver = stack.enter_context(_reader(case.kwargs))
             if saver is None:
                 return {}
             runs = saver.audit(case.thread_id).runs
@@ -539,6 +564,7 @@ def crash_matrix(
     timeout: float = 60.0,
     max_runs: int = 12,
     progress: bool = True,
+    database: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> CrashReport:
     """Crash `scenario` at every fault point it reaches (and pairs of them); compare.
 
@@ -560,11 +586,26 @@ def crash_matrix(
         timeout: Seconds one child process may take.
         max_runs: Child processes one run may start before it counts as an error.
         progress: Draw a progress bar on stderr.
+        database: A fresh database for each run, given the run's folder: a saver spec
+            (`graph_durable.testing.savers.SaverSpec`, e.g. a new PostgreSQL database)
+            passed to the scenario as `saver=` (SQLite on the run's folder if omitted).
+            Not with `pairs`, whose runs copy the files of their first crash.
 
     Raises:
         RuntimeError, TimeoutError: the fault-free run itself fails.
+        ValueError: `database` with `pairs`.
     """
+    if database is not None and pairs:
+        raise ValueError("crash_matrix(pairs=...) copies each first crash's SQLite files; "
+                         "it cannot copy a database given by database=. Sweep single "
+                         "points on it, or pairs on SQLite.")
     started = time.monotonic()
+
+    def kwargs_for(directory: str) -> Mapping[str, Any] | None:
+        if database is None:
+            return kwargs
+        return {**(kwargs or {}), "saver": dict(database(directory))}
+
     base = os.fspath(directory) if directory is not None else tempfile.mkdtemp(
         prefix="crash-matrix-")
     options = {"thread_id": thread_id, "resolver": resolver, "timeout": timeout,
@@ -573,13 +614,15 @@ def crash_matrix(
     # Children fork from servers that imported LangGraph and the scenario once, so a
     # child starts in milliseconds instead of a new interpreter's second or two.
     with _fork_servers(scenario, max(1, workers)) as servers:
+        reference_dir = os.path.join(base, "reference")
         reference = _with_server(servers, lambda: reference_run(
-            scenario, kwargs, directory=os.path.join(base, "reference"),
+            scenario, kwargs_for(reference_dir), directory=reference_dir,
             **options))  # type: ignore[arg-type]
 
         def one(schedule: tuple[CrashPoint, ...], directory: str,
                 after: _FirstCrash | None = None) -> _Ran:
-            case = _case(scenario, kwargs, directory, **options)  # type: ignore[arg-type]
+            case = _case(scenario, kwargs_for(directory), directory,
+                         **options)  # type: ignore[arg-type]
             return _with_server(servers, lambda: _run_schedule(
                 case, schedule, reference, keep=bool(pairs) and after is None, after=after))
 

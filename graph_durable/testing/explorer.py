@@ -18,7 +18,9 @@ values, a `Command` with a `goto`). The agent is built by
 name: a flat ToolNode graph (`add_messages`, or a trimming reducer with or without
 message ids), the same graph as a subgraph (one or two levels down, or fanned out by
 `Send`), or `create_agent` with `EffectGuardMiddleware` among retry middleware in either
-order (`explorer_shapes`). The thread runs in real child
+order (`explorer_shapes`), or the same writes made by `guarded` functions outside
+ToolNode: from a custom `StateGraph` node, or from the `@task`s of a functional-API
+`@entrypoint` agent (`explorer_writes`). The thread runs in real child
 processes forked from a pre-imported server (`forkserver`, milliseconds each): a crash
 is a SIGKILL at a fault point occurrence, after which the thread resumes along a
 generated path (plain, async, `recover()` under leases, a `copy_thread` copy, a
@@ -42,8 +44,9 @@ episodes) and no timing decides (slow providers, lease expiry), so a replay
 reproduces most failures but not every race.
 
 Not generated (yet): PostgreSQL savers; a batched `HumanInTheLoopMiddleware` (LangChain's
-`{"decisions": [...]}`; the per-call one is, before and after the guard); guarded writes outside
-ToolNode (`guarded(effect)` in a custom node or a functional-API `@task`); sub-keys
+`{"decisions": [...]}`; the per-call one is, before and after the guard); an `update_state`
+fork of a functional-API thread (an entrypoint has one node: the update leaves nothing to
+run); guarded writes in a subgraph or a `Send` branch, or several per `@task`; sub-keys
 (`current_effect().subkey`); a `Command` tool inside `create_agent`; forks or time
 travel to a model step of a flat graph (the model asks again: new calls by design) and
 `update_state` forks that change the calls; real models' fresh tool_call_ids on a

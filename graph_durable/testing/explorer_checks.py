@@ -104,10 +104,27 @@ def _requests(saver: DurableSqliteSaver, threads: list[str]) -> dict[str, dict[s
     requested: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for thread_id in threads:
         for saved in saver.list({"configurable": {"thread_id": thread_id}}):
-            for message in saved.checkpoint["channel_values"].get("messages", []):
+            # A functional-API agent's model answers are its model task's results, saved
+            # as the task's writes before its tool tasks run.
+            answers = [value for _, channel, value in saved.pending_writes or []
+                       if channel == RETURN]
+            for message in _messages(saved.checkpoint["channel_values"]) + answers:
                 for call in getattr(message, "tool_calls", None) or []:
                     requested[str(call["args"].get("item"))][str(message.id)].add(thread_id)
     return requested
+
+
+RETURN = "__return__"
+"""The channel of a functional-API task's result (LangGraph's `RETURN`)."""
+
+
+def _messages(values: dict[str, Any]) -> list[Any]:
+    """The messages of a checkpoint's channels: a graph's `messages`, or those of the
+    `{"messages": ...}` a functional-API entrypoint returned (its `__end__` channel)."""
+    if "messages" in values:
+        return list(values["messages"])
+    returned = values.get("__end__")
+    return list(returned.get("messages", [])) if isinstance(returned, dict) else []
 
 
 def _receipt_sources(saver: DurableSqliteSaver, thread_id: str) -> dict[str, Any]:
@@ -125,7 +142,7 @@ def _sent(record: Any) -> bool:
 
 def _final_messages(saver: DurableSqliteSaver, thread_id: str) -> list[Any]:
     latest = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
-    return [] if latest is None else latest.checkpoint["channel_values"].get("messages", [])
+    return [] if latest is None else _messages(latest.checkpoint["channel_values"])
 
 
 def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[str, Any]],

@@ -45,6 +45,7 @@ from graph_durable.recovery import recover
 from graph_durable.review import areview, review
 from graph_durable.testing.explorer_model import SLOW_SECONDS
 from graph_durable.testing.explorer_scenario import build_explorer_agent, build_explorer_agent_async
+from graph_durable.testing.explorer_writes import WORKFLOW
 
 __all__ = ["DOCUMENTED_ERRORS", "run_step"]
 
@@ -57,8 +58,11 @@ DOCUMENTED_ERRORS: tuple[type[BaseException], ...] = tuple(
 
 
 def _with_options(config: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """`config` plus the episode's run options (one tool call at a time, if sequential)."""
-    return {**config, "max_concurrency": 1} if spec.get("sequential", True) else dict(config)
+    """`config` plus the episode's run options (one tool call at a time, if sequential;
+    a functional-API agent orders its tasks itself, and one slot would leave them none)."""
+    if spec.get("sequential", True) and spec.get("topology") != "functional":
+        return {**config, "max_concurrency": 1}
+    return dict(config)
 
 
 def _thread_config(spec: dict[str, Any]) -> dict[str, Any]:
@@ -69,8 +73,9 @@ def _checkpointed(state: Any) -> bool:
     return bool(state.config.get("configurable", {}).get("checkpoint_id"))
 
 
-TOOL_STEPS = frozenset({"tools", "payments", "billing"})
-"""Nodes whose step runs the guarded tools: the tools node, or the subgraph holding it."""
+TOOL_STEPS = frozenset({"tools", "payments", "billing", WORKFLOW})
+"""Nodes whose step runs the guarded tools: the tools node (a custom node under
+`guarded_node`), the subgraph holding it, or the `functional` entrypoint."""
 
 
 def _tools_steps(history: list[Any]) -> list[Any]:
@@ -85,8 +90,8 @@ def _fork_update(snap: Any, spec: dict[str, Any]) -> tuple[dict[str, Any], str |
     topology = spec.get("topology", "flat")
     if spec.get("history"):
         return {"messages": []}, "agent"  # a trimming reducer appends, never replaces
-    if topology in ("flat", "create_agent"):
-        node = "agent" if topology == "flat" else "model"
+    if topology in ("flat", "create_agent", "guarded_node"):
+        node = "model" if topology == "create_agent" else "agent"
         return {"messages": [snap.values["messages"][-1]]}, node
     return {"messages": []}, None
 
@@ -94,7 +99,7 @@ def _fork_update(snap: Any, spec: dict[str, Any]) -> tuple[dict[str, Any], str |
 def _builder_args(spec: dict[str, Any]) -> tuple[Any, ...]:
     return (spec["db_path"], spec["provider_dir"], spec["tools"], spec["turns"],
             spec.get("sealed", False), spec.get("topology", "flat"), spec.get("stack", ""),
-            spec.get("history", ""), spec.get("fresh_ids", False))
+            spec.get("history", ""), spec.get("fresh_ids", False), spec.get("sequential", True))
 
 
 def _classify(exc: BaseException) -> dict[str, Any]:
@@ -105,7 +110,8 @@ def _classify(exc: BaseException) -> dict[str, Any]:
 
 
 def _summary(state: Any, thread_id: str) -> dict[str, Any]:
-    messages = state.values.get("messages", [])
+    # (A functional-API entrypoint's thread has no values until it returns.)
+    messages = (state.values or {}).get("messages", [])
     # `next` alone is not enough: a step whose tasks all wrote, but whose checkpoint was
     # never saved, has no next task and has not finished.
     ended = bool(messages) and messages[-1].type == "ai" and not messages[-1].tool_calls

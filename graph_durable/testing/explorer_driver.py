@@ -365,7 +365,11 @@ class _Run:
                 and "UnkeyableToolCall" in (status.reason or "")):
             # recover() leaves a thread refused as documented alone: it is failed.
             raise _Refused(f"recover: {status.reason[:300]}", thread_id)
-        self.known_bug("recover_misjudged", (
+        # A functional-API task's question saved without its entrypoint's (the worker
+        # killed between the two writes) is one case, open on its own.
+        hidden = (self.episode.topology == "functional"
+                  and status.status in ("waiting", "needs_human"))
+        self.known_bug("functional_hidden_question" if hidden else "recover_misjudged", (
             f"STATUS {thread_id} has not finished and nothing is pending (next="
             f"{report['next']}), but thread_status says {status.status} ({status.reason}), "
             "so recover() never resumes it"))
@@ -395,10 +399,10 @@ class _Run:
             return interrupts
         self.wait_for_dead_lease()
         keys = None
-        if self.episode.topology in ("subgraph_send", "create_agent"):
-            # Each call of create_agent, each Send branch, is a task of its own: one that
-            # holds a decision journaled earlier may go on. The calls asked about, all
-            # answered in the set, must stay as they were.
+        if self.episode.topology in ("subgraph_send", "create_agent", "functional"):
+            # Each call of create_agent or of a functional-API agent, each Send branch,
+            # is a task of its own: one that holds a decision journaled earlier may go
+            # on. The calls asked about, all answered in the set, must stay as they were.
             keys = {i["value"]["key"] for i in interrupts}
         before = self.snapshot(keys)
         _, report = self.child(thread_id, Resume("decide"), crashable=False,

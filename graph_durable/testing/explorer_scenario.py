@@ -19,7 +19,10 @@ protocol of `graph_durable.testing.crash`). `build_explorer_agent_async` is its 
   `item` names the logical call: the tool writes with `operation=item`, so a provider
   counts each logical call's effects apart, and faults are scripted per item.
 - `topology`, `stack`, `history`, `fresh_ids`: where the tools sit and how the
-  messages are kept (`explorer_shapes`; the defaults build the graph above).
+  messages are kept (`explorer_shapes`; the defaults build the graph above);
+  `guarded_node` and `functional` make the same writes through `guarded` functions,
+  from a custom node or functional-API tasks (`explorer_writes`; `sequential` runs a
+  functional agent's tool tasks one at a time).
 
 Write tools return the provider's receipt (`{"id", "key", "item", "n"}`), which becomes
 the ToolMessage content, so a test can read back under which key a call was applied.
@@ -58,6 +61,7 @@ from graph_durable.testing.explorer_shapes import (
     write_tool,
     wrap_in_parent,
 )
+from graph_durable.testing.explorer_writes import GUARDED_TOPOLOGIES, build_guarded_agent
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.scenarios_forks import _with_fresh_ids as with_fresh_ids
 from graph_durable.testing.providers import FakeProvider
@@ -117,12 +121,17 @@ def _read_tool(name: str) -> StructuredTool:
 
 def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
               turns: list[list[dict[str, Any]]], topology: str = "flat",
-              stack: str = "", history: str = "", fresh_ids: bool = False) -> EffectsAgent:
+              stack: str = "", history: str = "", fresh_ids: bool = False,
+              sequential: bool = True) -> EffectsAgent:
     providers = open_providers(provider_dir, tools)
     node_tools = [write_tool(providers[name], tools[name]) if name in providers
                   else _read_tool(name) for name in tools]
     effects = {name: _policy(spec, providers.get(name)) for name, spec in tools.items()}
     inputs = {"messages": [HumanMessage("Go.")]}
+    if topology in GUARDED_TOPOLOGIES:
+        graph = build_guarded_agent(saver, providers, effects, script_for(turns), topology,
+                                    isinstance(saver, AsyncDurableSqliteSaver), sequential)
+        return EffectsAgent(graph=graph, saver=saver, providers=providers, inputs=inputs)
     if topology == "create_agent":
         approvals = [name for name, spec in tools.items() if spec.get("approval")]
         if stack.startswith("hitl"):  # asked by HumanInTheLoopMiddleware instead
@@ -188,11 +197,12 @@ def explorer_saver(db_path: str, sealed: bool) -> Iterator[DurableSqliteSaver]:
 def build_explorer_agent(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
                          turns: list[list[dict[str, Any]]], sealed: bool = False,
                          topology: str = "flat", stack: str = "", history: str = "",
-                         fresh_ids: bool = False) -> EffectsAgent:
+                         fresh_ids: bool = False, sequential: bool = True) -> EffectsAgent:
     """Build the episode's agent on a `DurableSqliteSaver` (see the module docstring)."""
     saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
                                serde=explorer_serde(sealed))
-    return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids)
+    return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids,
+                     sequential)
 
 
 async def build_explorer_agent_async(db_path: str, provider_dir: str,
@@ -200,7 +210,9 @@ async def build_explorer_agent_async(db_path: str, provider_dir: str,
                                      turns: list[list[dict[str, Any]]],
                                      sealed: bool = False, topology: str = "flat",
                                      stack: str = "", history: str = "",
-                                     fresh_ids: bool = False) -> EffectsAgent:
+                                     fresh_ids: bool = False,
+                                     sequential: bool = True) -> EffectsAgent:
     """`build_explorer_agent` on an `AsyncDurableSqliteSaver` (same arguments)."""
     saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path), serde=explorer_serde(sealed))
-    return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids)
+    return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids,
+                     sequential)

@@ -7,7 +7,9 @@ rejections and failures reach the node, and how keys tell writes apart.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -25,7 +27,7 @@ from graph_durable import (
     current_effect,
     guarded,
 )
-from graph_durable.testing import FakeProvider
+from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
 
 CONFIG = {"configurable": {"thread_id": "t"}}
 
@@ -190,3 +192,81 @@ def test_a_write_without_a_durable_step_is_refused(saver: Any, provider: FakePro
     with pytest.raises(GraphDurableError, match='durability="sync"'):
         graph.invoke({"amounts": []}, CONFIG)
     assert provider.count() == 0
+
+
+class _SlowForkSaves:
+    """Delays the save of a fork checkpoint, as a busy PostgreSQL pool does: LangGraph
+    saves the checkpoint a run from a checkpoint id starts from in the background, while
+    the run's first step already runs."""
+
+    def __init__(self, saver: Any) -> None:
+        self.put, self.aput = saver.put, saver.aput
+
+        def put(config: Any, checkpoint: Any, metadata: Any, versions: Any) -> Any:
+            if metadata.get("source") == "fork":
+                time.sleep(0.3)
+            return self.put(config, checkpoint, metadata, versions)
+
+        async def aput(config: Any, checkpoint: Any, metadata: Any, versions: Any) -> Any:
+            if metadata.get("source") == "fork":
+                await asyncio.sleep(0.3)
+            return await self.aput(config, checkpoint, metadata, versions)
+
+        saver.put, saver.aput = put, aput
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+async def test_a_run_from_a_checkpoint_saved_late_keeps_the_write_key(
+        tmp_path: Path, is_async: bool) -> None:
+    """Found on AsyncDurablePostgresSaver: killed after the write, the thread run from
+    `get_state().config` wrote again under a new key. The run's fork checkpoint was still
+    being saved when the write read it to find where the fork came from."""
+    from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+
+    provider = FakeProvider(str(tmp_path / "pay.sqlite"), "lookup", name="pay")
+
+    def apply(cents: int) -> Any:
+        return provider.apply(current_effect().key, {"cents": cents})
+
+    if is_async:
+        import aiosqlite
+
+        saver: Any = AsyncDurableSqliteSaver(await aiosqlite.connect(tmp_path / "a.sqlite"))
+
+        @guarded(Effect(lookup=provider.find), name="pay_forked_async")
+        async def pay(cents: int) -> Any:
+            return apply(cents)
+
+        async def node(state: State) -> dict[str, Any]:
+            return {"receipts": [await pay(5)]}
+    else:
+        saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite",
+                                                   check_same_thread=False))
+
+        @guarded(Effect(lookup=provider.find), name="pay_forked")
+        def pay(cents: int) -> Any:
+            return apply(cents)
+
+        def node(state: State) -> dict[str, Any]:
+            return {"receipts": [pay(5)]}
+
+    graph = one_node_graph(saver, node)
+    _SlowForkSaves(saver)
+    arm(FaultPlan("after_effect", tool=pay.name, action="raise"))
+    try:
+        with pytest.raises(InjectedCrash):
+            if is_async:
+                await graph.ainvoke({"amounts": [5]}, CONFIG, durability="sync")
+            else:
+                graph.invoke({"amounts": [5]}, CONFIG, durability="sync")
+    finally:
+        disarm()
+    if is_async:
+        latest = (await graph.aget_state(CONFIG)).config
+        out = await graph.ainvoke(None, latest, durability="sync")
+        await saver.conn.close()
+    else:
+        out = graph.invoke(None, graph.get_state(CONFIG).config, durability="sync")
+        saver.conn.close()
+    assert provider.count() == 1, f"sent again: {provider.requests()}"
+    assert out["receipts"][0]["key"] == provider.effects()[0]["key"]

@@ -44,7 +44,7 @@ SHAPES_OF_THIS_ROUND = (
     "tool_retry_outside", "model_retry", "tool_retry_inside", "error_tool_exception",
     "error_message", "error_validation", "artifact_result", "non_json_result",
     "command_result", "trimmed_history", "idless_messages", "hitl_before_guard",
-    "hitl_after_guard", "fresh_call_ids", "lookup_cannot_tell")
+    "hitl_after_guard", "fresh_call_ids", "lookup_cannot_tell", "guarded_node", "functional")
 """Classes whose draws come after every other (`explorer_model._shapes`)."""
 
 MISDECLARED = {"mode": "blind", "policy": "idempotent", "approval": False, "retries": 0,
