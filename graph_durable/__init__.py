@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 _HOMES = {
-    "AsyncDurableSqliteSaver": "graph_durable.checkpointers.aio",
+    "AsyncDurableSqliteSaver": "graph_durable.checkpointers.sqlite",
     "CancelReport": "graph_durable.compensation",
     "Compensation": "graph_durable.policy",
     "cancel": "graph_durable.compensation",
@@ -141,7 +141,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+    from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
     from graph_durable.checkpointers.sqlite import DurableSqliteSaver
     from graph_durable.durability import sync_by_default
     from graph_durable.errors import (

@@ -139,7 +139,7 @@ class AsyncRunLog(AsyncCallbackHandler):
 def run_log(saver: Any) -> BaseCallbackHandler | AsyncCallbackHandler:
     """The callback that logs runs to `saver`: `AsyncRunLog` for a saver on an event loop,
     else `RunLog`."""
-    from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+    from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 
     return AsyncRunLog(saver) if isinstance(saver, AsyncDurableSqliteSaver) else RunLog(saver)
 

@@ -8,7 +8,7 @@ PRODUCTION = [
     "graph_durable.nodes.guard",
     "graph_durable.nodes.protocol",
     "graph_durable.checkpointers.sqlite",
-    "graph_durable.checkpointers.aio",
+    "graph_durable.checkpointers.sqlite.async_saver",
     "graph_durable.checkpointers.postgres",
     "graph_durable.review",
     "graph_durable.notebook",

@@ -34,7 +34,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._reads import SyncLedgerReads
-from graph_durable.checkpointers._sqlite_ro import (
+from graph_durable.checkpointers.sqlite._readonly import (
     SETUP_NEEDS,
     SqliteReadOnly,
     check_read_only,
@@ -43,7 +43,7 @@ from graph_durable.checkpointers._sqlite_ro import (
     read_only_uri,
     schema_current,
 )
-from graph_durable.checkpointers._sqlite_txn import (
+from graph_durable.checkpointers.sqlite._txn import (
     CheckpointWrite,
     QueuedWrite,
     SqliteTransactions,

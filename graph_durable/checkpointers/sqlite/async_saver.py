@@ -29,9 +29,9 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from graph_durable.checkpointers import _sql
-from graph_durable.checkpointers._aiosqlite import on_connection_thread
+from graph_durable.checkpointers.sqlite._aiosqlite import on_connection_thread
 from graph_durable.checkpointers._base import DurableSaverMixin
-from graph_durable.checkpointers._sqlite_ro import (
+from graph_durable.checkpointers.sqlite._readonly import (
     SETUP_NEEDS,
     SqliteReadOnly,
     check_read_only,
@@ -40,7 +40,7 @@ from graph_durable.checkpointers._sqlite_ro import (
     read_only_uri,
     schema_current,
 )
-from graph_durable.checkpointers._sqlite_txn import (
+from graph_durable.checkpointers.sqlite._txn import (
     CheckpointWrite,
     QueuedWrite,
     SqliteTransactions,
