@@ -61,7 +61,7 @@ from psycopg_pool import ConnectionPool
 from psycopg.rows import dict_row, tuple_row
 
 from graph_durable.checkpointers import _sql
-from graph_durable.checkpointers._pg import (
+from graph_durable.checkpointers.postgres._sql import (
     COPY_THREAD_CHECKPOINTS,
     DELETE_CHECKPOINT,
     DELETE_CHECKPOINT_WRITES,
@@ -88,9 +88,9 @@ from graph_durable.checkpointers._pg import (
     pg_sql,
     read_only_refused,
 )
-from graph_durable.checkpointers._pg import SETUP_NEEDS
-from graph_durable.checkpointers._pg import lease_and_clock as _lease_and_clock
-from graph_durable.checkpointers._postgres_aio import AsyncDurablePostgresSaver
+from graph_durable.checkpointers.postgres._sql import SETUP_NEEDS
+from graph_durable.checkpointers.postgres._sql import lease_and_clock as _lease_and_clock
+from graph_durable.checkpointers.postgres.async_saver import AsyncDurablePostgresSaver
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers._schema import (

@@ -7,8 +7,9 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from graph_durable.checkpointers import _pg, _sql
-from graph_durable.checkpointers._pg import arun as _run
+from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers.postgres import _sql as _pg
+from graph_durable.checkpointers.postgres._sql import arun as _run
 from graph_durable.errors import LeaseHeld
 from graph_durable.leases import Lease, register, unregister
 

@@ -49,12 +49,13 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from graph_durable.checkpointers import _pg, _sql
+from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers.postgres import _sql as _pg
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
-from graph_durable.checkpointers._pg import TransactionDeferred
-from graph_durable.checkpointers._pg import arun as _run
-from graph_durable.checkpointers._postgres_aio_group import AsyncGroupCommit, _QueuedWrite
-from graph_durable.checkpointers._postgres_aio_leases import AsyncPostgresLeases
+from graph_durable.checkpointers.postgres._sql import TransactionDeferred
+from graph_durable.checkpointers.postgres._sql import arun as _run
+from graph_durable.checkpointers.postgres._group import AsyncGroupCommit, _QueuedWrite
+from graph_durable.checkpointers.postgres._leases import AsyncPostgresLeases
 from graph_durable.checkpointers._reads import AsyncLedgerReads
 from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
