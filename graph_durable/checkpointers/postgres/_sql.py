@@ -262,6 +262,11 @@ def lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, 
 
 
 
+def run(cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+    """Run one ledger statement (SQLite's dialect) on a psycopg cursor."""
+    return cur.execute(pg_sql(sql), tuple(params))
+
+
 async def arun(cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
     """Run a ledger statement (written for SQLite) on an async psycopg cursor."""
     return await cur.execute(pg_sql(sql), tuple(params))
