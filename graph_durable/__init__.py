@@ -66,10 +66,10 @@ __all__ = [
 
 _HOMES = {
     "AsyncDurableSqliteSaver": "graph_durable.checkpointers.sqlite",
-    "CancelReport": "graph_durable.compensation",
+    "CancelReport": "graph_durable.operators.compensation",
     "Compensation": "graph_durable.policy",
-    "cancel": "graph_durable.compensation",
-    "compensate": "graph_durable.compensation",
+    "cancel": "graph_durable.operators.compensation",
+    "compensate": "graph_durable.operators.compensation",
     "DurableSqliteSaver": "graph_durable.checkpointers.sqlite",
     "Effect": "graph_durable.policy",
     "EffectEvent": "graph_durable.ledger",
@@ -77,27 +77,27 @@ _HOMES = {
     "EffectGuardNode": "graph_durable.nodes.node",
     "EffectRecord": "graph_durable.ledger",
     "EffectStatus": "graph_durable.ledger",
-    "Orphan": "graph_durable.orphans",
-    "find_orphans": "graph_durable.orphans",
-    "resolve_orphan": "graph_durable.orphans",
-    "RecoveryOutcome": "graph_durable.recovery",
-    "Review": "graph_durable.review",
-    "ThreadStatus": "graph_durable.recovery",
-    "areview": "graph_durable.review",
+    "Orphan": "graph_durable.operators.orphans",
+    "find_orphans": "graph_durable.operators.orphans",
+    "resolve_orphan": "graph_durable.operators.orphans",
+    "RecoveryOutcome": "graph_durable.operators.recovery",
+    "Review": "graph_durable.operators.review",
+    "ThreadStatus": "graph_durable.operators.recovery",
+    "areview": "graph_durable.operators.review",
     "current_effect": "graph_durable.nodes.context",
     "flow_version_of": "graph_durable.flow",
     "guarded": "graph_durable.nodes.writes",
-    "InboxItem": "graph_durable.inbox",
-    "inbox": "graph_durable.inbox",
-    "ainbox": "graph_durable.inbox",
-    "arecord_decisions": "graph_durable.inbox",
-    "record_decisions": "graph_durable.inbox",
-    "recover": "graph_durable.recovery",
-    "review": "graph_durable.review",
+    "InboxItem": "graph_durable.operators.inbox",
+    "inbox": "graph_durable.operators.inbox",
+    "ainbox": "graph_durable.operators.inbox",
+    "arecord_decisions": "graph_durable.operators.inbox",
+    "record_decisions": "graph_durable.operators.inbox",
+    "recover": "graph_durable.operators.recovery",
+    "review": "graph_durable.operators.review",
     "redact_keys": "graph_durable.secrets",
     "SecretUnavailable": "graph_durable.secrets",
     "sync_by_default": "graph_durable.durability",
-    "thread_status": "graph_durable.recovery",
+    "thread_status": "graph_durable.operators.recovery",
     **{name: "graph_durable.errors" for name in (
         "DurabilityError", "FlowVersionMismatch", "GraphDurableError", "InvalidDecision",
         "LeaseHeld", "LeaseLost", "NotApplied", "Retryable", "ThreadCancelled")},
@@ -156,15 +156,15 @@ if TYPE_CHECKING:
         ThreadCancelled,
     )
     from graph_durable.flow import flow_version_of
-    from graph_durable.inbox import InboxItem, ainbox, arecord_decisions, inbox, record_decisions
+    from graph_durable.operators.inbox import InboxItem, ainbox, arecord_decisions, inbox, record_decisions
     from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
     from graph_durable.nodes.context import current_effect
     from graph_durable.nodes.writes import guarded
     from graph_durable.nodes.middleware import EffectGuardMiddleware
     from graph_durable.nodes.node import EffectGuardNode
-    from graph_durable.compensation import CancelReport, cancel, compensate
-    from graph_durable.orphans import Orphan, find_orphans, resolve_orphan
+    from graph_durable.operators.compensation import CancelReport, cancel, compensate
+    from graph_durable.operators.orphans import Orphan, find_orphans, resolve_orphan
     from graph_durable.policy import Compensation, Effect
-    from graph_durable.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status
-    from graph_durable.review import Review, areview, review
+    from graph_durable.operators.recovery import RecoveryOutcome, ThreadStatus, recover, thread_status
+    from graph_durable.operators.review import Review, areview, review
     from graph_durable.secrets import SecretUnavailable, redact_keys

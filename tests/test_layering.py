@@ -10,9 +10,9 @@ PRODUCTION = [
     "graph_durable.checkpointers.sqlite",
     "graph_durable.checkpointers.sqlite.async_saver",
     "graph_durable.checkpointers.postgres",
-    "graph_durable.review",
-    "graph_durable.notebook",
-    "graph_durable.recovery",
+    "graph_durable.operators.review",
+    "graph_durable.operators.notebook",
+    "graph_durable.operators.recovery",
     "graph_durable.cli",
 ]
 

@@ -24,7 +24,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 from graph_durable import DurableSqliteSaver, Effect, EffectGuardNode, current_effect
-from graph_durable.notebook import Inbox, inbox
+from graph_durable.operators.notebook import Inbox, inbox
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.child import run_child
 from graph_durable.testing.models import ScriptedChatModel

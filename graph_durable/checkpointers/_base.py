@@ -349,7 +349,7 @@ class DurableSaverMixin:
         """What ran again in each run of `thread_id`, and what became of its effects
         (`graph_durable.audit.Audit`; count re-run nodes and model calls by running the
         graph `audited`)."""
-        from graph_durable.audit import audit_of
+        from graph_durable.operators.audit import audit_of
 
         return audit_of(self, thread_id)
 

@@ -118,8 +118,8 @@ def saga_step(action: str, db_path: str, provider_dir: str, refund_mode: str = "
     """Run the thread to its end (`run`; `resume` goes on from its last checkpoint), or
     cancel it (`cancel`); for a child process (`ForkServer.run` names it). Runs are
     `audited`."""
-    from graph_durable.audit import audited
-    from graph_durable.compensation import cancel
+    from graph_durable.operators.audit import audited
+    from graph_durable.operators.compensation import cancel
 
     agent = build_saga_agent(db_path, provider_dir, refund_mode, close_mode)
     try:

@@ -29,14 +29,14 @@ from typing import Any
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite, WriteBatch
 from graph_durable.nodes.decisions import check_decision
-from graph_durable.orphans import (
+from graph_durable.operators.orphans import (
     ORPHAN_DECISIONS,
     check_orphan_decision,
     find_orphans,
     resolve_orphan,
 )
-from graph_durable._checkpoints import open_interrupts
-from graph_durable.review import _KINDS
+from graph_durable.operators._checkpoints import open_interrupts
+from graph_durable.operators.review import _KINDS
 
 __all__ = ["InboxItem", "ainbox", "arecord_decisions", "inbox", "record_decisions"]
 
@@ -211,7 +211,7 @@ def record_decisions(
     policies: dict[str, Any] = {}
     tools: dict[str, Any] = {}
     if graph is not None:
-        from graph_durable.compensation import policies_of, tools_of
+        from graph_durable.operators.compensation import policies_of, tools_of
 
         policies, tools = policies_of(graph), tools_of(graph)
     chosen: dict[str, tuple[InboxItem, dict[str, Any]]] = {}

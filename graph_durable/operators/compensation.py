@@ -28,7 +28,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from graph_durable._compensation_driver import Driver, answer_message, settle_open
+from graph_durable.operators._compensation_driver import Driver, answer_message, settle_open
 from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld
 from graph_durable.leases import CANCEL_PREFIX

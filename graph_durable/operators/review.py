@@ -34,7 +34,7 @@ from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import EffectRecord, EffectStatus, answered
 from graph_durable.nodes.decisions import check_decision, decided_note
-from graph_durable.orphans import find_orphans
+from graph_durable.operators.orphans import find_orphans
 
 __all__ = ["PendingItem", "Review", "areview", "describe_decision", "review"]
 
@@ -124,7 +124,7 @@ class Review:
         return item
 
     def _tools(self) -> dict[str, Any]:
-        from graph_durable.compensation import tools_of
+        from graph_durable.operators.compensation import tools_of
 
         return tools_of(self.graph)
 
@@ -214,7 +214,7 @@ class Review:
         lookup finds it, or `receipt` is your word that it happened; a lookup that finds
         nothing settles it as not applied, and nothing is undone. The call then answers
         with what was recorded when the thread resumes (`resume()`)."""
-        from graph_durable.compensation import compensate
+        from graph_durable.operators.compensation import compensate
 
         found = [i for i in self.pending if tool_call_id in (i.tool_call_id, i.key)]
         if found and all(i.kind == "approval" for i in found):

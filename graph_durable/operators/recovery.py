@@ -19,12 +19,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from graph_durable._checkpoints import finished_tasks, next_nodes, open_interrupts
+from graph_durable.operators._checkpoints import finished_tasks, next_nodes, open_interrupts
 from graph_durable._langgraph import ERROR, INTERRUPT
-from graph_durable.compensation import policies_of
+from graph_durable.operators.compensation import policies_of
 from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld
 from graph_durable.ledger import EffectStatus, answered
-from graph_durable.orphans import Orphan, find_orphans, resolve_orphan
+from graph_durable.operators.orphans import Orphan, find_orphans, resolve_orphan
 
 __all__ = ["RecoveryOutcome", "ThreadStatus", "open_interrupts", "recover", "thread_status"]
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from graph_durable._display import badge, esc, json_text
 from graph_durable.errors import GraphDurableError, InvalidDecision
-from graph_durable.notebook import Inbox, InboxThread, args_schema, diff_html
-from graph_durable.recovery import thread_status
-from graph_durable.review import PendingItem, describe_decision
+from graph_durable.operators.notebook import Inbox, InboxThread, args_schema, diff_html
+from graph_durable.operators.recovery import thread_status
+from graph_durable.operators.review import PendingItem, describe_decision
 
 __all__ = ["CallView", "InboxView", "ThreadView"]
 

@@ -1,6 +1,6 @@
 """Notebook views: the review inbox, the ledger's effects and its journal as a timeline.
 
-    from graph_durable.notebook import effect_table, inbox, timeline
+    from graph_durable.operators.notebook import effect_table, inbox, timeline
 
     box = inbox(graph, saver, reviewer="ana")   # every thread waiting for a person
     box                                         # a widget: approve, edit, reject, ... resume
@@ -27,8 +27,8 @@ from typing import Any
 
 from graph_durable._display import args_diff, badge, esc, iso, json_text, table, tone_of
 from graph_durable.ledger import EffectEvent, EffectRecord
-from graph_durable.recovery import ThreadStatus, thread_status
-from graph_durable.review import PendingItem, Review, describe_decision, review
+from graph_durable.operators.recovery import ThreadStatus, thread_status
+from graph_durable.operators.review import PendingItem, Review, describe_decision, review
 
 __all__ = ["EXTRA", "EffectTable", "Inbox", "InboxThread", "Timeline", "args_schema",
            "diff_html", "effect_table", "inbox", "require_ipywidgets", "timeline"]
@@ -285,7 +285,7 @@ class Inbox:
                 'graph-durable[notebooks]'`).
         """
         if self._view is None:
-            from graph_durable._inbox_widget import InboxView
+            from graph_durable.operators._inbox_widget import InboxView
 
             self._view = InboxView(self, require_ipywidgets())
         return self._view.root
