@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graph_durable._display import badge, esc, json_text
 from graph_durable.errors import GraphDurableError, InvalidDecision
-from graph_durable.operators.notebook import Inbox, InboxThread, args_schema, diff_html
+from graph_durable.operators._inbox_thread import InboxThread, args_schema, diff_html
 from graph_durable.operators.recovery import thread_status
 from graph_durable.operators.review import PendingItem, describe_decision
+
+if TYPE_CHECKING:
+    from graph_durable.operators.notebook import Inbox
 
 __all__ = ["CallView", "InboxView", "ThreadView"]
 
