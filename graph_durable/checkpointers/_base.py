@@ -22,6 +22,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from graph_durable._langgraph import WRAPPER_INNER
 from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers._audit import audit_of
 from graph_durable.errors import FlowVersionMismatch, IllegalTransition
 from graph_durable.leases import (
     OWNER_KEY,
@@ -346,11 +347,9 @@ class DurableSaverMixin:
     # -- the audit -----------------------------------------------------------------------
 
     def audit(self, thread_id: str) -> Any:
-        """What ran again in each run of `thread_id`, and what became of its effects
-        (`graph_durable.audit.Audit`; count re-run nodes and model calls by running the
-        graph `audited`)."""
-        from graph_durable.operators.audit import audit_of
-
+        """What ran again in each run of `thread_id`, and what became of its effects (an
+        `Audit`, see `graph_durable.checkpointers._audit`; count re-run nodes and model
+        calls by running the graph `audited`)."""
         return audit_of(self, thread_id)
 
     # -- leases --------------------------------------------------------------------------
