@@ -47,7 +47,7 @@ machine's CPUs with the benchmark (and with the worker processes of part 2).
    key, emails deduped) runs `BENCH_RECOVERY_THREADS` (default 60) threads in this
    process, each stopped by an injected crash right after its ticket reached the
    provider, before the receipt (as in tests/test_recover_postgres.py). Then W worker
-   processes (`python -c`) each build the agent and loop `graph_durable.recovery.recover`
+   processes (`python -c`) each build the agent and loop `graph_durable.operators.recovery.recover`
    until no thread is orphaned or held. Timed: from starting the first worker to the
    last one exiting, so it includes each worker's interpreter start-up, imports and
    graph build (~1-2 s, paid in parallel by the W workers); the rows report threads

@@ -1,4 +1,4 @@
-"""The review inbox widget (`graph_durable.notebook.inbox`), driven from Python.
+"""The review inbox widget (`graph_durable.operators.notebook.inbox`), driven from Python.
 
 Each test builds a guarded invoice agent (a payment needing approval, an email to a blind
 relay), brings threads to a pause, some by SIGKILLing a real worker process mid-effect,

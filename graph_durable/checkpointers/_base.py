@@ -1,4 +1,8 @@
-"""What the sync and async durable savers share beyond SQL: turning ledger writes into plans."""
+"""What the sync and async durable savers share beyond SQL: turning ledger writes into plans.
+
+This module is over 400 lines: it is the one mixin every saver inherits (ledger writes
+as plans, flow pins, leases, the audit), in sections that share the saver's state.
+"""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def _root(
 
 # -- reading ------------------------------------------------------------------------------
 
-# `graph_durable.recovery.Status` and `EffectStatus` (a test keeps them equal), written
+# `graph_durable.operators.recovery.Status` and `EffectStatus` (a test keeps them equal), written
 # out so that help and usage errors need not import LangGraph.
 THREAD_STATUSES = ("running", "waiting", "needs_human", "done", "failed", "orphaned",
                    "cancelled")

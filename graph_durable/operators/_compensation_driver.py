@@ -1,4 +1,4 @@
-"""The driver of compensation protocols outside a graph (`graph_durable.compensation`).
+"""The driver of compensation protocols outside a graph (`graph_durable.operators.compensation`).
 
 It performs the operations `graph_durable.nodes.compensation.run_compensation` yields, as
 the guard's drivers do inside a graph step: ledger reads and writes on the saver under a

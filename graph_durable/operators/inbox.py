@@ -50,7 +50,7 @@ class InboxItem:
     kind: str
     """`approval` (not sent yet), `unknown` (may or may not have happened), or `orphan`
     (may or may not have happened, and no pending task will run it again: see
-    `graph_durable.orphans`; `description` says why, and no interrupt asks)."""
+    `graph_durable.operators.orphans`; `description` says why, and no interrupt asks)."""
     tool: str
     args: dict[str, Any]
     key: str

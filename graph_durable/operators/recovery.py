@@ -9,7 +9,7 @@ resuming it and checks again once it holds the lease, so any number of processes
 sweep the same database at once and each thread is resumed by exactly one of them.
 
 An *orphaned intent* is another thing: an open effect no pending task of its thread will
-run again (`graph_durable.orphans`). A thread with one is never `done`; `recover` looks
+run again (`graph_durable.operators.orphans`). A thread with one is never `done`; `recover` looks
 each up with its policy's lookup and lists those left for a human.
 """
 
@@ -195,7 +195,7 @@ def recover(
     ttl: float = 30.0,
 ) -> list[RecoveryOutcome]:
     """Resume every orphaned thread of `saver` (at most `limit`) under a lease, and
-    reconcile orphaned intents (`graph_durable.orphans`) with their policies' lookups.
+    reconcile orphaned intents (`graph_durable.operators.orphans`) with their policies' lookups.
 
     Safe to run from many processes at once. Each thread is resumed with
     `durability="sync"` until it finishes or pauses again. An orphaned intent no lookup

@@ -4,6 +4,9 @@ The ledger's own statements (`_sql`) are written for SQLite; `pg_sql` turns each
 PostgreSQL's. The statements below are PostgreSQL's only: the thread's advisory lock,
 leases on the server's clock, the setup lock, and LangGraph's PostgreSQL tables as the
 retention methods touch them.
+
+This module is over 400 lines: every PostgreSQL-only statement is here once, for the
+sync and the async saver.
 """
 
 from __future__ import annotations

@@ -614,7 +614,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
 
     def record_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str, node: str,
                         kind: str) -> None:
-        """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
+        """Log that a node (or a model call in it) started, for `graph_durable.operators.audit`."""
         with self._txn() as cur:
             _run(cur, _sql.INSERT_TASK_RUN,
                  (str(thread_id), run_id, checkpoint_ns, node, kind, time.time()))

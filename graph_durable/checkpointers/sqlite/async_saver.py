@@ -1,11 +1,14 @@
 """`AsyncDurableSqliteSaver`: the async twin of `DurableSqliteSaver` (aiosqlite).
 
-Same tables, same SQL (`_sql.py`), same transactions (`_sqlite_txn.py`), same retention
-rules; see `sqlite.py` for what `delete_thread`, `prune`, `delete_for_runs` and
+Same tables, same SQL (`checkpointers/_sql.py`), same transactions (`_txn.py`), same
+retention rules; see `saver.py` for what `delete_thread`, `prune`, `delete_for_runs` and
 `copy_thread` do with the ledger. Each transaction and each ledger read runs whole on
 aiosqlite's worker thread, one round trip (`_aiosqlite.py`), and ledger writes arriving
 while one commits are committed together by the next (group commit), as on the sync
 saver.
+
+This module is over 400 lines: it follows `saver.py` method for method, each awaited
+on aiosqlite's thread rather than run inline.
 """
 
 from __future__ import annotations
@@ -368,7 +371,7 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncSqlite
 
     async def arecord_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str,
                                node: str, kind: str) -> None:
-        """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
+        """Log that a node (or a model call in it) started, for `graph_durable.operators.audit`."""
         await self._write(lambda cur: self._record_task_run_txn(
             cur, str(thread_id), run_id, checkpoint_ns, node, kind))
 

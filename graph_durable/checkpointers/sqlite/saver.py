@@ -274,7 +274,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
 
     def record_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str, node: str,
                         kind: str) -> None:
-        """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
+        """Log that a node (or a model call in it) started, for `graph_durable.operators.audit`."""
         with self._txn() as cur:
             self._record_task_run_txn(cur, str(thread_id), run_id, checkpoint_ns, node, kind)
 
