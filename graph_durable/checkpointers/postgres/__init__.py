@@ -8,8 +8,9 @@ the leases on the server's clock (`_leases`); the async saver's group commit is 
 `_group`.
 """
 
-from graph_durable.checkpointers.postgres._sql import pg_sql
+# The sync saver first: without psycopg, its import is the ImportError naming the extra.
+from graph_durable.checkpointers.postgres.saver import DurablePostgresSaver  # noqa: I001
 from graph_durable.checkpointers.postgres.async_saver import AsyncDurablePostgresSaver
-from graph_durable.checkpointers.postgres.saver import DurablePostgresSaver
+from graph_durable.checkpointers.postgres._sql import pg_sql
 
 __all__ = ["AsyncDurablePostgresSaver", "DurablePostgresSaver", "pg_sql"]
