@@ -4,7 +4,7 @@ The guard and the saver call `graph_durable.testing.faults.fault_point(name, ...
 edges of every crash window; unarmed, each call is one global check. The "build without
 them" is simulated by rebinding `fault_point` to a no-op (same signature, no global
 check) in every module that imported it: `nodes/guard.py`, `nodes/protocol.py`,
-`checkpointers/sqlite.py` and `checkpointers/aio.py`.
+`checkpointers/sqlite/saver.py` and `checkpointers/sqlite/async_saver.py`.
 
 Workload: the guarded turn of `turn_overhead` (`EffectGuardNode` + `DurableSqliteSaver`,
 `durability="sync"`) with `TOOL_CALLS` tool calls, the variant that passes the most
@@ -35,8 +35,8 @@ from types import ModuleType
 
 from benchmarks._runner import Comparison, measure_interleaved, report, run_main
 from benchmarks.turn_overhead import Agent, build_guarded
-from graph_durable.checkpointers import aio as aio_saver
-from graph_durable.checkpointers import sqlite as sqlite_saver
+from graph_durable.checkpointers.sqlite import async_saver as aio_saver
+from graph_durable.checkpointers.sqlite import saver as sqlite_saver
 from graph_durable.nodes import guard, protocol
 from graph_durable.testing import faults
 

@@ -47,7 +47,7 @@ machine's CPUs with the benchmark (and with the worker processes of part 2).
    key, emails deduped) runs `BENCH_RECOVERY_THREADS` (default 60) threads in this
    process, each stopped by an injected crash right after its ticket reached the
    provider, before the receipt (as in tests/test_recover_postgres.py). Then W worker
-   processes (`python -c`) each build the agent and loop `graph_durable.recovery.recover`
+   processes (`python -c`) each build the agent and loop `graph_durable.operators.recovery.recover`
    until no thread is orphaned or held. Timed: from starting the first worker to the
    last one exiting, so it includes each worker's interpreter start-up, imports and
    graph build (~1-2 s, paid in parallel by the W workers); the rows report threads
@@ -337,7 +337,7 @@ WORKER = r"""
 import json, sys, time
 started = time.time()
 from graph_durable.demo.ticket import build_ticket_agent
-from graph_durable.recovery import recover, thread_status
+from graph_durable.operators.recovery import recover, thread_status
 
 conninfo, provider_dir, owner = sys.argv[1], sys.argv[2], sys.argv[3]
 ttl, timeout = float(sys.argv[4]), float(sys.argv[5])
@@ -392,7 +392,7 @@ def _orphan_threads(conninfo: str, provider_dir: str, n_threads: int) -> None:
 def _verify(conninfo: str, provider_dir: str, n_threads: int) -> None:
     """Every thread done; each ticket and each email applied once at its provider."""
     from graph_durable.checkpointers.postgres import DurablePostgresSaver
-    from graph_durable.recovery import thread_status
+    from graph_durable.operators.recovery import thread_status
     from graph_durable.testing.providers import FakeProvider
 
     with DurablePostgresSaver.from_conn_string(conninfo) as saver:

@@ -12,8 +12,6 @@ does not load LangGraph until something needs it.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -70,14 +68,11 @@ __all__ = [
     "thread_status",
 ]
 
+# Where each public name lives, imported on first use by `__getattr__`.
 _HOMES = {
-    "AsyncDurableSqliteSaver": "graph_durable.checkpointers.aio",
-    "CancelReport": "graph_durable.compensation",
+    "AsyncDurableSqliteSaver": "graph_durable.checkpointers.sqlite",
+    "CancelReport": "graph_durable.operators.compensation",
     "Compensation": "graph_durable.policy",
-    "acancel": "graph_durable.compensation",
-    "acompensate": "graph_durable.compensation",
-    "cancel": "graph_durable.compensation",
-    "compensate": "graph_durable.compensation",
     "DurableSqliteSaver": "graph_durable.checkpointers.sqlite",
     "Effect": "graph_durable.policy",
     "EffectEvent": "graph_durable.ledger",
@@ -85,31 +80,35 @@ _HOMES = {
     "EffectGuardNode": "graph_durable.nodes.node",
     "EffectRecord": "graph_durable.ledger",
     "EffectStatus": "graph_durable.ledger",
-    "Orphan": "graph_durable.orphans",
-    "afind_orphans": "graph_durable.orphans",
-    "aresolve_orphan": "graph_durable.orphans",
-    "find_orphans": "graph_durable.orphans",
-    "resolve_orphan": "graph_durable.orphans",
-    "RecoveryOutcome": "graph_durable.recovery",
-    "Review": "graph_durable.review",
-    "ThreadStatus": "graph_durable.recovery",
-    "areview": "graph_durable.review",
+    "InboxItem": "graph_durable.operators.inbox",
+    "Orphan": "graph_durable.operators.orphans",
+    "RecoveryOutcome": "graph_durable.operators.recovery",
+    "Review": "graph_durable.operators.review",
+    "SecretUnavailable": "graph_durable.secrets",
+    "ThreadStatus": "graph_durable.operators.recovery",
+    "acancel": "graph_durable.operators.compensation",
+    "acompensate": "graph_durable.operators.compensation",
+    "afind_orphans": "graph_durable.operators.orphans",
+    "ainbox": "graph_durable.operators.inbox",
+    "arecord_decisions": "graph_durable.operators.inbox",
+    "arecover": "graph_durable.operators.recovery",
+    "aresolve_orphan": "graph_durable.operators.orphans",
+    "areview": "graph_durable.operators.review",
+    "athread_status": "graph_durable.operators.recovery",
+    "cancel": "graph_durable.operators.compensation",
+    "compensate": "graph_durable.operators.compensation",
     "current_effect": "graph_durable.nodes.context",
+    "find_orphans": "graph_durable.operators.orphans",
     "flow_version_of": "graph_durable.flow",
     "guarded": "graph_durable.nodes.writes",
-    "InboxItem": "graph_durable.inbox",
-    "inbox": "graph_durable.inbox",
-    "ainbox": "graph_durable.inbox",
-    "arecord_decisions": "graph_durable.inbox",
-    "record_decisions": "graph_durable.inbox",
-    "arecover": "graph_durable.recovery",
-    "athread_status": "graph_durable.recovery",
-    "recover": "graph_durable.recovery",
-    "review": "graph_durable.review",
+    "inbox": "graph_durable.operators.inbox",
+    "record_decisions": "graph_durable.operators.inbox",
+    "recover": "graph_durable.operators.recovery",
     "redact_keys": "graph_durable.secrets",
-    "SecretUnavailable": "graph_durable.secrets",
+    "resolve_orphan": "graph_durable.operators.orphans",
+    "review": "graph_durable.operators.review",
     "sync_by_default": "graph_durable.durability",
-    "thread_status": "graph_durable.recovery",
+    "thread_status": "graph_durable.operators.recovery",
     **{name: "graph_durable.errors" for name in (
         "DurabilityError", "FlowVersionMismatch", "GraphDurableError", "InvalidDecision",
         "LeaseHeld", "LeaseLost", "NotApplied", "Retryable", "ThreadCancelled")},
@@ -125,36 +124,12 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-_SHADOWED = frozenset({"inbox", "review"})
-"""Exported functions named as the submodule they live in."""
-
-
-class _Package(types.ModuleType):
-    """The package module: `inbox` and `review` name the functions, whatever was imported
-    first.
-
-    Importing the submodule `graph_durable.review` (the CLI and the test kit do) makes
-    Python set the package attribute `review` to that module, which would shadow the
-    exported function of the same name (and `graph_durable.inbox` likewise, which
-    `ainbox` imports); the modules stay reachable in `sys.modules`.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SHADOWED and isinstance(value, types.ModuleType):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
 if TYPE_CHECKING:
-    from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
-    from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+    from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver, DurableSqliteSaver
     from graph_durable.durability import sync_by_default
     from graph_durable.errors import (
         DurabilityError,
@@ -168,28 +143,33 @@ if TYPE_CHECKING:
         ThreadCancelled,
     )
     from graph_durable.flow import flow_version_of
-    from graph_durable.inbox import InboxItem, ainbox, arecord_decisions, inbox, record_decisions
     from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
     from graph_durable.nodes.context import current_effect
-    from graph_durable.nodes.writes import guarded
     from graph_durable.nodes.middleware import EffectGuardMiddleware
     from graph_durable.nodes.node import EffectGuardNode
-    from graph_durable.compensation import (
+    from graph_durable.nodes.writes import guarded
+    from graph_durable.operators.compensation import (
         CancelReport,
         acancel,
         acompensate,
         cancel,
         compensate,
     )
-    from graph_durable.orphans import (
+    from graph_durable.operators.inbox import (
+        InboxItem,
+        ainbox,
+        arecord_decisions,
+        inbox,
+        record_decisions,
+    )
+    from graph_durable.operators.orphans import (
         Orphan,
         afind_orphans,
         aresolve_orphan,
         find_orphans,
         resolve_orphan,
     )
-    from graph_durable.policy import Compensation, Effect
-    from graph_durable.recovery import (
+    from graph_durable.operators.recovery import (
         RecoveryOutcome,
         ThreadStatus,
         arecover,
@@ -197,5 +177,6 @@ if TYPE_CHECKING:
         recover,
         thread_status,
     )
-    from graph_durable.review import Review, areview, review
+    from graph_durable.operators.review import Review, areview, review
+    from graph_durable.policy import Compensation, Effect
     from graph_durable.secrets import SecretUnavailable, redact_keys

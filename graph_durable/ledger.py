@@ -19,7 +19,7 @@ Lifecycle of one effect (one row per key)::
 keeps the duty to reconcile (look the key up, or ask a human) before anything is retried.
 The same holds for compensations: `compensation_unknown` is not `compensation_failed`.
 A compensation is an effect of its own (its own key, intent and receipt; see
-`graph_durable.compensation`); the statuses above are those of the effect it undoes.
+`graph_durable.operators.compensation`); the statuses above are those of the effect it undoes.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import pytest
 from graph_durable.cli import main
 from graph_durable.cli._commands import EFFECT_STATUSES, THREAD_STATUSES
 from graph_durable.ledger import EffectStatus
-from graph_durable.recovery import Status
+from graph_durable.operators.recovery import Status
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
 from graph_durable.testing.scenarios import build_effects_agent
 

@@ -84,3 +84,39 @@ def test_review_and_inbox_are_the_functions_whatever_is_imported_first() -> None
             "assert callable(review) and review.__name__ == 'review', review\n"
             "assert callable(inbox) and inbox.__name__ == 'inbox', inbox\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_old_async_sqlite_path_still_imports_with_a_deprecation() -> None:
+    import subprocess
+    import sys
+
+    code = ("import warnings\n"
+            "warnings.simplefilter('error', DeprecationWarning)\n"
+            "try:\n"
+            "    import graph_durable.checkpointers.aio\n"
+            "except DeprecationWarning as warning:\n"
+            "    assert 'checkpointers.sqlite' in str(warning), warning\n"
+            "else:\n"
+            "    raise AssertionError('no DeprecationWarning')\n"
+            "warnings.simplefilter('ignore', DeprecationWarning)\n"
+            "from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver\n"
+            "from graph_durable import AsyncDurableSqliteSaver as exported\n"
+            "assert AsyncDurableSqliteSaver is exported\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_old_operator_paths_still_import_with_a_deprecation() -> None:
+    import subprocess
+    import sys
+
+    code = ("import importlib, warnings\n"
+            "for old, new, name in [('graph_durable.audit', 'graph_durable.operators.audit', 'audited'),\n"
+            "                       ('graph_durable.notebook', 'graph_durable.operators.notebook',\n"
+            "                        'inbox')]:\n"
+            "    with warnings.catch_warnings(record=True) as caught:\n"
+            "        warnings.simplefilter('always')\n"
+            "        module = importlib.import_module(old)\n"
+            "    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message)\n"
+            "               for w in caught), (old, caught)\n"
+            "    assert getattr(module, name) is getattr(importlib.import_module(new), name)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from graph_durable import review
-from graph_durable.notebook import effect_table, inbox, timeline
+from graph_durable.operators.notebook import effect_table, inbox, timeline
 from graph_durable.testing.crash_report import (
     CrashPoint,
     CrashReport,

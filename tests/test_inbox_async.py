@@ -61,7 +61,7 @@ async def test_a_pending_approval_is_listed_decided_and_sent_once_from_async_cod
 
 async def test_the_notebook_inbox_lists_decides_and_resumes_from_async_code(
         saver: Any, tmp_path: Any) -> None:
-    """The widget's async path (`graph_durable.notebook.ainbox`), on every async saver:
+    """The widget's async path (`graph_durable.operators.notebook.ainbox`), on every async saver:
     read on the saver's own loop, an approval clicked, the Resume click awaited as a
     task; the payment is sent once."""
     pytest.importorskip("ipywidgets")

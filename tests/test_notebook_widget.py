@@ -1,4 +1,4 @@
-"""The review inbox widget (`graph_durable.notebook.inbox`), driven from Python.
+"""The review inbox widget (`graph_durable.operators.notebook.inbox`), driven from Python.
 
 Each test builds a guarded invoice agent (a payment needing approval, an email to a blind
 relay), brings threads to a pause, some by SIGKILLing a real worker process mid-effect,
@@ -31,7 +31,7 @@ from graph_durable import (
     EffectGuardNode,
     current_effect,
 )
-from graph_durable.notebook import Inbox, ainbox, inbox
+from graph_durable.operators.notebook import Inbox, ainbox, inbox
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.child import run_child
 from graph_durable.testing.models import ScriptedChatModel

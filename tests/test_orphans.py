@@ -148,7 +148,7 @@ def test_an_intent_left_by_a_restarted_subgraph_is_an_orphan_until_a_human_settl
     assert (item.kind, item.key, item.allowed_decisions) == ("orphan", old.key, ("applied", "skip"))
     pending = review(graph, CONFIG)
     assert pending.pending == [] and [o.key for o in pending.orphans] == [old.key]
-    from graph_durable.notebook import inbox as notebook_inbox
+    from graph_durable.operators.notebook import inbox as notebook_inbox
 
     box = notebook_inbox(graph, saver)
     assert list(box.threads) == [THREAD] and "Orphaned intents" in box._repr_html_()

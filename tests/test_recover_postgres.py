@@ -35,7 +35,7 @@ WORKERS = 4
 SWEEPER = r"""
 import json, sys, time
 from graph_durable.demo.ticket import build_ticket_agent
-from graph_durable.recovery import recover, thread_status
+from graph_durable.operators.recovery import recover, thread_status
 
 conninfo, provider_dir, owner = sys.argv[1], sys.argv[2], sys.argv[3]
 agent = build_ticket_agent("unused", provider_dir, "lookup", "dedupe", postgres=conninfo)
@@ -74,7 +74,7 @@ def orphan_threads(conninfo: str, provider_dir: str) -> None:
 def test_four_workers_recover_two_hundred_threads_one_killed_mid_sweep(
         postgres_conninfo: str, tmp_path) -> None:
     from graph_durable.checkpointers.postgres import DurablePostgresSaver
-    from graph_durable.recovery import thread_status
+    from graph_durable.operators.recovery import thread_status
     from graph_durable.testing.providers import FakeProvider
 
     provider_dir = str(tmp_path / "providers")

@@ -31,9 +31,8 @@ from graph_durable import (
     review,
 )
 
-# Kept apart, after `review`: importing `areview` first loads the submodule
-# `graph_durable.review`, which then shadows the function of the same name for every
-# later `from graph_durable import review` (see graph_durable/__init__.py).
+# Kept apart, after `review`: importing `areview` first loads its module
+# (`graph_durable.operators.review`), which once shadowed the function of the same name.
 from graph_durable import areview  # noqa: I001
 from graph_durable.nodes.guard import interrupt_id_for
 from graph_durable.testing import FakeProvider

@@ -5,7 +5,6 @@ PostgreSQL savers (sync and async) live in `graph_durable.checkpointers.postgres
 `postgres`).
 """
 
-from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
-from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver, DurableSqliteSaver
 
 __all__ = ["AsyncDurableSqliteSaver", "DurableSqliteSaver"]

@@ -1,4 +1,8 @@
-"""What the sync and async durable savers share beyond SQL: turning ledger writes into plans."""
+"""What the sync and async durable savers share beyond SQL: turning ledger writes into plans.
+
+This module is over 400 lines: it is the one mixin every saver inherits (ledger writes
+as plans, flow pins, leases, the audit), in sections that share the saver's state.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from graph_durable._langgraph import WRAPPER_INNER
 from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers._audit import audit_of
 from graph_durable.errors import FlowVersionMismatch, IllegalTransition
 from graph_durable.leases import (
     OWNER_KEY,
@@ -346,11 +351,9 @@ class DurableSaverMixin:
     # -- the audit -----------------------------------------------------------------------
 
     def audit(self, thread_id: str) -> Any:
-        """What ran again in each run of `thread_id`, and what became of its effects
-        (`graph_durable.audit.Audit`; count re-run nodes and model calls by running the
-        graph `audited`)."""
-        from graph_durable.audit import audit_of
-
+        """What ran again in each run of `thread_id`, and what became of its effects (an
+        `Audit`, see `graph_durable.checkpointers._audit`; count re-run nodes and model
+        calls by running the graph `audited`)."""
         return audit_of(self, thread_id)
 
     # -- leases --------------------------------------------------------------------------

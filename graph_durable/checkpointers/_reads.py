@@ -61,7 +61,7 @@ class SyncLedgerReads:
 
     def task_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
         """The run log of an audited thread, in order: `(seq, run_id, checkpoint_ns,
-        node, kind, at)`, `kind` being `node` or `model` (see `graph_durable.audit`)."""
+        node, kind, at)`, `kind` being `node` or `model` (see `graph_durable.operators.audit`)."""
         return [tuple(row) for row in self._query(_sql.SELECT_TASK_RUNS, (str(thread_id),))]  # type: ignore[misc]
 
     def flow_versions(self) -> dict[str, str]:

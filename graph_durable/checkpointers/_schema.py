@@ -3,6 +3,9 @@
 LangGraph's own `checkpoints` and `writes` tables are created by LangGraph's saver
 `setup()`; these migrations add graph_durable's tables beside them in the same file, and
 the version applied is recorded in `graph_durable_migrations`.
+
+This module is over 400 lines: the migrations are append-only, one numbered list per
+engine, and are read in order.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 A *plan* is a list of `(sql, params)` statements computed from the current row; the
 sync saver runs it on a `sqlite3` cursor and the async saver on an `aiosqlite` one,
 both inside one `BEGIN IMMEDIATE` transaction, so the lifecycle rules live here once.
+
+This module is over 400 lines: every ledger statement is here once, so every engine
+runs the same ones (PostgreSQL translates them, `postgres/_sql.pg_sql`).
 """
 
 from __future__ import annotations
@@ -155,7 +158,7 @@ RENEW_LEASE = (
     "AND expires_at > ?"
 )
 RELEASE_LEASE = "UPDATE thread_leases SET expires_at = 0 WHERE thread_id = ? AND token = ?"
-# The run log of audited graphs (`graph_durable.audit`).
+# The run log of audited graphs (`graph_durable.operators.audit`).
 INSERT_TASK_RUN = (
     "INSERT INTO task_runs (thread_id, run_id, checkpoint_ns, node, kind, at) "
     "VALUES (?, ?, ?, ?, ?, ?)"

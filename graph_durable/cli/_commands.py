@@ -74,7 +74,7 @@ def _root(
 
 # -- reading ------------------------------------------------------------------------------
 
-# `graph_durable.recovery.Status` and `EffectStatus` (a test keeps them equal), written
+# `graph_durable.operators.recovery.Status` and `EffectStatus` (a test keeps them equal), written
 # out so that help and usage errors need not import LangGraph.
 THREAD_STATUSES = ("running", "waiting", "needs_human", "done", "failed", "orphaned",
                    "cancelled")
@@ -92,7 +92,7 @@ def _check_choice(value: str | None, choices: tuple[str, ...], option: str) -> N
 def status(db: Db = "", thread: Thread = None, as_json: Json = False,
            as_jsonl: Jsonl = False) -> int:
     """Status of one or every thread, and the reason in one sentence."""
-    from graph_durable.recovery import thread_status
+    from graph_durable.operators.recovery import thread_status
 
     fmt = _format(as_json, as_jsonl)
     saver = open_saver(db, read_only=True)
@@ -107,8 +107,8 @@ def status(db: Db = "", thread: Thread = None, as_json: Json = False,
 def _thread_rows(saver: Any) -> list[dict[str, Any]]:
     from datetime import datetime
 
-    from graph_durable.inbox import inbox
-    from graph_durable.recovery import thread_status
+    from graph_durable.operators.inbox import inbox
+    from graph_durable.operators.recovery import thread_status
 
     leases = saver.live_leases()
     flows = saver.flow_versions()
@@ -169,7 +169,7 @@ def pending(db: Db = "", thread: Thread = None, as_json: Json = False,
     """The inbox: every decision waiting for a human, across every thread (no graph
     needed), oldest question first; orphaned intents (kind `orphan`: no pending task will
     run them again) too, with the reason."""
-    from graph_durable.inbox import inbox
+    from graph_durable.operators.inbox import inbox
 
     fmt = _format(as_json, as_jsonl)
     saver = open_saver(db, read_only=True)
@@ -275,8 +275,8 @@ def events(db: Db = "", thread: Thread = None, limit: Limit = None, as_json: Jso
 @app.command()
 def show(thread: ThreadArg, db: Db = "", as_json: Json = False, as_jsonl: Jsonl = False) -> int:
     """One thread: its status, what waits for a human, and its journal as a timeline."""
-    from graph_durable.inbox import inbox
-    from graph_durable.recovery import thread_status
+    from graph_durable.operators.inbox import inbox
+    from graph_durable.operators.recovery import thread_status
 
     fmt = _format(as_json, as_jsonl)
     saver = open_saver(db, read_only=True)
@@ -340,10 +340,10 @@ def audit(thread: Annotated[Optional[str], typer.Argument(  # noqa: UP007
 def _answer(db: str, graph_spec: str | None, thread: str, call: str, decision: dict[str, Any],
             reviewer: str | None, no_resume: bool, fmt: Format) -> int:
     """Answer one pending call: resume the thread with the graph, or journal only."""
-    from graph_durable.inbox import inbox, record_decisions
-    from graph_durable.orphans import find_orphans
-    from graph_durable.recovery import thread_status
-    from graph_durable.review import review
+    from graph_durable.operators.inbox import inbox, record_decisions
+    from graph_durable.operators.orphans import find_orphans
+    from graph_durable.operators.recovery import thread_status
+    from graph_durable.operators.review import review
 
     saver = open_saver(db)
     known_thread(saver, thread)
@@ -480,10 +480,10 @@ def decide(db: Db = "", graph: Graph = None,
            reviewer: Reviewer = None, no_resume: NoResume = False, as_json: Json = False,
            as_jsonl: Jsonl = False) -> int:
     """Answer several pending calls of a thread at once (JSON), then resume it."""
-    from graph_durable.inbox import record_decisions
-    from graph_durable.orphans import find_orphans
-    from graph_durable.recovery import thread_status
-    from graph_durable.review import review
+    from graph_durable.operators.inbox import record_decisions
+    from graph_durable.operators.orphans import find_orphans
+    from graph_durable.operators.recovery import thread_status
+    from graph_durable.operators.review import review
 
     fmt = _format(as_json, as_jsonl)
     if not thread:
@@ -529,7 +529,7 @@ def recover(db: Db = "", graph: Graph = None, owner: Owner = "", limit: Limit = 
             ttl: Ttl = 30.0, as_json: Json = False, as_jsonl: Jsonl = False) -> int:
     """Resume every orphaned thread under a lease (safe from many processes at once), and
     look orphaned intents up with their policies' lookups (those left need `resolve`)."""
-    from graph_durable.recovery import recover as sweep
+    from graph_durable.operators.recovery import recover as sweep
 
     fmt = _format(as_json, as_jsonl)
     if not owner:
@@ -561,7 +561,7 @@ def compensate(db: Db = "", graph: Graph = None,
                                    "send it again, same key")] = False,
                reviewer: Reviewer = None, as_json: Json = False, as_jsonl: Jsonl = False) -> int:
     """Undo one applied (or confirmed) effect with its policy's compensation."""
-    from graph_durable.compensation import compensate as undo
+    from graph_durable.operators.compensation import compensate as undo
 
     fmt = _format(as_json, as_jsonl)
     if not thread or not call:
@@ -586,7 +586,7 @@ def cancel(db: Db = "", graph: Graph = None,
                "--no-compensate", help="leave applied effects in place")] = False,
            ttl: Ttl = 30.0, as_json: Json = False, as_jsonl: Jsonl = False) -> int:
     """Stop a thread for good, undoing its effects newest first."""
-    from graph_durable.compensation import cancel as stop
+    from graph_durable.operators.compensation import cancel as stop
 
     fmt = _format(as_json, as_jsonl)
     if not thread or not owner:

@@ -11,7 +11,7 @@ when its outcome is unknown (not failed: it may have landed).
 
 The compensating call is recorded in the thread of the effect it undoes, with
 tool_call_id `compensate:<the original's tool_call_id>` and the compensation's name as
-its tool. The drivers (`graph_durable.compensation`) perform its `CallTool` by calling
+its tool. The drivers (`graph_durable.operators.compensation`) perform its `CallTool` by calling
 the compensation, not the tool.
 """
 

@@ -34,8 +34,8 @@ __all__ = ["PRELOAD", "Child", "ChildResult", "child_spec", "load_factory", "run
 
 Action = Literal["start", "resume", "decide", "review", "recover"]
 
-PRELOAD = ("graph_durable.audit", "graph_durable.checkpointers._base", "graph_durable.errors",
-           "graph_durable.faults", "graph_durable.recovery", "graph_durable.review",
+PRELOAD = ("graph_durable.operators.audit", "graph_durable.checkpointers._base", "graph_durable.errors",
+           "graph_durable.faults", "graph_durable.operators.recovery", "graph_durable.operators.review",
            "langgraph.types",
            # What langchain_core imports on a graph's first invoke (callback managers,
            # tracers, the translation of v0 message content).
@@ -238,11 +238,11 @@ def _report(summary: dict[str, Any], hold: bool) -> None:
 
 
 def _run_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> dict[str, Any]:
-    from graph_durable.audit import logs_runs, run_log
+    from graph_durable.operators.audit import logs_runs, run_log
     from graph_durable.checkpointers._base import durable_saver
     from graph_durable.errors import LeaseHeld, LeaseLost
-    from graph_durable.recovery import recover
-    from graph_durable.review import review
+    from graph_durable.operators.recovery import recover
+    from graph_durable.operators.review import review
 
     scenario = factory(**spec["kwargs"])
     # The saver is the scenario's, or the one its graph was compiled with (a scenario
@@ -279,7 +279,7 @@ def _run_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> dic
 
 async def _run_async(spec: dict[str, Any], factory: Any, config: dict[str, Any]
                      ) -> dict[str, Any]:
-    from graph_durable.review import areview
+    from graph_durable.operators.review import areview
 
     scenario = await factory(**spec["kwargs"])
     pending = await areview(scenario.graph, config) if spec["action"] == "review" else None

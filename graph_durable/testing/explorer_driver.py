@@ -355,7 +355,7 @@ class _Run:
     def misjudged(self, thread_id: str, report: dict[str, Any]) -> bool:
         """Whether `recover()` passed over an unfinished thread with nothing pending
         because `thread_status` misjudges it (not `orphaned`, and no live lease)."""
-        from graph_durable.recovery import thread_status
+        from graph_durable.operators.recovery import thread_status
 
         with explorer_saver(self.files["db_path"], self.episode.sealed) as saver:
             status = thread_status(saver, thread_id)

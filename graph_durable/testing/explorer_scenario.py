@@ -42,7 +42,7 @@ from langchain_core.tools import StructuredTool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.nodes import EffectGuardNode
 from graph_durable.policy import Effect

@@ -121,7 +121,7 @@ async def aopen_saver(spec: SaverSpec | None, db_path: str, **kwargs: Any) -> An
     if backend == "sqlite":
         import aiosqlite
 
-        from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+        from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 
         return AsyncDurableSqliteSaver(await aiosqlite.connect(db_path), **kwargs)
     if backend == "postgres-async":

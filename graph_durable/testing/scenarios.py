@@ -23,7 +23,7 @@ from langchain_core.tools import StructuredTool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 from graph_durable.nodes import EffectGuardNode, current_effect
 from graph_durable.policy import Effect
 from graph_durable.testing.models import ScriptedChatModel

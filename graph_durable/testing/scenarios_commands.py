@@ -27,7 +27,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
-from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 from graph_durable.nodes import EffectGuardNode, current_effect
 from graph_durable.policy import Effect
 from graph_durable.testing.models import ScriptedChatModel

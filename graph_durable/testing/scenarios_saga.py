@@ -120,8 +120,8 @@ def saga_step(action: str, db_path: str, provider_dir: str, refund_mode: str = "
     """Run the thread to its end (`run`; `resume` goes on from its last checkpoint), or
     cancel it (`cancel`, or `acancel` on an async saver); for a child process
     (`ForkServer.run` names it). Runs are `audited`."""
-    from graph_durable.audit import audited
-    from graph_durable.compensation import cancel
+    from graph_durable.operators.audit import audited
+    from graph_durable.operators.compensation import cancel
 
     if action == "acancel":
         return asyncio.run(_acancel(db_path, provider_dir, refund_mode, close_mode, ttl))
@@ -141,8 +141,8 @@ def saga_step(action: str, db_path: str, provider_dir: str, refund_mode: str = "
 
 async def _acancel(db_path: str, provider_dir: str, refund_mode: str, close_mode: str,
                    ttl: float) -> dict[str, Any]:
-    from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
-    from graph_durable.compensation import acancel
+    from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
+    from graph_durable.operators.compensation import acancel
 
     async with AsyncDurableSqliteSaver.from_conn_string(db_path) as saver:
         agent = assemble_saga_agent(saver, saga_providers(provider_dir, refund_mode, close_mode))

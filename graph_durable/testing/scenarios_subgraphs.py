@@ -17,7 +17,7 @@ import aiosqlite
 from langchain_core.messages import HumanMessage
 from langgraph.graph import START, MessagesState, StateGraph
 
-from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.testing.scenarios import EffectsAgent
 from graph_durable.testing.scenarios_forks import assemble_charge_agent

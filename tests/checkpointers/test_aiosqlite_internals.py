@@ -1,6 +1,6 @@
 """The aiosqlite internals `AsyncDurableSqliteSaver` touches, pinned: a release that moves
 one fails here first, by name (they are named, with why, in
-`graph_durable/checkpointers/_aiosqlite.py`)."""
+`graph_durable/checkpointers/sqlite/_aiosqlite.py`)."""
 
 import sqlite3
 import threading
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aiosqlite
 
-from graph_durable.checkpointers._aiosqlite import on_connection_thread
+from graph_durable.checkpointers.sqlite._aiosqlite import on_connection_thread
 
 
 def test_connection_has_the_internals_the_saver_uses() -> None:

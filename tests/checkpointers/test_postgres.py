@@ -356,7 +356,7 @@ def test_the_fenced_claim_records_what_the_claim_before_it_recorded(saver) -> No
     key thread, so each family has keys of its own here too.)"""
     from psycopg.rows import tuple_row
 
-    from graph_durable.checkpointers import _pg
+    from graph_durable.checkpointers.postgres import _sql as _pg
 
     def family(name: str) -> list[IntentWrite]:
         """A thread copied to `name`, which claims one intent of its own; the source then

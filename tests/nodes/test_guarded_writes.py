@@ -221,7 +221,7 @@ async def test_a_run_from_a_checkpoint_saved_late_keeps_the_write_key(
     """Found on AsyncDurablePostgresSaver: killed after the write, the thread run from
     `get_state().config` wrote again under a new key. The run's fork checkpoint was still
     being saved when the write read it to find where the fork came from."""
-    from graph_durable.checkpointers.aio import AsyncDurableSqliteSaver
+    from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 
     provider = FakeProvider(str(tmp_path / "pay.sqlite"), "lookup", name="pay")
 

@@ -191,7 +191,7 @@ def test_a_batched_question_of_hitl_is_answered_whole(saver, provider) -> None:
 def test_the_inbox_lists_a_question_of_hitl_and_sends_its_answer_to_the_graph(
         saver, provider, mode) -> None:
     from graph_durable import InvalidDecision
-    from graph_durable.inbox import inbox, record_decisions
+    from graph_durable.operators.inbox import inbox, record_decisions
 
     graph = agent(saver, provider, hitl_first=True, mode=mode)
     question = ask(graph)

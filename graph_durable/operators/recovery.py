@@ -10,7 +10,7 @@ sweep the same database at once and each thread is resumed by exactly one of the
 From async code (an async saver on its own loop), await `arecover` and `athread_status`.
 
 An *orphaned intent* is another thing: an open effect no pending task of its thread will
-run again (`graph_durable.orphans`). A thread with one is never `done`; `recover` looks
+run again (`graph_durable.operators.orphans`). A thread with one is never `done`; `recover` looks
 each up with its policy's lookup and lists those left for a human.
 """
 
@@ -22,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from graph_durable._checkpoints import finished_tasks, next_nodes, open_interrupts
+from graph_durable.operators._checkpoints import finished_tasks, next_nodes, open_interrupts
 from graph_durable._langgraph import ERROR, INTERRUPT
-from graph_durable.compensation import policies_of
+from graph_durable.operators.compensation import policies_of
 from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld
 from graph_durable.ledger import EffectStatus, answered
-from graph_durable.orphans import Orphan, find_orphans, resolve_orphan
+from graph_durable.operators.orphans import Orphan, find_orphans, resolve_orphan
 
 __all__ = ["RecoveryOutcome", "ThreadStatus", "arecover", "athread_status", "open_interrupts",
            "recover", "thread_status"]
@@ -199,7 +199,7 @@ def recover(
     ttl: float = 30.0,
 ) -> list[RecoveryOutcome]:
     """Resume every orphaned thread of `saver` (at most `limit`) under a lease, and
-    reconcile orphaned intents (`graph_durable.orphans`) with their policies' lookups.
+    reconcile orphaned intents (`graph_durable.operators.orphans`) with their policies' lookups.
 
     Safe to run from many processes at once. Each thread is resumed with
     `durability="sync"` until it finishes or pauses again. An orphaned intent no lookup

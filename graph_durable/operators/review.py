@@ -40,7 +40,7 @@ from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import EffectRecord, EffectStatus, answered
 from graph_durable.nodes.decisions import check_decision, decided_note
-from graph_durable.orphans import find_orphans
+from graph_durable.operators.orphans import find_orphans
 
 __all__ = ["PendingItem", "Review", "areview", "describe_decision", "hitl_items",
            "is_batched_hitl_question", "is_hitl_question", "review", "schema_decisions"]
@@ -127,7 +127,7 @@ class Review:
     settled: list[PendingItem] = field(default_factory=list)
     """Items settled outside the graph (`compensate`): the thread resumes past them."""
     orphans: list[Any] = field(default_factory=list)
-    """The thread's orphaned intents (`graph_durable.orphans.Orphan`): open calls no
+    """The thread's orphaned intents (`graph_durable.operators.orphans.Orphan`): open calls no
     pending task will run again, so no resume answers them; settle each with
     `graph_durable.resolve_orphan` (its lookup, or `applied` / `skip`)."""
     _journal: tuple[list[EffectRecord], list[Any]] | None = field(default=None, repr=False)
@@ -171,7 +171,7 @@ class Review:
         return item
 
     def _tools(self) -> dict[str, Any]:
-        from graph_durable.compensation import tools_of
+        from graph_durable.operators.compensation import tools_of
 
         return tools_of(self.graph)
 
@@ -264,7 +264,7 @@ class Review:
         lookup finds it, or `receipt` is your word that it happened; a lookup that finds
         nothing settles it as not applied, and nothing is undone. The call then answers
         with what was recorded when the thread resumes (`resume()`)."""
-        from graph_durable.compensation import compensate
+        from graph_durable.operators.compensation import compensate
 
         item = self._compensable(tool_call_id, interrupt_id)
         compensate(self.graph, _saver_of(self.graph), self.thread_id, item.key,
@@ -276,7 +276,7 @@ class Review:
                           ) -> Review:
         """Async `compensate` (`graph_durable.acompensate`): for a `Review` of a graph on
         an async saver, from its event loop."""
-        from graph_durable.compensation import acompensate
+        from graph_durable.operators.compensation import acompensate
 
         item = self._compensable(tool_call_id, interrupt_id)
         await acompensate(self.graph, _saver_of(self.graph), self.thread_id, item.key,

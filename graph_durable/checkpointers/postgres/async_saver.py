@@ -1,10 +1,11 @@
 """`AsyncDurablePostgresSaver`: the async twin of `DurablePostgresSaver` (psycopg's async API).
 
 Imported from `graph_durable.checkpointers.postgres`. Same tables, same statements
-(`_pg`, `_sql`), same transaction per write: READ COMMITTED, the thread's advisory
-lock, then its fencing token and flow pin checked on the server's clock. Nothing here
-blocks the event loop: every statement is awaited, and the sync methods (for the lease
-renewer's thread, or a sync caller elsewhere) run the async ones on the saver's loop.
+(`postgres/_sql`, and the ledger's `checkpointers/_sql`), same transaction per write:
+READ COMMITTED, the thread's advisory lock, then its fencing token and flow pin checked
+on the server's clock. Nothing here blocks the event loop: every statement is awaited,
+and the sync methods (for the lease renewer's thread, or a sync caller elsewhere) run
+the async ones on the saver's loop.
 
 On an `AsyncConnectionPool`, a transaction holds one pooled connection and no
 saver-wide lock, so tasks writing different threads run in parallel; writes of one
@@ -12,9 +13,12 @@ thread that arrive together (parallel tool calls of a step) share one transactio
 `DurableSqliteSaver`'s group commit does. On a single `AsyncConnection`, one statement
 sequence runs at a time.
 
-The group commit (`aapply`, `aclaim_many`) is in `_postgres_aio_group`, the leases and
-the server's clock in `_postgres_aio_leases`; the statements shared with the sync saver
-in `_pg`.
+The group commit (`aapply`, `aclaim_many`) is in `_group`, the leases and the server's
+clock in `_leases`; the statements shared with the sync saver in `_sql` (imported as
+`_pg`, beside the ledger's own `checkpointers._sql`).
+
+This module is over 400 lines: it follows `saver.py` method for method, each awaited,
+with the transaction plumbing the writes run in.
 """
 
 from __future__ import annotations
@@ -49,12 +53,13 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from graph_durable.checkpointers import _pg, _sql
+from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers.postgres import _sql as _pg
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
-from graph_durable.checkpointers._pg import TransactionDeferred
-from graph_durable.checkpointers._pg import arun as _run
-from graph_durable.checkpointers._postgres_aio_group import AsyncGroupCommit, _QueuedWrite
-from graph_durable.checkpointers._postgres_aio_leases import AsyncPostgresLeases
+from graph_durable.checkpointers.postgres._sql import TransactionDeferred
+from graph_durable.checkpointers.postgres._sql import arun as _run
+from graph_durable.checkpointers.postgres._group import AsyncGroupCommit, _QueuedWrite
+from graph_durable.checkpointers.postgres._leases import AsyncPostgresLeases
 from graph_durable.checkpointers._reads import AsyncLedgerReads
 from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
@@ -566,7 +571,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
 
     async def arecord_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str,
                                node: str, kind: str) -> None:
-        """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
+        """Log that a node (or a model call in it) started, for `graph_durable.operators.audit`."""
         async with self._txn() as cur:
             await _run(cur, _sql.INSERT_TASK_RUN,
                        (str(thread_id), run_id, checkpoint_ns, node, kind, time.time()))

@@ -11,7 +11,7 @@ from langchain_core.runnables import RunnableConfig
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import tuple_row
 
-from graph_durable.checkpointers import _pg
+from graph_durable.checkpointers.postgres import _sql as _pg
 from graph_durable.checkpointers._base import IntentExists, actor_of
 from graph_durable.errors import IllegalTransition, LeaseLost
 from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite, WriteBatch

@@ -24,7 +24,7 @@ from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import IntentExists, actor_of
-from graph_durable.checkpointers._sqlite_ro import WRITE_NEEDS, SqliteReadOnly, is_read_only
+from graph_durable.checkpointers.sqlite._readonly import WRITE_NEEDS, SqliteReadOnly, is_read_only
 from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (

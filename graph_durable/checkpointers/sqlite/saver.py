@@ -34,7 +34,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._reads import SyncLedgerReads
-from graph_durable.checkpointers._sqlite_ro import (
+from graph_durable.checkpointers.sqlite._readonly import (
     SETUP_NEEDS,
     SqliteReadOnly,
     check_read_only,
@@ -43,7 +43,7 @@ from graph_durable.checkpointers._sqlite_ro import (
     read_only_uri,
     schema_current,
 )
-from graph_durable.checkpointers._sqlite_txn import (
+from graph_durable.checkpointers.sqlite._txn import (
     CheckpointWrite,
     QueuedWrite,
     SqliteTransactions,
@@ -274,7 +274,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
 
     def record_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str, node: str,
                         kind: str) -> None:
-        """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
+        """Log that a node (or a model call in it) started, for `graph_durable.operators.audit`."""
         with self._txn() as cur:
             self._record_task_run_txn(cur, str(thread_id), run_id, checkpoint_ns, node, kind)
 

@@ -49,8 +49,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from graph_durable._compensation_driver import answer_message, call_lookup
-from graph_durable._checkpoints import (
+from graph_durable.operators._compensation_driver import answer_message, call_lookup
+from graph_durable.operators._checkpoints import (
     SENT_TASKS,
     finished_tasks,
     latest,
@@ -59,7 +59,7 @@ from graph_durable._checkpoints import (
     written_at,
 )
 from graph_durable.errors import InvalidDecision
-from graph_durable.compensation import policies_of
+from graph_durable.operators.compensation import policies_of
 from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite, WriteBatch
 from graph_durable.nodes.compensation import is_compensation
 from graph_durable.nodes.decisions import check_decision

@@ -14,7 +14,7 @@ after, and its own policy (`Compensation.effect`) decides what a crash in the mi
 costs: a lookup, a same-key re-send, or a human's look. Both functions run under a lease
 on the thread, so they are fenced against any worker, and both are resumable: run them
 again after a crash and they go on where they stopped, never undoing anything twice.
-What they decide is written once (`graph_durable._compensation_driver`); the sync and
+What they decide is written once (`graph_durable.operators._compensation_driver`); the sync and
 async functions differ only in how the saver, the compensations and lookups are called.
 
 A compensation runs only for an effect known to exist: `applied`, or `unknown` once a
@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from graph_durable._compensation_driver import (
+from graph_durable.operators._compensation_driver import (
     AsyncDriver,
     Driver,
     Steps,

@@ -29,15 +29,15 @@ from typing import Any
 from graph_durable.errors import InvalidDecision
 from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite, WriteBatch
 from graph_durable.nodes.decisions import check_decision
-from graph_durable.orphans import (
+from graph_durable.operators.orphans import (
     ORPHAN_DECISIONS,
     check_orphan_decision,
     find_orphans,
     resolve_orphan,
 )
-from graph_durable._checkpoints import latest as latest_checkpoint
-from graph_durable._checkpoints import open_interrupts, written_at
-from graph_durable.review import _KINDS, PendingItem, hitl_items
+from graph_durable.operators._checkpoints import latest as latest_checkpoint
+from graph_durable.operators._checkpoints import open_interrupts, written_at
+from graph_durable.operators.review import _KINDS, PendingItem, hitl_items
 
 __all__ = ["InboxItem", "ainbox", "arecord_decisions", "inbox", "record_decisions"]
 
@@ -51,7 +51,7 @@ class InboxItem:
     kind: str
     """`approval` (not sent yet), `unknown` (may or may not have happened), or `orphan`
     (may or may not have happened, and no pending task will run it again: see
-    `graph_durable.orphans`; `description` says why, and no interrupt asks)."""
+    `graph_durable.operators.orphans`; `description` says why, and no interrupt asks)."""
     tool: str
     args: dict[str, Any]
     key: str
@@ -224,7 +224,7 @@ def record_decisions(
     policies: dict[str, Any] = {}
     tools: dict[str, Any] = {}
     if graph is not None:
-        from graph_durable.compensation import policies_of, tools_of
+        from graph_durable.operators.compensation import policies_of, tools_of
 
         policies, tools = policies_of(graph), tools_of(graph)
     chosen: dict[str, tuple[InboxItem, dict[str, Any]]] = {}

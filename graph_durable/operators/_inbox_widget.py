@@ -1,4 +1,4 @@
-"""The ipywidgets view of an `Inbox` (see `graph_durable.notebook`).
+"""The ipywidgets view of an `Inbox` (see `graph_durable.operators.notebook`).
 
 One box per waiting thread, one card per pending call. A card's controls call the
 thread's `Review` (the decision is checked and kept, as `review(...).approve(...)` does);
@@ -15,13 +15,16 @@ import asyncio
 import json
 from collections.abc import Coroutine
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graph_durable._display import badge, esc, json_text
 from graph_durable.errors import GraphDurableError, InvalidDecision
-from graph_durable.notebook import Inbox, InboxThread, args_schema, diff_html
-from graph_durable.recovery import thread_status
-from graph_durable.review import PendingItem, describe_decision
+from graph_durable.operators._inbox_thread import InboxThread, args_schema, diff_html
+from graph_durable.operators.recovery import thread_status
+from graph_durable.operators.review import PendingItem, describe_decision
+
+if TYPE_CHECKING:
+    from graph_durable.operators.notebook import Inbox
 
 __all__ = ["CallView", "InboxView", "ThreadView"]
 

@@ -22,6 +22,11 @@ Retention keeps the ledger as `DurableSqliteSaver` does: `delete_thread` deletes
 the thread, `prune(strategy="keep_latest")` (LangGraph's PostgreSQL rules for which
 checkpoints stay) and `delete_for_runs` keep it, and `copy_thread` copies it and keys
 the copy's effects by the thread it came from.
+
+This module is `DurablePostgresSaver` alone (the async saver is `async_saver`, the leases
+`_leases`, the statements `_sql`); it stays over 400 lines because the transaction it
+opens (`_txn`, `_one_trip`, `_fenced`) and the checkpoint and ledger writes that run
+inside it are read together: each write's fence and flow-pin check is in that plumbing.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from psycopg_pool import ConnectionPool
 from psycopg.rows import dict_row, tuple_row
 
 from graph_durable.checkpointers import _sql
-from graph_durable.checkpointers._pg import (
+from graph_durable.checkpointers.postgres._sql import (
     COPY_THREAD_CHECKPOINTS,
     DELETE_CHECKPOINT,
     DELETE_CHECKPOINT_WRITES,
@@ -69,16 +74,11 @@ from graph_durable.checkpointers._pg import (
     DELETE_THREAD_CHECKPOINTS,
     FENCE_REFUSED,
     LANGGRAPH_APPLIED,
-    LOCK_THREAD,
     LOCK_THREAD_READ_LEASE,
-    NOW,
-    RENEW_LEASE_AT,
     SELECT_LEASE_WITH_CLOCK,
-    SELECT_LIVE_LEASES_AT,
     SCHEMA_TABLES,
     SELECT_RUN_CHECKPOINTS,
     TRY_LOCK_SETUP,
-    TRY_LOCK_THREAD,
     UNLOCK_SETUP,
     ImplicitNotReadCommitted,
     TransactionDeferred,
@@ -88,9 +88,11 @@ from graph_durable.checkpointers._pg import (
     pg_sql,
     read_only_refused,
 )
-from graph_durable.checkpointers._pg import SETUP_NEEDS
-from graph_durable.checkpointers._pg import lease_and_clock as _lease_and_clock
-from graph_durable.checkpointers._postgres_aio import AsyncDurablePostgresSaver
+from graph_durable.checkpointers.postgres._leases import PostgresLeases
+from graph_durable.checkpointers.postgres._sql import SETUP_NEEDS
+from graph_durable.checkpointers.postgres._sql import lease_and_clock as _lease_and_clock
+from graph_durable.checkpointers.postgres._sql import run as _run
+from graph_durable.checkpointers.postgres.async_saver import AsyncDurablePostgresSaver
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers._schema import (
@@ -103,8 +105,8 @@ from graph_durable.checkpointers._schema import (
     statements,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync
-from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseHeld, LeaseLost
-from graph_durable.leases import Lease, check_fence
+from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseLost
+from graph_durable.leases import check_fence
 from graph_durable.ledger import (
     EffectRecord,
     IntentWrite,
@@ -162,16 +164,12 @@ def _read_committed(conn: Connection[Any]) -> Iterator[None]:
             conn.isolation_level = before
 
 
-def _run(cur: Cursor[Any], sql: str, params: Sequence[Any] = ()) -> Cursor[Any]:
-    return cur.execute(pg_sql(sql), tuple(params))
-
-
 def _unavailable(exc: BaseException, thread_id: str | None) -> DatabaseUnavailable:
     return broke_under_write(exc, thread_id, "A ConnectionPool")
 
 
-class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerReads, AsyncFromSync,
-                           PostgresSaver):
+class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixin, SyncLedgerReads,
+                           AsyncFromSync, PostgresSaver):
     """A LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
 
     Use it wherever a `PostgresSaver` goes; `EffectGuardNode` finds the ledger through
@@ -612,71 +610,11 @@ class DurablePostgresSaver(TransactionDeferred, DurableSaverMixin, SyncLedgerRea
         _run(cur, *self._transition_event(record, one, now, actor))
         return record
 
-    # -- leases --------------------------------------------------------------------------
-
-    def acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
-        """Take the thread with a new, higher fencing token (see `lease`). Expiry is
-        on the server's clock: workers whose clocks disagree still agree on it."""
-        return self._acquire(str(thread_id), owner, ttl, wait=True)
-
-    def try_acquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
-        """`acquire_lease`, but without waiting while another worker writes the thread:
-        its advisory lock is tried, as `FOR UPDATE SKIP LOCKED` skips a locked row, so
-        sweepers over many threads never queue behind each other.
-
-        Raises:
-            LeaseHeld: the thread is being written right now, or its lease is live.
-        """
-        return self._acquire(str(thread_id), owner, ttl, wait=False)
-
-    def _acquire(self, thread_id: str, owner: str, ttl: float, *, wait: bool) -> Lease:
-        started = time.monotonic()
-        with self._txn() as cur:
-            if not wait and not cur.execute(TRY_LOCK_THREAD, (thread_id,)).fetchone()[0]:
-                raise LeaseHeld(
-                    f"Thread {thread_id!r} is being written by another worker right now; "
-                    "passed by (try again later).",
-                    thread_id=thread_id, holder="(another worker, writing)", expires_at=0.0)
-            row, now = _lease_and_clock(
-                cur.execute(LOCK_THREAD_READ_LEASE, (thread_id,)).fetchone())
-            lease, statement = self._new_lease(row, thread_id, owner, ttl, now=now,
-                                               started=started)
-            _run(cur, *statement)
-        return lease
-
-    def renew_lease(self, lease: Lease) -> bool:
-        """Extend a live lease by its ttl on the server's clock; `False` if it expired
-        or was taken over."""
-        started = time.monotonic()
-        with self._txn() as cur:
-            cur.execute(LOCK_THREAD, (lease.thread_id,))
-            row = cur.execute(RENEW_LEASE_AT, (lease.ttl, lease.thread_id, lease.token)
-                              ).fetchone()
-        if row is not None:
-            lease.extended(row[0], started)
-        return row is not None
-
-    def clock(self) -> float:
-        """The server's clock (Unix time), which leases are judged by."""
-        with self._read() as cur:
-            return float(cur.execute(NOW).fetchone()[0])
-
-    def live_leases(self) -> dict[str, tuple[str, int, float]]:
-        """`{thread_id: (owner, token, expires_at)}` of every lease live by the server's
-        clock."""
-        with self._read() as cur:
-            rows = cur.execute(SELECT_LIVE_LEASES_AT).fetchall()
-        return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
-
-    def release_lease(self, lease: Lease) -> None:
-        """End a lease now (a no-op if another owner has taken the thread since)."""
-        with self._txn() as cur:
-            cur.execute(LOCK_THREAD, (lease.thread_id,))
-            _run(cur, _sql.RELEASE_LEASE, (lease.thread_id, lease.token))
+    # -- leases (PostgresLeases in _leases) and the run log ------------------------------
 
     def record_task_run(self, thread_id: str, run_id: str, checkpoint_ns: str, node: str,
                         kind: str) -> None:
-        """Log that a node (or a model call in it) started, for `graph_durable.audit`."""
+        """Log that a node (or a model call in it) started, for `graph_durable.operators.audit`."""
         with self._txn() as cur:
             _run(cur, _sql.INSERT_TASK_RUN,
                  (str(thread_id), run_id, checkpoint_ns, node, kind, time.time()))

@@ -1,4 +1,5 @@
-"""The drivers of compensations outside a graph (`graph_durable.compensation`), sync and async.
+"""The drivers of compensations outside a graph (`graph_durable.operators.compensation`), sync
+and async.
 
 What `compensate()` and `cancel()` decide is written once, as generators that yield
 operations, as the guard's protocol is (`graph_durable.nodes.protocol`): the compensation

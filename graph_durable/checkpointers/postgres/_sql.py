@@ -4,6 +4,9 @@ The ledger's own statements (`_sql`) are written for SQLite; `pg_sql` turns each
 PostgreSQL's. The statements below are PostgreSQL's only: the thread's advisory lock,
 leases on the server's clock, the setup lock, and LangGraph's PostgreSQL tables as the
 retention methods touch them.
+
+This module is over 400 lines: every PostgreSQL-only statement is here once, for the
+sync and the async saver.
 """
 
 from __future__ import annotations
@@ -260,6 +263,11 @@ def lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, 
     return (None if owner is None else (owner, token, expires_at)), float(now)
 
 
+
+
+def run(cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+    """Run one ledger statement (SQLite's dialect) on a psycopg cursor."""
+    return cur.execute(pg_sql(sql), tuple(params))
 
 
 async def arun(cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
