@@ -65,7 +65,7 @@ async def test_the_notebook_inbox_lists_decides_and_resumes_from_async_code(
     read on the saver's own loop, an approval clicked, the Resume click awaited as a
     task; the payment is sent once."""
     pytest.importorskip("ipywidgets")
-    from graph_durable import notebook
+    from graph_durable.operators import notebook
 
     provider = FakeProvider(str(tmp_path / "p.sqlite"), "dedupe")
 
