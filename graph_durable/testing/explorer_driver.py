@@ -185,9 +185,11 @@ class _Run:
             f"pending={[i['value'].get('tool_call_id') for i in report['interrupts']]}"
             + (f" raised {raised['type']}: {raised['message'][:300]}" if raised else ""))
         # A question of the guard names the call the model asks now (a restarted
-        # subgraph's model may have given it a new tool_call_id).
+        # subgraph's model may have given it a new tool_call_id). A guarded write
+        # outside ToolNode is named by its write (`name#n`), which no model asks for.
+        writes = self.episode.topology in ("guarded_node", "functional")
         stray = [i["value"]["tool_call_id"] for i in report["interrupts"]
-                 if "key" in i["value"]
+                 if "key" in i["value"] and not writes
                  and i["value"].get("tool_call_id") not in report.get("asked_calls", ())]
         if stray:
             raise _Stop(f"QUESTION {thread_id}: interrupts name tool calls {stray} that no "
