@@ -812,3 +812,24 @@ def test_a_call_answered_in_place_in_a_copy_then_sent_and_skipped_in_its_source(
     charges = FakeProvider(str(tmp_path / "episode" / "providers" / "charge.sqlite"), "blind",
                            name="charge")
     assert [e["key"] for e in charges.effects()].count(key) == 1
+
+
+@pytest.mark.crash
+def test_a_stale_approval_in_a_send_branch_is_not_answered_after_recover(tmp_path) -> None:
+    """Seed 106 (two `Send` branches, `recover`): in one branch an approval edit sent the
+    first email, which timed out (`unknown`, asked anew); the worker was killed after the
+    second email's receipt, before the new question was saved. The explorer answered the
+    saved approval question of the first email, which the guard (rightly) refused as
+    decided: resuming asks whether it was sent. As for seed 10410, only the questions
+    `review` lists are answered."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"charge": _tool(), "email": _tool(approval="odd", retries=1, timeout=0.1)},
+        [[Call("charge", "call_0_0", "x00", 0, ["hang"])],
+         [Call("email", "call_1_1", "x11", 0, ["slow"]), Call("email", "call_1_3", "x13")]],
+        crashes=[Crash("after_receipt", "email", 1, 1, Resume("recover", 1))],
+        topology="subgraph_send", reviewer={"seed": 946044306, "edit_unchanged": True})
+    result = _replay(tmp_path, episode)
+    assert result.ok, result.problems
+    assert any(line.startswith("recover on t:") for line in result.log), result.log
