@@ -644,6 +644,74 @@ def test_one_malformed_answer_runs_none_of_a_create_agent_set(tmp_path) -> None:
     assert all(r.status is EffectStatus.AWAITING_APPROVAL for r in agent.saver.effects("t"))
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LangGraph's: a run again "
+                   "from a fork restores one Send branch's subgraph, not both")
+def test_langgraph_restores_both_send_branches_when_a_fork_is_run_again() -> None:
+    """`send_refork` (seed 4192), with LangGraph's own in-memory saver and no guard: the
+    parent sends two branches into one subgraph; each is killed (an exception) after its
+    first node, twice: in a first run, then in a run from `get_state().config` (a fork).
+    Run again from that fork, one branch starts over from the checkpoint before the fork,
+    but the other (`ReplayState` counts a subgraph by node name, not by task) loads its
+    latest checkpoint and gets its input again on top: its first node runs twice, and an
+    agent's pending tools step there is dropped, its calls never answered."""
+    import operator
+    from typing import Annotated, TypedDict
+
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, StateGraph
+    from langgraph.types import Send
+
+    killed = [True]
+    State = TypedDict("State", {"log": Annotated[list[str], operator.add]})  # noqa: UP013
+
+    def second(state: dict[str, list[str]]) -> dict[str, list[str]]:
+        if killed[0]:
+            raise RuntimeError("killed")
+        return {"log": ["second"]}
+
+    sub = StateGraph(State)
+    sub.add_node("first", lambda state: {"log": ["first"]})
+    sub.add_node("second", second)
+    sub.add_edge(START, "first")
+    sub.add_edge("first", "second")
+    parent = StateGraph(State)
+    parent.add_node("payments", sub.compile())
+    parent.add_conditional_edges(
+        START, lambda state: [Send("payments", {"log": [f"in{b}"]}) for b in (0, 1)],
+        ["payments"])
+    graph = parent.compile(checkpointer=InMemorySaver())
+    for graph_input, config in (({"log": []}, CONFIG), (None, None)):
+        with pytest.raises(RuntimeError, match="killed"):
+            graph.invoke(graph_input, config or graph.get_state(CONFIG).config,
+                         durability="sync")
+    killed[0] = False
+    fork = graph.get_state(CONFIG).config
+    log = graph.invoke(None, fork, durability="sync")["log"]
+    assert sorted(log) == ["first", "first", "in0", "in1", "second", "second"], log
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LangGraph's `send_refork`")
+def test_a_send_branch_run_again_from_a_fork_answers_its_calls(tmp_path) -> None:
+    """Seed 4192 (`send_refork`): two `Send` branches into the subgraph, killed before a
+    checkpoint write, run from `get_state().config`, killed before an intent, then run
+    by time travel from the fork the second run made: one branch finished with its
+    calls unanswered (the test above, in the guard's graph). Both branches restore
+    their checkpoint when they happen to look it up at once: the episode runs three
+    times."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"ticket": _tool("dedupe", "idempotent"), "email": _tool()},
+        [[Call("ticket", "call_0_0", "x00"), Call("email", "call_0_1", "x01")]],
+        crashes=[Crash("before_put_writes", None, 2, 0, Resume("checkpoint_config", 1)),
+                 Crash("before_intent", "ticket", 1, 0, Resume("time_travel", 7))],
+        topology="subgraph_send", sequential=False)
+    for attempt in range(3):
+        result = _replay(tmp_path / str(attempt), episode, paths="stable,send_refork")
+        assert result.ok, result.problems
+
+
 def _hitl_agent(tmp_path):
     from graph_durable.testing.explorer_scenario import build_explorer_agent
 
