@@ -742,6 +742,74 @@ def test_one_malformed_answer_runs_none_of_an_async_set_across_tasks(tmp_path,
     asyncio.run(main())
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LangGraph's: a run again "
+                   "from a fork restores one Send branch's subgraph, not both")
+def test_langgraph_restores_both_send_branches_when_a_fork_is_run_again() -> None:
+    """`send_refork` (seed 4192), with LangGraph's own in-memory saver and no guard: the
+    parent sends two branches into one subgraph; each is killed (an exception) after its
+    first node, twice: in a first run, then in a run from `get_state().config` (a fork).
+    Run again from that fork, one branch starts over from the checkpoint before the fork,
+    but the other (`ReplayState` counts a subgraph by node name, not by task) loads its
+    latest checkpoint and gets its input again on top: its first node runs twice, and an
+    agent's pending tools step there is dropped, its calls never answered."""
+    import operator
+    from typing import Annotated, TypedDict
+
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, StateGraph
+    from langgraph.types import Send
+
+    killed = [True]
+    State = TypedDict("State", {"log": Annotated[list[str], operator.add]})  # noqa: UP013
+
+    def second(state: dict[str, list[str]]) -> dict[str, list[str]]:
+        if killed[0]:
+            raise RuntimeError("killed")
+        return {"log": ["second"]}
+
+    sub = StateGraph(State)
+    sub.add_node("first", lambda state: {"log": ["first"]})
+    sub.add_node("second", second)
+    sub.add_edge(START, "first")
+    sub.add_edge("first", "second")
+    parent = StateGraph(State)
+    parent.add_node("payments", sub.compile())
+    parent.add_conditional_edges(
+        START, lambda state: [Send("payments", {"log": [f"in{b}"]}) for b in (0, 1)],
+        ["payments"])
+    graph = parent.compile(checkpointer=InMemorySaver())
+    for graph_input, config in (({"log": []}, CONFIG), (None, None)):
+        with pytest.raises(RuntimeError, match="killed"):
+            graph.invoke(graph_input, config or graph.get_state(CONFIG).config,
+                         durability="sync")
+    killed[0] = False
+    fork = graph.get_state(CONFIG).config
+    log = graph.invoke(None, fork, durability="sync")["log"]
+    assert sorted(log) == ["first", "first", "in0", "in1", "second", "second"], log
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="LangGraph's `send_refork`")
+def test_a_send_branch_run_again_from_a_fork_answers_its_calls(tmp_path) -> None:
+    """Seed 4192 (`send_refork`): two `Send` branches into the subgraph, killed before a
+    checkpoint write, run from `get_state().config`, killed before an intent, then run
+    by time travel from the fork the second run made: one branch finished with its
+    calls unanswered (the test above, in the guard's graph). Both branches restore
+    their checkpoint when they happen to look it up at once: the episode runs three
+    times."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"ticket": _tool("dedupe", "idempotent"), "email": _tool()},
+        [[Call("ticket", "call_0_0", "x00"), Call("email", "call_0_1", "x01")]],
+        crashes=[Crash("before_put_writes", None, 2, 0, Resume("checkpoint_config", 1)),
+                 Crash("before_intent", "ticket", 1, 0, Resume("time_travel", 7))],
+        topology="subgraph_send", sequential=False)
+    for attempt in range(3):
+        result = _replay(tmp_path / str(attempt), episode, paths="stable,send_refork")
+        assert result.ok, result.problems
+
+
 def _hitl_agent(tmp_path):
     from graph_durable.testing.explorer_scenario import build_explorer_agent
 
@@ -935,3 +1003,24 @@ def test_a_question_saved_by_a_task_but_not_its_entrypoint_is_asked_by_recover(
     questions = agent.graph.get_state(CONFIG).interrupts
     agent.saver.conn.close()
     assert [q.value["type"] for q in questions] == ["tool_approval"], "no one was asked"
+
+
+@pytest.mark.crash
+def test_a_stale_approval_in_a_send_branch_is_not_answered_after_recover(tmp_path) -> None:
+    """Seed 106 (two `Send` branches, `recover`): in one branch an approval edit sent the
+    first email, which timed out (`unknown`, asked anew); the worker was killed after the
+    second email's receipt, before the new question was saved. The explorer answered the
+    saved approval question of the first email, which the guard (rightly) refused as
+    decided: resuming asks whether it was sent. As for seed 10410, only the questions
+    `review` lists are answered."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"charge": _tool(), "email": _tool(approval="odd", retries=1, timeout=0.1)},
+        [[Call("charge", "call_0_0", "x00", 0, ["hang"])],
+         [Call("email", "call_1_1", "x11", 0, ["slow"]), Call("email", "call_1_3", "x13")]],
+        crashes=[Crash("after_receipt", "email", 1, 1, Resume("recover", 1))],
+        topology="subgraph_send", reviewer={"seed": 946044306, "edit_unchanged": True})
+    result = _replay(tmp_path, episode)
+    assert result.ok, result.problems
+    assert any(line.startswith("recover on t:") for line in result.log), result.log

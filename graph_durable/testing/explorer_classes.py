@@ -13,7 +13,8 @@ generator of their own so an episode without them stays what it was): `subgraph`
 subgraph), each resumed every way above (a named checkpoint is the parent's), and
 `fresh_call_ids` (there, the model's calls get new tool_call_ids each time it is asked);
 `subgraph_refork` (a subgraph episode with two runs from named checkpoints, the second
-on another branch of the history); `create_agent` (`EffectGuardMiddleware`, one task per
+on another branch of the history), `send_refork` (the same with two `Send` branches);
+`create_agent` (`EffectGuardMiddleware`, one task per
 call) with middleware lists `tool_retry_outside` (`ToolRetryMiddleware` first),
 `model_retry` (`ModelRetryMiddleware`, a model that fails once per turn) and
 `tool_retry_inside` (`ToolRetryMiddleware` after the guard: refused with
@@ -60,7 +61,8 @@ SHAPE_PATHS = ("slow_timeout_lookup", "edit_unchanged", "duplicate_call_id", "re
                "error_tool_exception", "error_message", "error_validation",
                "artifact_result", "non_json_result", "command_result", "subgraph_refork",
                "trimmed_history", "idless_messages", "hitl_before_guard", "hitl_after_guard",
-               "fresh_call_ids", "lookup_cannot_tell", "guarded_node", "functional")
+               "fresh_call_ids", "lookup_cannot_tell", "guarded_node", "functional",
+               "send_refork")
 """Call shapes the generator may produce besides the everyday ones."""
 NAMED_RUNS = ("checkpoint_config", "time_travel", "update_state")
 """Resume paths that run from a named checkpoint id (of the parent, above a subgraph)."""
@@ -92,6 +94,13 @@ KNOWN_BUGS: dict[str, str] = {
     "it and review() has nothing to answer (seed 7056: a looked-up charge past its "
     "timeout, killed at after_put_writes #2, recovered). A plain resume asks again. The "
     "driver resumes it plainly unless this class is enabled.",
+    "send_refork": "LangGraph's, not graph_durable's: a run from a named checkpoint of the "
+    "parent whose step sends two `Send` branches into one subgraph, run again from the "
+    "fork an earlier such run made (seed 4192: killed in both runs), restores the checkpoint "
+    "from before the fork for one branch only (`ReplayState` counts a subgraph by node "
+    "name, not by task); the other loads its latest checkpoint and gets its input again "
+    "on top, so the tools step it was about to run is dropped and its calls end "
+    "unanswered. The stock savers do the same. Generated only when asked for.",
 }
 """Path classes that fail today (being fixed), and what the explorer sees; a class named
 here is generated only when asked for, and the driver steps around a runtime one. Each
@@ -150,8 +159,9 @@ def draw_shapes(rng: random.Random, episode: Any, paths: frozenset[str]) -> None
     topologies = [p for p in TOPOLOGY_PATHS if p in paths]
     if topologies and rng.random() < 0.5:
         episode.topology = rng.choice(topologies)
-    if (episode.topology in SUBGRAPHS and "subgraph_refork" not in paths
-            and refork(episode)):
+    if (episode.topology in SUBGRAPHS and refork(episode)
+            and ("subgraph_refork" not in paths
+                 or (episode.topology == "subgraph_send" and "send_refork" not in paths))):
         # Keep the episode, without the runs after the fork that make it that class.
         episode.after = None
         named = [c for c in episode.crashes if c.then.via in NAMED_RUNS]

@@ -171,6 +171,8 @@ class Episode:
             found.add(self.topology)
         if self.topology in SUBGRAPHS and refork(self):
             found.add("subgraph_refork")
+            if self.topology == "subgraph_send":
+                found.add("send_refork")
         if self.fresh_ids:
             found.add("fresh_call_ids")
         if self.history:
