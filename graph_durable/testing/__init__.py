@@ -4,7 +4,7 @@ explorer (`explore`) of generated episodes."""
 
 from typing import Any
 
-from graph_durable.testing.crash import (
+from graph_durable.testing.crash.matrix import (
     CrashPoint,
     CrashReport,
     CrashRow,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from graph_durable.testing.child import run_child
-from graph_durable.testing.crash import (
+from graph_durable.testing.crash.child import run_child
+from graph_durable.testing.crash.matrix import (
     CrashPoint,
     _case,
     _next_after_crash,

@@ -24,7 +24,7 @@ from langgraph.types import Command
 from graph_durable import DurableSqliteSaver, EffectGuardNode, current_effect
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
-from graph_durable.testing.scenarios import policy_for_mode
+from graph_durable.testing.scenarios.effects import policy_for_mode
 
 CONFIG = {"configurable": {"thread_id": "t"}}
 TIMEOUT = 0.4

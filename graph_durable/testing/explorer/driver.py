@@ -19,26 +19,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graph_durable.ledger import answered
-from graph_durable.testing.explorer_checks import (
+from graph_durable.testing.explorer.checks import (
     check_episode,
     ledger_snapshot,
     provider_effects,
 )
-from graph_durable.testing.explorer_child import DOCUMENTED_ERRORS
-from graph_durable.testing.explorer_model import STABLE_PATHS, Crash, Episode, Resume
-from graph_durable.testing.explorer_reviewer import APPROVALS, Reviewer, by_interrupt_id
-from graph_durable.testing.explorer_scenario import explorer_saver, open_providers
-from graph_durable.testing.explorer_shapes import (
+from graph_durable.testing.explorer.child import DOCUMENTED_ERRORS
+from graph_durable.testing.explorer.model import STABLE_PATHS, Crash, Episode, Resume
+from graph_durable.testing.explorer.reviewer import APPROVALS, Reviewer, by_interrupt_id
+from graph_durable.testing.explorer.scenario import explorer_saver, open_providers
+from graph_durable.testing.explorer.shapes import (
     LOOKUP_FAULTS,
     SAFE_ORDER,
     SUBGRAPHS,
     UNSAFE_STACKS,
 )
-from graph_durable.testing.forkserver import ForkServer
+from graph_durable.testing.crash.forkserver import ForkServer
 
 __all__ = ["EpisodeResult", "run_episode"]
 
-STEP = "graph_durable.testing.explorer_child:run_step"
+STEP = "graph_durable.testing.explorer.child:run_step"
 LEASE_TTL = 0.4
 MAX_PROCESSES = 80
 ALLOWED_WHEN_LEASED = ("LeaseHeld", "LeaseLost")

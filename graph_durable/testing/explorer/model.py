@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from graph_durable.testing.explorer_classes import (
+from graph_durable.testing.explorer.classes import (
     ALL_PATHS,
     ERROR_PATHS,
     FOLLOWUP_TOOL,

@@ -75,7 +75,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from graph_durable.testing.explorer_model import (
+from graph_durable.testing.explorer.model import (
     ALL_PATHS,
     KNOWN_BUGS,
     STABLE_PATHS,
@@ -83,10 +83,10 @@ from graph_durable.testing.explorer_model import (
     generate,
     resolve_paths,
 )
-from graph_durable.testing.forkserver import ForkServer
+from graph_durable.testing.crash.forkserver import ForkServer
 
 if TYPE_CHECKING:
-    from graph_durable.testing.explorer_driver import EpisodeResult
+    from graph_durable.testing.explorer.driver import EpisodeResult
 
 __all__ = [
     "ALL_PATHS",
@@ -102,7 +102,7 @@ __all__ = [
     "shrink",
 ]
 
-PRELOAD = ["graph_durable.testing.explorer_child"]
+PRELOAD = ["graph_durable.testing.explorer.child"]
 """What the fork server imports before forking: the child's module and LangGraph."""
 
 
@@ -227,7 +227,7 @@ def shrink(episode: Episode, kinds: set[str], server: ForkServer, directory: str
     Greedy: take the first one-step simplification (`Episode.simpler`) that still
     fails, repeat until none does or the budget is spent.
     """
-    from graph_durable.testing.explorer_driver import run_episode
+    from graph_durable.testing.explorer.driver import run_episode
 
     deadline = time.monotonic() + max_seconds
     found: tuple[Episode, EpisodeResult] | None = None
@@ -280,7 +280,7 @@ def explore(episodes: int | None = 100, seed: int = 0, *,
         progress: Print a line per failing episode and a dot per 10 episodes to stderr.
         max_failures: Stop after this many failing episodes.
     """
-    from graph_durable.testing.explorer_driver import EpisodeResult, run_episode
+    from graph_durable.testing.explorer.driver import EpisodeResult, run_episode
 
     chosen = resolve_paths(paths)
     if episodes is None and minutes is None:
@@ -360,7 +360,7 @@ def explore(episodes: int | None = 100, seed: int = 0, *,
 def replay(episode: Episode, *, paths: str | Iterable[str] | None = None,
            directory: str | None = None, method: str = "fork") -> EpisodeResult:
     """Run one given episode (e.g. a shrunk one) and return its `EpisodeResult`."""
-    from graph_durable.testing.explorer_driver import run_episode
+    from graph_durable.testing.explorer.driver import run_episode
 
     where = directory or tempfile.mkdtemp(prefix="explorer-replay-")
     with _servers(1, method) as [server]:

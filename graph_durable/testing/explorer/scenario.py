@@ -46,8 +46,8 @@ from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.nodes import EffectGuardNode
 from graph_durable.policy import Effect
-from graph_durable.testing.explorer_model import HANG_SECONDS, SLOW_SECONDS
-from graph_durable.testing.explorer_shapes import (
+from graph_durable.testing.explorer.model import HANG_SECONDS, SLOW_SECONDS
+from graph_durable.testing.explorer.shapes import (
     BRANCHES,
     SUBGRAPHS,
     TrimmedState,
@@ -61,11 +61,11 @@ from graph_durable.testing.explorer_shapes import (
     write_tool,
     wrap_in_parent,
 )
-from graph_durable.testing.explorer_writes import GUARDED_TOPOLOGIES, build_guarded_agent
+from graph_durable.testing.explorer.writes import GUARDED_TOPOLOGIES, build_guarded_agent
 from graph_durable.testing.models import ScriptedChatModel
-from graph_durable.testing.scenarios_forks import _with_fresh_ids as with_fresh_ids
+from graph_durable.testing.scenarios.forks import _with_fresh_ids as with_fresh_ids
 from graph_durable.testing.providers import FakeProvider
-from graph_durable.testing.scenarios import EffectsAgent
+from graph_durable.testing.scenarios.effects import EffectsAgent
 
 __all__ = [
     "build_explorer_agent",

@@ -19,8 +19,8 @@ from langgraph.graph import START, MessagesState, StateGraph
 
 from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
-from graph_durable.testing.scenarios import EffectsAgent
-from graph_durable.testing.scenarios_forks import assemble_charge_agent
+from graph_durable.testing.scenarios.effects import EffectsAgent
+from graph_durable.testing.scenarios.forks import assemble_charge_agent
 
 __all__ = ["assemble_subgraph_charge_agent", "build_subgraph_charge_agent",
            "build_subgraph_charge_agent_async"]

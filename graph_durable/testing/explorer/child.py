@@ -43,9 +43,9 @@ from graph_durable import errors
 from graph_durable.operators.audit import run_log
 from graph_durable.operators.recovery import recover
 from graph_durable.operators.review import areview, review
-from graph_durable.testing.explorer_model import SLOW_SECONDS
-from graph_durable.testing.explorer_scenario import build_explorer_agent, build_explorer_agent_async
-from graph_durable.testing.explorer_writes import WORKFLOW
+from graph_durable.testing.explorer.model import SLOW_SECONDS
+from graph_durable.testing.explorer.scenario import build_explorer_agent, build_explorer_agent_async
+from graph_durable.testing.explorer.writes import WORKFLOW
 
 __all__ = ["DOCUMENTED_ERRORS", "run_step"]
 

@@ -42,8 +42,8 @@ from typing import Any
 
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.ledger import EffectStatus
-from graph_durable.testing.explorer_scenario import explorer_saver
-from graph_durable.testing.explorer_shapes import parse_answer
+from graph_durable.testing.explorer.scenario import explorer_saver
+from graph_durable.testing.explorer.shapes import parse_answer
 from graph_durable.testing.providers import FakeProvider
 
 __all__ = ["check_episode", "ledger_snapshot", "provider_effects"]
