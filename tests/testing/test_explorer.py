@@ -45,7 +45,7 @@ SHAPES_OF_THIS_ROUND = (
     "error_message", "error_validation", "artifact_result", "non_json_result",
     "command_result", "trimmed_history", "idless_messages", "hitl_before_guard",
     "hitl_after_guard", "fresh_call_ids", "lookup_cannot_tell", "guarded_node", "functional")
-"""Classes whose draws come after every other (`explorer_model._shapes`)."""
+"""Classes whose draws come after every other (`explorer.model._shapes`)."""
 
 MISDECLARED = {"mode": "blind", "policy": "idempotent", "approval": False, "retries": 0,
                "timeout": None}

@@ -32,8 +32,8 @@ kwargs, returning an object with `.graph` (compiled with a durable SQLite saver 
 `db_path`, or on the saver spec `saver=` it is given when the sweep has a `database`)
 and `.inputs`. Every `FakeProvider` it uses keeps its file in `provider_dir`
 as `<name>.sqlite`: the sweep counts effects there, and resolvers look keys up there.
-`demo.ticket.build_ticket_agent`, `testing.scenarios.build_effects_agent` and
-`testing.scenarios_extra.build_create_agent` follow it.
+`demo.ticket.build_ticket_agent`, `testing.scenarios.effects.build_effects_agent` and
+`testing.scenarios.extra.build_create_agent` follow it.
 
 Resolver. `resolver(question, providers) -> decision` answers one interrupt value;
 `providers` maps file names to the scenario's providers (opened to read). The default,

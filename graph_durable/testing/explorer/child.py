@@ -1,7 +1,7 @@
 """What one child process of an explorer episode does: run the graph one way, report.
 
 `run_step(**spec)` is called in a forked child (see `forkserver`). It rebuilds the
-episode's agent (`explorer_scenario`), runs one invocation of the thread the way
+episode's agent (`scenario`), runs one invocation of the thread the way
 `spec["via"]` says, waits for abandoned tool attempts (a timed-out call may still
 land, as it would in a server that keeps running), and returns the thread's state as
 JSON: next nodes, pending interrupts (id and value), and the exception the invocation

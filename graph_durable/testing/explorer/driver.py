@@ -7,7 +7,7 @@ SIGKILL the thread is resumed the way the crash says; a pause is answered by a r
 that, like a person with the provider's dashboard, approves, edits or rejects approvals
 and settles unknown outcomes from the provider's records, sometimes after first trying
 a malformed decision (which must raise `InvalidDecision` and change nothing). Once every
-thread has finished (or cannot), `explorer_checks.check_episode` checks the invariants.
+thread has finished (or cannot), `checks.check_episode` checks the invariants.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class _Run:
         self.crashes: list[Crash] = list(episode.crashes)
         self.stack = episode.stack
         """The middleware list the next children run with: an unsafe one, once refused,
-        is put in the safe order (`explorer_shapes.SAFE_ORDER`), as its owner would."""
+        is put in the safe order (`shapes.SAFE_ORDER`), as its owner would."""
         self.after = episode.after
         self.phase = 0
         self.threads = ["t"]

@@ -7,26 +7,26 @@
     python -m graph_durable.testing.explorer --minutes 30 --paths all   # soak
 
 Where `crash_matrix` sweeps every fault point of one scenario, the explorer draws many
-small scenarios: each episode (`explorer_model.generate`, deterministic given its seed)
+small scenarios: each episode (`model.generate`, deterministic given its seed)
 is one to three model turns of one to five tool calls, on tools with mixed policies
 (blind, looked up, idempotent, approval, read-only, retries, timeouts) whose providers
 return, refuse (`NotApplied`), fail transiently (`Retryable`), raise, lose the answer or
 answer slowly, and which report errors and shape results every way LangChain lets a
 tool (`ToolException`, an error ToolMessage, a `ValidationError`; artifacts, non-JSON
 values, a `Command` with a `goto`). The agent is built by
-`explorer_scenario.build_explorer_agent`, a scenario factory a child process rebuilds by
+`scenario.build_explorer_agent`, a scenario factory a child process rebuilds by
 name: a flat ToolNode graph (`add_messages`, or a trimming reducer with or without
 message ids), the same graph as a subgraph (one or two levels down, or fanned out by
 `Send`), or `create_agent` with `EffectGuardMiddleware` among retry middleware in either
-order (`explorer_shapes`), or the same writes made by `guarded` functions outside
+order (`shapes`), or the same writes made by `guarded` functions outside
 ToolNode: from a custom `StateGraph` node, or from the `@task`s of a functional-API
-`@entrypoint` agent (`explorer_writes`). The thread runs in real child
-processes forked from a pre-imported server (`forkserver`, milliseconds each): a crash
+`@entrypoint` agent (`writes`). The thread runs in real child
+processes forked from a pre-imported server (`crash.forkserver`, milliseconds each): a crash
 is a SIGKILL at a fault point occurrence, after which the thread resumes along a
 generated path (plain, async, `recover()` under leases, a `copy_thread` copy, a
 checkpoint-id config, time travel, an `update_state` fork). Pauses are answered with
 valid decisions, sometimes after a malformed one. After every episode
-(`explorer_checks`): each logical call applied at most once at its provider, exactly
+(`checks`): each logical call applied at most once at its provider, exactly
 once when its thread finished and the call was not rejected, skipped or failed; the
 ledger agrees with the providers; a finished thread's answers are the tools' own
 (artifact, non-JSON value, Command) when replayed; every pause could be answered and

@@ -1,6 +1,6 @@
 """Scenarios whose guarded tools node sits inside a subgraph.
 
-`build_subgraph_charge_agent` is the charge agent of `scenarios_forks` (model -> guarded
+`build_subgraph_charge_agent` is the charge agent of `scenarios.forks` (model -> guarded
 tools -> model, one `charge` tool writing to a `FakeProvider`) compiled as a subgraph and
 added as the node `payments` of a parent graph (or of a `billing` subgraph of the
 parent, with `depth=2`). A run that names a checkpoint id of the parent (resuming with
