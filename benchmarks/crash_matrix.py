@@ -26,7 +26,7 @@ import statistics
 import time
 
 from benchmarks._runner import Comparison, report, run_main
-from graph_durable.testing.crash import crash_matrix
+from graph_durable.testing.crash.matrix import crash_matrix
 
 __all__ = ["CORES", "REPETITIONS", "SCENARIO", "TARGETS", "WORKERS", "main"]
 

@@ -1,6 +1,6 @@
 """The audit of a resume, against a hand count of a scripted crash in real processes.
 
-The saga agent (`graph_durable.testing.scenarios_saga`, run `audited`) asks the model,
+The saga agent (`graph_durable.testing.scenarios.saga`, run `audited`) asks the model,
 charges (a provider that can be looked up), asks the model, opens a ticket, asks the
 model. Scripted:
 
@@ -25,17 +25,17 @@ import pytest
 from graph_durable import DurableSqliteSaver, cancel
 from graph_durable.cli import main
 from graph_durable.testing import FaultPlan
-from graph_durable.testing.forkserver import ForkServer
-from graph_durable.testing.scenarios_saga import SAGA_THREAD, build_saga_agent
+from graph_durable.testing.crash.forkserver import ForkServer
+from graph_durable.testing.scenarios.saga import SAGA_THREAD, build_saga_agent
 
-STEP = "graph_durable.testing.scenarios_saga:saga_step"
+STEP = "graph_durable.testing.scenarios.saga:saga_step"
 
 
 @pytest.fixture(scope="module")
 def crashed_twice(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("audit")
     kwargs = {"db_path": str(folder / "agent.sqlite"), "provider_dir": str(folder)}
-    with ForkServer(["graph_durable.testing.scenarios_saga"]) as server:
+    with ForkServer(["graph_durable.testing.scenarios.saga"]) as server:
         assert server.run(STEP, {**kwargs, "action": "run"},
                           fault=FaultPlan("after_effect", "charge")).killed
         # The resume saves the tools step's writes first, then the model's: the second.

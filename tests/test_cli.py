@@ -16,8 +16,8 @@ import pytest
 
 from graph_durable import DurableSqliteSaver
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
-from graph_durable.testing.child import run_child
-from graph_durable.testing.scenarios import build_effects_agent
+from graph_durable.testing.crash.child import run_child
+from graph_durable.testing.scenarios.effects import build_effects_agent
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -223,7 +223,7 @@ def test_an_encrypted_database_is_read_with_the_key_and_never_shown_as_garbage(
 ) -> None:
     from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
-    from graph_durable.testing.scenarios import _assemble
+    from graph_durable.testing.scenarios.effects import _assemble
 
     key = "k" * 32
     db = str(tmp_path / "agent.sqlite")

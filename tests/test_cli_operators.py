@@ -21,7 +21,7 @@ from graph_durable.cli._commands import EFFECT_STATUSES, THREAD_STATUSES
 from graph_durable.ledger import EffectStatus
 from graph_durable.operators.recovery import Status
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
-from graph_durable.testing.scenarios import build_effects_agent
+from graph_durable.testing.scenarios.effects import build_effects_agent
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAPH = "tests.test_cli:cli_graph"
@@ -183,7 +183,7 @@ def test_a_graph_compiled_elsewhere_runs_on_db_and_the_cwd_is_importable(tmp_pat
     (app / "agent.py").write_text(textwrap.dedent("""
         import json, os
         from langgraph.checkpoint.memory import InMemorySaver
-        from graph_durable.testing.scenarios import build_effects_agent
+        from graph_durable.testing.scenarios.effects import build_effects_agent
 
         kwargs = json.loads(os.environ["CLI_SCENARIO"])
         kwargs["db_path"] = os.path.join(os.path.dirname(__file__), "elsewhere.sqlite")
@@ -253,7 +253,7 @@ HITL = {"tools": {"charge": {"mode": "blind", "policy": "blind", "approval": Tru
 
 def hitl_graph(saver: Any) -> Any:
     """--graph target: create_agent with HumanInTheLoopMiddleware before the guard."""
-    from graph_durable.testing.explorer_scenario import build_explorer_agent
+    from graph_durable.testing.explorer.scenario import build_explorer_agent
 
     kwargs = json.loads(os.environ["CLI_HITL"])
     return build_explorer_agent(**kwargs).graph.builder.compile(checkpointer=saver)
@@ -261,7 +261,7 @@ def hitl_graph(saver: Any) -> Any:
 
 def test_pending_lists_a_question_of_hitl_and_approve_answers_it_by_resuming(
         tmp_path: Path) -> None:
-    from graph_durable.testing.explorer_scenario import build_explorer_agent
+    from graph_durable.testing.explorer.scenario import build_explorer_agent
 
     kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path / "p"),
               **HITL}

@@ -28,8 +28,8 @@ from graph_durable import (
 )
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
-from graph_durable.testing.scenarios import react_graph
-from graph_durable.testing.scenarios_saga import SAGA_THREAD, assemble_saga_agent, saga_providers
+from graph_durable.testing.scenarios.effects import react_graph
+from graph_durable.testing.scenarios.saga import SAGA_THREAD, assemble_saga_agent, saga_providers
 
 S = EffectStatus
 CONFIG = {"configurable": {"thread_id": SAGA_THREAD}}
@@ -247,7 +247,7 @@ def test_the_cli_cancels_a_thread_and_compensates_one_effect(tmp_path, monkeypat
     agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
     monkeypatch.setenv("GRAPH_DURABLE_SAGA_DIR", str(tmp_path))
     db = str(tmp_path / "agent.sqlite")
-    graph = "graph_durable.testing.scenarios_saga:graph_on"
+    graph = "graph_durable.testing.scenarios.saga:graph_on"
     assert main(["compensate", "--db", db, "--graph", graph, "--thread", SAGA_THREAD,
                  "--call", "call_ticket", "--receipt", "not json"]) == 2
     assert "--receipt is not JSON" in capsys.readouterr().err

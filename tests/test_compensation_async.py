@@ -29,8 +29,8 @@ from graph_durable import (
 )
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
-from graph_durable.testing.scenarios import react_graph
-from graph_durable.testing.scenarios_saga import SAGA_THREAD, assemble_saga_agent, saga_providers
+from graph_durable.testing.scenarios.effects import react_graph
+from graph_durable.testing.scenarios.saga import SAGA_THREAD, assemble_saga_agent, saga_providers
 
 S = EffectStatus
 CONFIG = {"configurable": {"thread_id": SAGA_THREAD}}

@@ -1,6 +1,6 @@
 """Crash tests of a two-step saga: `cancel()` SIGKILLed at every point, then run again.
 
-The saga agent (`graph_durable.testing.scenarios_saga`) charges a customer and opens a
+The saga agent (`graph_durable.testing.scenarios.saga`) charges a customer and opens a
 ticket, both applied. A child process then cancels the thread and is SIGKILLed at one
 fault point of the cancel (every point the cancel reaches, each occurrence); a new process
 runs the cancel again on the same files. Every assertion is on the providers' side:
@@ -27,8 +27,8 @@ import pytest
 from graph_durable import DurableSqliteSaver, EffectStatus, thread_status
 from graph_durable.testing import FaultPlan
 from graph_durable.testing.faults import ENV_TRACE
-from graph_durable.testing.forkserver import ChildOutcome, ForkServer
-from graph_durable.testing.scenarios_saga import SAGA_THREAD, saga_providers
+from graph_durable.testing.crash.forkserver import ChildOutcome, ForkServer
+from graph_durable.testing.scenarios.saga import SAGA_THREAD, saga_providers
 
 pytestmark = pytest.mark.crash
 
@@ -37,13 +37,13 @@ UNDO = {"call_charge": ("refunds", "compensate:call_charge"),
         "call_ticket": ("closures", "compensate:call_ticket")}
 
 
-STEP = "graph_durable.testing.scenarios_saga:saga_step"
+STEP = "graph_durable.testing.scenarios.saga:saga_step"
 
 
 @pytest.fixture(scope="module")
 def server():
     """Children forked from a server that imported the scenario once."""
-    with ForkServer(["graph_durable.testing.scenarios_saga"]) as forks:
+    with ForkServer(["graph_durable.testing.scenarios.saga"]) as forks:
         yield forks
 
 
@@ -73,7 +73,7 @@ def points_of_a_cancel(base: Path, scratch: Path, modes: tuple[str, str],
     shutil.copytree(base, scratch)
     trace = scratch / "trace.jsonl"
     done = subprocess.run(
-        [sys.executable, "-m", "graph_durable.testing.scenarios_saga", action,
+        [sys.executable, "-m", "graph_durable.testing.scenarios.saga", action,
          str(scratch / "agent.sqlite"), str(scratch), *modes],
         env={**os.environ, ENV_TRACE: str(trace)}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import run_child
+from graph_durable.testing.crash.child import run_child
 
 pytestmark = pytest.mark.crash
 
@@ -29,7 +29,7 @@ def factories(saver_backend: str) -> tuple[str, str]:
     PostgreSQL saver, with `invoke` on the others."""
     suffix = "_async" if saver_backend == "postgres-async" else ""
     return (f"graph_durable.demo.ticket:build_ticket_agent{suffix}",
-            f"graph_durable.testing.scenarios:build_effects_agent{suffix}")
+            f"graph_durable.testing.scenarios.effects:build_effects_agent{suffix}")
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ import pytest
 
 from graph_durable import DurableSqliteSaver
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import run_child
+from graph_durable.testing.crash.child import run_child
 
 pytestmark = pytest.mark.crash
 
 FACTORIES = {
-    "sync": "graph_durable.testing.scenarios:build_effects_agent",
-    "async": "graph_durable.testing.scenarios:build_effects_agent_async",
+    "sync": "graph_durable.testing.scenarios.effects:build_effects_agent",
+    "async": "graph_durable.testing.scenarios.effects:build_effects_agent_async",
 }
 
 

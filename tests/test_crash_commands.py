@@ -1,6 +1,6 @@
 """A looked-up tool that returns a `Command` is replayed as a Command after a crash.
 
-The booking agent's `book` tool (`graph_durable.testing.scenarios_commands`) returns
+The booking agent's `book` tool (`graph_durable.testing.scenarios.commands`) returns
 `Command(update={"messages": [...], "booking": id}, goto="confirm")`, and the node it
 goes to sends a second guarded write, `notify`. A child process is SIGKILLed in the
 tool's crash window; a new process resumes the thread on the same database. If the
@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import run_child
-from graph_durable.testing.scenarios_commands import build_booking_agent
+from graph_durable.testing.crash.child import run_child
+from graph_durable.testing.scenarios.commands import build_booking_agent
 
-SCENARIOS = {"sync": "graph_durable.testing.scenarios_commands:build_booking_agent",
-             "async": "graph_durable.testing.scenarios_commands:build_booking_agent_async"}
+SCENARIOS = {"sync": "graph_durable.testing.scenarios.commands:build_booking_agent",
+             "async": "graph_durable.testing.scenarios.commands:build_booking_agent_async"}
 THREAD = {"configurable": {"thread_id": "t"}}
 
 

@@ -22,15 +22,15 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
 from graph_durable import AsyncDurableSqliteSaver, DurableSqliteSaver
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import run_child
-from graph_durable.testing.scenarios_forks import (
+from graph_durable.testing.crash.child import run_child
+from graph_durable.testing.scenarios.forks import (
     CHARGE_CALL_ID,
     assemble_charge_agent,
     build_charge_agent,
     run_fork_child,
 )
 
-CHARGE = "graph_durable.testing.scenarios_forks:build_charge_agent"
+CHARGE = "graph_durable.testing.scenarios.forks:build_charge_agent"
 THREAD = {"configurable": {"thread_id": "t"}}
 
 

@@ -19,15 +19,15 @@ from langgraph.types import Command
 
 from graph_durable import DurableSqliteSaver, EffectStatus
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import run_child
-from graph_durable.testing.crash import GUARD_POINTS, CrashReport, crash_matrix
-from graph_durable.testing.scenarios_forks import run_fork_child
-from graph_durable.testing.scenarios_writes import build_write_graph
+from graph_durable.testing.crash.child import run_child
+from graph_durable.testing.crash.matrix import GUARD_POINTS, CrashReport, crash_matrix
+from graph_durable.testing.scenarios.forks import run_fork_child
+from graph_durable.testing.scenarios.writes import build_write_graph
 
 pytestmark = pytest.mark.crash
 
-WRITES = "graph_durable.testing.scenarios_writes:build_write_graph"
-AWRITES = "graph_durable.testing.scenarios_writes:build_write_graph_async"
+WRITES = "graph_durable.testing.scenarios.writes:build_write_graph"
+AWRITES = "graph_durable.testing.scenarios.writes:build_write_graph_async"
 
 
 def assert_clean(report: CrashReport) -> None:

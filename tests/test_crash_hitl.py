@@ -12,11 +12,11 @@ import pytest
 
 from graph_durable import DurableSqliteSaver, review
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import load_factory, run_child
+from graph_durable.testing.crash.child import load_factory, run_child
 
 pytestmark = pytest.mark.crash
 
-FACTORY = "graph_durable.testing.explorer_scenario:build_explorer_agent"
+FACTORY = "graph_durable.testing.explorer.scenario:build_explorer_agent"
 CHARGE = {"mode": "blind", "policy": "blind", "approval": True, "retries": 0, "timeout": None}
 EDIT = {"type": "edit", "edited_action": {"name": "charge", "args": {"item": "x00", "n": 1}}}
 

@@ -13,7 +13,7 @@ import pytest
 
 from graph_durable.checkpointers.postgres import DurablePostgresSaver
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import run_child
+from graph_durable.testing.crash.child import run_child
 
 pytestmark = pytest.mark.crash
 

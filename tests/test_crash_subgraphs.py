@@ -22,11 +22,11 @@ from langgraph.types import Command
 
 from graph_durable import DurableSqliteSaver, EffectStatus
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.scenarios_forks import run_fork_child
-from graph_durable.testing.scenarios_subgraphs import assemble_subgraph_charge_agent
+from graph_durable.testing.scenarios.forks import run_fork_child
+from graph_durable.testing.scenarios.subgraphs import assemble_subgraph_charge_agent
 
-SUB = "graph_durable.testing.scenarios_subgraphs:build_subgraph_charge_agent"
-ASUB = "graph_durable.testing.scenarios_subgraphs:build_subgraph_charge_agent_async"
+SUB = "graph_durable.testing.scenarios.subgraphs:build_subgraph_charge_agent"
+ASUB = "graph_durable.testing.scenarios.subgraphs:build_subgraph_charge_agent_async"
 OPEN = (EffectStatus.IN_FLIGHT, EffectStatus.UNKNOWN)
 
 pytestmark = pytest.mark.crash

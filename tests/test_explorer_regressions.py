@@ -459,7 +459,7 @@ def _replay(tmp_path, episode, paths: str = "stable"):
 
 
 def _shapes():
-    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
 
     charge = [[Call("charge", "c1", "x00")]]
     lost = [[Call("charge", "c1", "x00", 0, ["lost"])]]
@@ -595,7 +595,7 @@ def test_a_tool_that_reports_a_lost_answer_itself_is_not_failed(tmp_path, errors
     (ToolException with handle_tool_error=True, an error ToolMessage, a ValidationError
     raised in its body) was recorded `failed` though the charge was applied. It is an
     unknown outcome: the reviewer finds the charge at the provider."""
-    from graph_durable.testing.explorer_model import Call, Episode
+    from graph_durable.testing.explorer.model import Call, Episode
 
     episode = Episode(0, {"charge": _tool(errors=errors)},
                       [[Call("charge", "c1", "x00", 0, ["lost"])]])
@@ -610,7 +610,7 @@ def test_a_subgraph_run_twice_from_one_parent_checkpoint_charges_once(tmp_path, 
     resumed from `get_state().config` (a fork: the subgraph restarts and charges);
     running again from that same parent checkpoint (time travel, an update_state fork)
     restarted the subgraph again, whose model asked for the same charge, sent again."""
-    from graph_durable.testing.scenarios_subgraphs import build_subgraph_charge_agent
+    from graph_durable.testing.scenarios.subgraphs import build_subgraph_charge_agent
 
     agent = build_subgraph_charge_agent(str(tmp_path / "a.sqlite"), str(tmp_path), "blind",
                                         depth=depth)
@@ -633,7 +633,7 @@ def test_a_malformed_answer_is_refused_under_a_retry_middleware_listed_first(tmp
     retry middleware caught the guard's `InvalidDecision`, answered the call with an
     error ToolMessage, and the thread went on, the call never sent nor asked again."""
     from graph_durable import InvalidDecision
-    from graph_durable.testing.explorer_scenario import build_explorer_agent
+    from graph_durable.testing.explorer.scenario import build_explorer_agent
 
     agent = build_explorer_agent(str(tmp_path / "a.sqlite"), str(tmp_path / "p"),
                                  {"charge": _tool(approval=True)},
@@ -650,7 +650,7 @@ def test_one_malformed_answer_runs_none_of_a_create_agent_set(tmp_path) -> None:
     call's approval was recorded and its charge sent (docs, approvals: one invalid answer in a
     set runs none of the set)."""
     from graph_durable import InvalidDecision
-    from graph_durable.testing.explorer_scenario import build_explorer_agent
+    from graph_durable.testing.explorer.scenario import build_explorer_agent
 
     agent = build_explorer_agent(str(tmp_path / "a.sqlite"), str(tmp_path / "p"),
                                  {"charge": _tool(approval=True)},
@@ -669,7 +669,7 @@ def test_one_malformed_answer_runs_none_of_a_create_agent_set(tmp_path) -> None:
 def _two_tasks_agent(tmp_path, topology: str, build: Any = None):
     """Two calls needing approval, each asked in a task of its own: create_agent's two
     calls, or one call in each of two `Send` branches of a subgraph."""
-    from graph_durable.testing.explorer_scenario import build_explorer_agent
+    from graph_durable.testing.explorer.scenario import build_explorer_agent
 
     calls = 2 if topology == "create_agent" else 1
     return (build or build_explorer_agent)(
@@ -714,7 +714,7 @@ def test_one_malformed_answer_runs_none_of_an_async_set_across_tasks(tmp_path,
     import asyncio
 
     from graph_durable import InvalidDecision
-    from graph_durable.testing.explorer_scenario import build_explorer_agent_async
+    from graph_durable.testing.explorer.scenario import build_explorer_agent_async
 
     async def main() -> None:
         agent = await _two_tasks_agent(tmp_path, topology, build_explorer_agent_async)
@@ -811,7 +811,7 @@ def test_a_send_branch_run_again_from_a_fork_answers_its_calls(tmp_path) -> None
 
 
 def _hitl_agent(tmp_path):
-    from graph_durable.testing.explorer_scenario import build_explorer_agent
+    from graph_durable.testing.explorer.scenario import build_explorer_agent
 
     return build_explorer_agent(str(tmp_path / "a.sqlite"), str(tmp_path / "p"),
                                 {"charge": _tool(approval=True)},
@@ -859,7 +859,7 @@ def test_an_order_fixed_after_a_crash_asks_the_guard_question_anew(tmp_path) -> 
     With the order fixed, HumanInTheLoopMiddleware asked about both; approving them
     raised InvalidDecision: the guard read the approval as the answer to its own
     question about the first charge."""
-    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
 
     episode = Episode(
         0, {"charge": _tool(approval="odd")},
@@ -877,7 +877,7 @@ def test_a_restarted_subgraph_answers_the_call_under_its_new_id(tmp_path) -> Non
     `get_state().config` and a copy, the source finished with the charge's receipt
     answering the earlier run's tool_call_id, and the call its model asked last left
     without an answer."""
-    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
 
     episode = Episode(
         0, {"charge": _tool()}, [[Call("charge", "call_1_0", "x10")]],
@@ -895,7 +895,7 @@ def test_a_question_about_a_restarted_subgraphs_call_names_its_new_id(tmp_path) 
     from `get_state().config`; the restarted model asks again under a new tool_call_id,
     and the question about the charge in flight named the earlier run's id (the
     explorer's QUESTION check: no model message of the thread asks for it now)."""
-    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
 
     episode = Episode(
         0, {"charge": _tool()}, [[Call("charge", "call_1_0", "x10")]],
@@ -913,7 +913,7 @@ def test_a_question_of_the_guard_is_not_answered_by_human_in_the_loop(tmp_path) 
     intent; resumed, HumanInTheLoopMiddleware asked about the first charge again, and
     approving it raised InvalidDecision: the guard read the approval as the answer to
     its own question."""
-    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
 
     episode = Episode(
         0, {"charge": _tool(approval="odd", timeout=0.1)},
@@ -932,7 +932,7 @@ def test_a_saved_question_asked_anew_after_two_crashes_is_not_answered(tmp_path)
     was saved; the next `recover` passed the thread by (the dead worker's lease). The
     explorer answered the saved approval question, one `review` (rightly) no longer
     lists: resuming asks the new one. It waits for the lease and recovers instead."""
-    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
 
     episode = Episode(
         0, {"crm": _tool(approval="odd"), "email": _tool(approval=True, result="non_json")},
@@ -957,8 +957,8 @@ def test_a_call_answered_in_place_in_a_copy_then_sent_and_skipped_in_its_source(
     `unknown`, and the reviewer skipped it. The provider holds the key the copy's record
     calls rejected: the source sent it. The explorer's check had excused that only when
     the source's record ended `applied`."""
-    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
-    from graph_durable.testing.explorer_scenario import explorer_saver
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer.scenario import explorer_saver
 
     episode = Episode(
         0, {"charge": _tool(approval=True)},
@@ -989,12 +989,12 @@ def test_a_question_saved_by_a_task_but_not_its_entrypoint_is_asked_by_recover(
     `@task` saved its question and before its `@entrypoint` saved it. `get_state()` lists
     no interrupt, so there is nothing to answer, yet `thread_status` says the thread
     waits for a person, and `recover()` passes it by: no one is ever asked."""
-    from graph_durable.testing.child import run_child
-    from graph_durable.testing.scenarios_writes import build_write_graph
+    from graph_durable.testing.crash.child import run_child
+    from graph_durable.testing.scenarios.writes import build_write_graph
 
     kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
               "mode": "blind", "shape": "functional", "approval": True}
-    crashed = run_child("graph_durable.testing.scenarios_writes:build_write_graph", kwargs,
+    crashed = run_child("graph_durable.testing.scenarios.writes:build_write_graph", kwargs,
                         thread_id="t", fault=FaultPlan("after_put_writes", occurrence=1))
     assert crashed.killed
     agent = build_write_graph(**kwargs)

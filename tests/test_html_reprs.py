@@ -11,7 +11,7 @@ import pytest
 
 from graph_durable import review
 from graph_durable.operators.notebook import effect_table, inbox, timeline
-from graph_durable.testing.crash_report import (
+from graph_durable.testing.crash.report import (
     CrashPoint,
     CrashReport,
     CrashRow,

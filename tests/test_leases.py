@@ -23,11 +23,11 @@ from graph_durable import (
     thread_status,
 )
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import run_child, start_child
+from graph_durable.testing.crash.child import run_child, start_child
 from graph_durable.testing.savers import SaverSpec, close_saver
-from graph_durable.testing.scenarios import EffectsAgent, build_effects_agent
+from graph_durable.testing.scenarios.effects import EffectsAgent, build_effects_agent
 
-EFFECTS = "graph_durable.testing.scenarios:build_effects_agent"
+EFFECTS = "graph_durable.testing.scenarios.effects:build_effects_agent"
 PG_TABLES = {"writes": "checkpoint_writes"}
 """LangGraph's PostgreSQL names of its SQLite tables."""
 

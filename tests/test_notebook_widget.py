@@ -33,7 +33,7 @@ from graph_durable import (
 )
 from graph_durable.operators.notebook import Inbox, ainbox, inbox
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import run_child
+from graph_durable.testing.crash.child import run_child
 from graph_durable.testing.models import ScriptedChatModel
 
 pytest.importorskip("ipywidgets")
@@ -349,7 +349,7 @@ async def test_an_async_resume_refused_by_another_workers_lease_is_shown_and_sen
 def test_a_question_of_hitl_before_the_guard_is_decided_from_the_widget(tmp_path: Path) -> None:
     """create_agent with HumanInTheLoopMiddleware listed before the guard: its question
     is a card like the guard's, and an edit clicked there is sent as edited, once."""
-    from graph_durable.testing.explorer_scenario import build_explorer_agent
+    from graph_durable.testing.explorer.scenario import build_explorer_agent
 
     charge = {"mode": "blind", "policy": "blind", "approval": True, "retries": 0,
               "timeout": None}

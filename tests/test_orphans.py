@@ -279,7 +279,7 @@ def test_the_cli_lists_an_orphan_and_resolves_it_without_a_graph(saver, tmp_path
 
 # -- killed for real: a child process SIGKILLed mid-call, resumed by another ----------------
 
-NESTED = "graph_durable.testing.scenarios_forks:build_nested_charge_agent"
+NESTED = "graph_durable.testing.scenarios.forks:build_nested_charge_agent"
 
 
 @pytest.mark.crash
@@ -291,8 +291,8 @@ def test_a_subgraph_call_killed_mid_call_is_resumable_and_a_named_resume_leaves_
     asks for the same call again, which takes the first call's key and is reconciled by
     lookup, so no intent is left to nobody."""
     from graph_durable.testing import FaultPlan as Plan
-    from graph_durable.testing.child import run_child
-    from graph_durable.testing.scenarios_forks import run_fork_child
+    from graph_durable.testing.crash.child import run_child
+    from graph_durable.testing.scenarios.forks import run_fork_child
 
     kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
               "mode": "lookup"}

@@ -1,7 +1,7 @@
 """What the ledger keeps at rest, byte for byte, when the saver's serde encrypts.
 
 Each flow runs a charging agent whose calls carry distinctive secrets (see
-`graph_durable.testing.scenarios_secrets`) in real processes: one is SIGKILLed at a fault
+`graph_durable.testing.scenarios.secrets`) in real processes: one is SIGKILLed at a fault
 point, new ones resume the same database and thread, reviewers answer in others. Then:
 
 - the provider's side is as usual: each effect applied once (none for a declined charge);
@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 
 from graph_durable.testing import FaultPlan
-from graph_durable.testing.child import ChildResult, child_spec, run_child
-from graph_durable.testing.forkserver import ForkServer
+from graph_durable.testing.crash.child import ChildResult, child_spec, run_child
+from graph_durable.testing.crash.forkserver import ForkServer
 from graph_durable.testing.postgres import find_postgres_bin
-from graph_durable.testing.scenarios_secrets import (
+from graph_durable.testing.scenarios.secrets import (
     CHARGE_ARGS,
     EDITED_ARGS,
     SECRET_CARD,
@@ -50,7 +50,7 @@ from graph_durable.testing.scenarios_secrets import (
 
 pytestmark = pytest.mark.crash
 
-FACTORY = "graph_durable.testing.scenarios_secrets:build_secrets_agent"
+FACTORY = "graph_durable.testing.scenarios.secrets:build_secrets_agent"
 THREAD = "t"
 LEDGER_TABLES = ("effects", "effect_events")
 REDACTED = "[redacted]"
@@ -106,8 +106,8 @@ def run() -> Iterator[Run]:
     thread `t` in a new process, forked from a server that imported it (a fresh
     interpreter each where forking is not possible)."""
     try:
-        server = (ForkServer(["graph_durable.testing.child",
-                              "graph_durable.testing.scenarios_secrets"])
+        server = (ForkServer(["graph_durable.testing.crash.child",
+                              "graph_durable.testing.scenarios.secrets"])
                   if hasattr(os, "fork") else None)
     except RuntimeError:
         server = None
@@ -119,7 +119,7 @@ def run() -> Iterator[Run]:
                              resume=resume, fault=fault)
         spec = child_spec(FACTORY, kwargs, thread_id=THREAD, action=action,  # type: ignore[arg-type]
                           resume=resume)
-        outcome = server.run("graph_durable.testing.child:run_spec",
+        outcome = server.run("graph_durable.testing.crash.child:run_spec",
                              {"spec": spec, "fault": asdict(fault) if fault else None},
                              timeout=60)
         if outcome.killed:

@@ -15,10 +15,10 @@ import pytest
 
 from graph_durable.nodes.context import EffectContext
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import run_child
-from graph_durable.testing.scenarios_extra import BETWEEN_WRITES, build_two_writes_agent
+from graph_durable.testing.crash.child import run_child
+from graph_durable.testing.scenarios.extra import BETWEEN_WRITES, build_two_writes_agent
 
-TWO_WRITES = "graph_durable.testing.scenarios_extra:build_two_writes_agent"
+TWO_WRITES = "graph_durable.testing.scenarios.extra:build_two_writes_agent"
 
 
 def context(key: str) -> EffectContext:

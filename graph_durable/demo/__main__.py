@@ -33,7 +33,7 @@ from typing import Any
 
 from graph_durable import DurableSqliteSaver, EffectRecord, EffectStatus, cancel
 from graph_durable.demo.ticket import build_ticket_agent
-from graph_durable.testing.child import ChildResult, run_child
+from graph_durable.testing.crash.child import ChildResult, run_child
 from graph_durable.faults import ENV_FAULTS, ENV_TRACE
 from graph_durable.testing.faults import FaultPlan
 

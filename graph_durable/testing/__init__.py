@@ -1,10 +1,25 @@
 """Test kit shipped with graph_durable: fake providers, deterministic fault injection,
 crash sweeps (`crash_matrix`) over a scenario's every fault point, and a randomized
-explorer (`explore`) of generated episodes."""
+explorer (`explore`) of generated episodes. Production code never imports it.
+
+The building blocks sit at the top; the three machines built on them are subpackages:
+
+- `providers` (`FakeProvider`), `faults` (`FaultPlan`, the fault points), `models`
+  (`ScriptedChatModel`), `savers` (open a saver by name, SQLite or PostgreSQL).
+- `postgres` (`PostgresServer`, a throwaway cluster for tests) and `pg_trace` (round
+  trips a PostgreSQL saver makes); `plugin`, the pytest plugin (the `crash_matrix`
+  fixture and the `crash` marker).
+- `crash/`: `matrix` (`crash_matrix`), `child` (`run_child`: one child process, armed to
+  crash at a fault point), `report`, `forkserver`.
+- `explorer/`: `explore`, the randomized explorer (`python -m graph_durable.testing.explorer`).
+- `scenarios/`: ready-made scenario factories for child processes, named as
+  `"graph_durable.testing.scenarios.<module>:<factory>"`.
+- `upstream/`: LangGraph's own saver test suites, run on graph_durable's savers.
+"""
 
 from typing import Any
 
-from graph_durable.testing.crash import (
+from graph_durable.testing.crash.matrix import (
     CrashPoint,
     CrashReport,
     CrashRow,
@@ -36,8 +51,8 @@ _EXPLORER = ("ExplorerReport", "explore")
 
 
 def __getattr__(name: str) -> Any:
-    """The explorer's names, imported on first use: `python -m
-    graph_durable.testing.explorer` must find its module not yet imported."""
+    """The explorer's names, imported on first use: importing the kit does not load the
+    explorer's modules."""
     if name in _EXPLORER:
         from graph_durable.testing import explorer
 

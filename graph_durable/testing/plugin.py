@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from graph_durable.testing.crash import CrashReport
+    from graph_durable.testing.crash.matrix import CrashReport
 
 __all__ = ["crash_matrix", "pytest_addoption", "pytest_collection_modifyitems",
            "pytest_configure"]
@@ -73,7 +73,7 @@ def crash_matrix(request: pytest.FixtureRequest,
 
     Call it as `crash_matrix(scenario, kwargs=None, *, check=True, **options)`.
     """
-    from graph_durable.testing.crash import crash_matrix as sweep
+    from graph_durable.testing.crash.matrix import crash_matrix as sweep
 
     workers = request.config.getoption("--crash-matrix-workers")
     count = 0

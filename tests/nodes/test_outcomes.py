@@ -32,8 +32,8 @@ from graph_durable import Effect, EffectGuardMiddleware, EffectStatus, NotApplie
 from graph_durable import current_effect
 from graph_durable.nodes.outcomes import refused_args
 from graph_durable.testing import FakeProvider, FaultPlan
-from graph_durable.testing.child import run_child
-from graph_durable.testing.scenarios import EffectsAgent, react_graph
+from graph_durable.testing.crash.child import run_child
+from graph_durable.testing.scenarios.effects import EffectsAgent, react_graph
 from graph_durable.testing.savers import open_saver
 
 CONFIG = {"configurable": {"thread_id": "t"}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from graph_durable.testing.child import run_spec
+from graph_durable.testing.crash.child import run_spec
 
 
 def modules_imported_by(spec: dict[str, Any]) -> list[str]:

@@ -28,15 +28,15 @@ from collections.abc import Callable
 
 import pytest
 
-from graph_durable.testing.crash import GUARD_POINTS, CrashPoint, CrashReport, crash_matrix
-from graph_durable.testing.forkserver import ForkServer
+from graph_durable.testing.crash.matrix import GUARD_POINTS, CrashPoint, CrashReport, crash_matrix
+from graph_durable.testing.crash.forkserver import ForkServer
 
 pytestmark = pytest.mark.crash
 
 TICKET = "graph_durable.demo.ticket:build_ticket_agent"
-EFFECTS = "graph_durable.testing.scenarios:build_effects_agent"
-CREATE_AGENT = "graph_durable.testing.scenarios_extra:build_create_agent"
-STOCK = "graph_durable.testing.scenarios_extra:build_stock_agent"
+EFFECTS = "graph_durable.testing.scenarios.effects:build_effects_agent"
+CREATE_AGENT = "graph_durable.testing.scenarios.extra:build_create_agent"
+STOCK = "graph_durable.testing.scenarios.extra:build_stock_agent"
 WORKERS = 2
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from graph_durable.testing.child import run_child
-from graph_durable.testing.crash import (
+from graph_durable.testing.crash.child import run_child
+from graph_durable.testing.crash.matrix import (
     CrashPoint,
     _case,
     _next_after_crash,
@@ -50,7 +50,7 @@ def test_reads_after_a_kill_leave_the_files_as_the_killed_process_left_them(
     assert "agent.sqlite-wal" in before
 
     assert _next_after_crash(case) == "resume"
-    with _reader(case.kwargs["db_path"]) as saver:
+    with _reader(case.kwargs) as saver:
         snapshot = _snapshot(case, {}, saver)
         costs = _resume_costs(case, saver)
     assert snapshot.ledger == {"call_ticket": "in_flight"}

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from graph_durable.testing import FakeProvider
-from graph_durable.testing.crash import CrashPoint, default_resolver
-from graph_durable.testing.crash_report import (
+from graph_durable.testing.crash.matrix import CrashPoint, default_resolver
+from graph_durable.testing.crash.report import (
     CrashReport,
     CrashRow,
     Reference,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from graph_durable.testing.crash import (
+from graph_durable.testing.crash.matrix import (
     SAVER_POINTS,
     CrashPoint,
     Reference,
@@ -24,7 +24,7 @@ from graph_durable.testing.crash import (
 
 pytestmark = pytest.mark.crash
 
-SCENARIO = "graph_durable.testing.scenarios:build_effects_agent"
+SCENARIO = "graph_durable.testing.scenarios.effects:build_effects_agent"
 KWARGS = {
     "turns": [[["a", "1"], ["b", "2"]], [["c", "3"]], [["d", "4"], ["e", "5"]]],
     "modes": {"a": "dedupe", "b": "lookup", "c": "blind", "d": "lookup", "e": "dedupe"},

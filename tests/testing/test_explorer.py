@@ -18,7 +18,7 @@ import pytest
 
 from graph_durable.testing import explore
 from graph_durable.testing.explorer import replay
-from graph_durable.testing.explorer_model import (
+from graph_durable.testing.explorer.model import (
     ALL_PATHS,
     KNOWN_BUGS,
     RESUME_PATHS,
@@ -32,7 +32,7 @@ from graph_durable.testing.explorer_model import (
     resolve_paths,
 )
 from graph_durable.testing.faults import FaultPlan
-from graph_durable.testing.forkserver import ForkServer
+from graph_durable.testing.crash.forkserver import ForkServer
 
 pytestmark = pytest.mark.crash
 
@@ -45,7 +45,7 @@ SHAPES_OF_THIS_ROUND = (
     "error_message", "error_validation", "artifact_result", "non_json_result",
     "command_result", "trimmed_history", "idless_messages", "hitl_before_guard",
     "hitl_after_guard", "fresh_call_ids", "lookup_cannot_tell", "guarded_node", "functional")
-"""Classes whose draws come after every other (`explorer_model._shapes`)."""
+"""Classes whose draws come after every other (`explorer.model._shapes`)."""
 
 MISDECLARED = {"mode": "blind", "policy": "idempotent", "approval": False, "retries": 0,
                "timeout": None}
@@ -98,8 +98,8 @@ def test_fork_server_children_are_real_processes_killed_by_sigkill(tmp_path: Pat
     spec = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path / "p"),
             "tools": episode.tools, "turns": episode.scenario_turns(), "thread_id": "t",
             "via": "start"}
-    target = "graph_durable.testing.explorer_child:run_step"
-    with ForkServer(["graph_durable.testing.explorer_child"]) as server:
+    target = "graph_durable.testing.explorer.child:run_step"
+    with ForkServer(["graph_durable.testing.explorer.child"]) as server:
         killed = server.run(target, spec, fault=FaultPlan("after_effect", "charge"))
         resumed = server.run(target, {**spec, "via": "plain"})
     assert killed.exitcode == -signal.SIGKILL and killed.killed and killed.result is None

@@ -3,7 +3,7 @@
 A module a child imports costs every child again (its server never has it): with
 hundreds of children per sweep, that is seconds. A library release that starts to
 import something lazily on a graph's first invoke fails here; add the module to
-`graph_durable.testing.child.PRELOAD`.
+`graph_durable.testing.crash.child.PRELOAD`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from graph_durable.testing.child import child_spec
-from graph_durable.testing.crash import _preload
-from graph_durable.testing.forkserver import ForkServer
+from graph_durable.testing.crash.child import child_spec
+from graph_durable.testing.crash.matrix import _preload
+from graph_durable.testing.crash.forkserver import ForkServer
 
 pytestmark = pytest.mark.crash
 

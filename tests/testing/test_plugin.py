@@ -27,7 +27,7 @@ def test_plain():
 SWEEPS = """
 import pytest
 
-SCENARIO = "graph_durable.testing.scenarios:build_effects_agent"
+SCENARIO = "graph_durable.testing.scenarios.effects:build_effects_agent"
 KWARGS = {"turns": [[["pay", "42"]]], "modes": {"pay": "blind"}}
 
 

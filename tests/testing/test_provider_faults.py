@@ -1,6 +1,6 @@
 """Provider faults through `EffectGuardNode`: each fault has its own, documented outcome.
 
-The outcome table lives in the docstring of `graph_durable.testing.crash`; each row is a
+The outcome table lives in the docstring of `graph_durable.testing.crash.matrix`; each row is a
 test here. The seed requirement: a slow answer (under `Effect.timeout`), a permanent
 failure and a timeout end differently — `applied`, `failed`, `unknown` — because only
 the first certainly applied the effect and only the second certainly did not.
@@ -24,7 +24,7 @@ from langgraph.types import Command
 from graph_durable import DurableSqliteSaver, EffectGuardNode, current_effect
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
-from graph_durable.testing.scenarios import policy_for_mode
+from graph_durable.testing.scenarios.effects import policy_for_mode
 
 CONFIG = {"configurable": {"thread_id": "t"}}
 TIMEOUT = 0.4

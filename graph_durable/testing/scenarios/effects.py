@@ -5,7 +5,7 @@ from a script of turns, each turn a list of tool calls. Each tool `name(item)` w
 its own provider `name` (file `<provider_dir>/<name>.sqlite`) in the mode given, and the
 policy follows the provider's contract: `dedupe` -> idempotent, `lookup` -> lookup by
 key, `blind` -> neither. All arguments are JSON, so a child process can rebuild the
-agent with `graph_durable.testing.child.run_child`.
+agent with `graph_durable.testing.crash.child.run_child`.
 """
 
 from __future__ import annotations

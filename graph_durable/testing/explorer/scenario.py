@@ -14,14 +14,14 @@ protocol of `graph_durable.testing.crash`). `build_explorer_agent_async` is its 
   the provider does not honour (`idempotent` on a `blind` provider) is a
   misconfiguration the explorer must catch.
   A spec may add how the tool reports errors (`errors`), what it returns (`result`)
-  and how its lookup misbehaves (`lookup_faults`): see `explorer_shapes`.
+  and how its lookup misbehaves (`lookup_faults`): see `shapes`.
 - `turns`: per model turn, the calls of its AIMessage: `{"tool", "id", "item", "n"}`.
   `item` names the logical call: the tool writes with `operation=item`, so a provider
   counts each logical call's effects apart, and faults are scripted per item.
 - `topology`, `stack`, `history`, `fresh_ids`: where the tools sit and how the
-  messages are kept (`explorer_shapes`; the defaults build the graph above);
+  messages are kept (`shapes`; the defaults build the graph above);
   `guarded_node` and `functional` make the same writes through `guarded` functions,
-  from a custom node or functional-API tasks (`explorer_writes`; `sequential` runs a
+  from a custom node or functional-API tasks (`writes`; `sequential` runs a
   functional agent's tool tasks one at a time).
 
 Write tools return the provider's receipt (`{"id", "key", "item", "n"}`), which becomes
@@ -46,8 +46,8 @@ from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.nodes import EffectGuardNode
 from graph_durable.policy import Effect
-from graph_durable.testing.explorer_model import HANG_SECONDS, SLOW_SECONDS
-from graph_durable.testing.explorer_shapes import (
+from graph_durable.testing.explorer.model import HANG_SECONDS, SLOW_SECONDS
+from graph_durable.testing.explorer.shapes import (
     BRANCHES,
     SUBGRAPHS,
     TrimmedState,
@@ -61,11 +61,11 @@ from graph_durable.testing.explorer_shapes import (
     write_tool,
     wrap_in_parent,
 )
-from graph_durable.testing.explorer_writes import GUARDED_TOPOLOGIES, build_guarded_agent
+from graph_durable.testing.explorer.writes import GUARDED_TOPOLOGIES, build_guarded_agent
 from graph_durable.testing.models import ScriptedChatModel
-from graph_durable.testing.scenarios_forks import _with_fresh_ids as with_fresh_ids
+from graph_durable.testing.scenarios.forks import _with_fresh_ids as with_fresh_ids
 from graph_durable.testing.providers import FakeProvider
-from graph_durable.testing.scenarios import EffectsAgent
+from graph_durable.testing.scenarios.effects import EffectsAgent
 
 __all__ = [
     "build_explorer_agent",

@@ -1,7 +1,7 @@
 """What one child process of an explorer episode does: run the graph one way, report.
 
 `run_step(**spec)` is called in a forked child (see `forkserver`). It rebuilds the
-episode's agent (`explorer_scenario`), runs one invocation of the thread the way
+episode's agent (`scenario`), runs one invocation of the thread the way
 `spec["via"]` says, waits for abandoned tool attempts (a timed-out call may still
 land, as it would in a server that keeps running), and returns the thread's state as
 JSON: next nodes, pending interrupts (id and value), and the exception the invocation
@@ -43,9 +43,9 @@ from graph_durable import errors
 from graph_durable.operators.audit import run_log
 from graph_durable.operators.recovery import recover
 from graph_durable.operators.review import areview, review
-from graph_durable.testing.explorer_model import SLOW_SECONDS
-from graph_durable.testing.explorer_scenario import build_explorer_agent, build_explorer_agent_async
-from graph_durable.testing.explorer_writes import WORKFLOW
+from graph_durable.testing.explorer.model import SLOW_SECONDS
+from graph_durable.testing.explorer.scenario import build_explorer_agent, build_explorer_agent_async
+from graph_durable.testing.explorer.writes import WORKFLOW
 
 __all__ = ["DOCUMENTED_ERRORS", "run_step"]
 

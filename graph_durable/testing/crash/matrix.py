@@ -32,8 +32,8 @@ kwargs, returning an object with `.graph` (compiled with a durable SQLite saver 
 `db_path`, or on the saver spec `saver=` it is given when the sweep has a `database`)
 and `.inputs`. Every `FakeProvider` it uses keeps its file in `provider_dir`
 as `<name>.sqlite`: the sweep counts effects there, and resolvers look keys up there.
-`demo.ticket.build_ticket_agent`, `testing.scenarios.build_effects_agent` and
-`testing.scenarios_extra.build_create_agent` follow it.
+`demo.ticket.build_ticket_agent`, `testing.scenarios.effects.build_effects_agent` and
+`testing.scenarios.extra.build_create_agent` follow it.
 
 Resolver. `resolver(question, providers) -> decision` answers one interrupt value;
 `providers` maps file names to the scenario's providers (opened to read). The default,
@@ -79,9 +79,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from graph_durable.faults import FaultPlan
-from graph_durable.testing.child import PRELOAD, ChildResult, child_spec, run_child
-from graph_durable.testing.forkserver import ForkServer
-from graph_durable.testing.crash_report import (
+from graph_durable.testing.crash.child import PRELOAD, ChildResult, child_spec, run_child
+from graph_durable.testing.crash.forkserver import ForkServer
+from graph_durable.testing.crash.report import (
     CrashPoint,
     CrashReport,
     CrashRow,
@@ -219,7 +219,7 @@ _LOCAL = threading.local()
 
 def _preload(scenario: str) -> list[str]:
     """What a sweep's fork servers import: everything a child run of `scenario` uses."""
-    return ["graph_durable.testing.child", *PRELOAD, scenario.partition(":")[0]]
+    return ["graph_durable.testing.crash.child", *PRELOAD, scenario.partition(":")[0]]
 
 
 @contextmanager
@@ -276,7 +276,7 @@ def _run_child(case: _Case, action: str, decisions: Any, fault: FaultPlan | None
                          fault=fault, trace_path=trace, timeout=case.timeout)
     spec = child_spec(case.scenario, case.kwargs, thread_id=case.thread_id,
                       action=action, resume=decisions)  # type: ignore[arg-type]
-    outcome = server.run("graph_durable.testing.child:run_spec",
+    outcome = server.run("graph_durable.testing.crash.child:run_spec",
                          {"spec": spec, "fault": asdict(fault) if fault else None,
                           "trace_path": trace}, timeout=case.timeout)
     where = f"child run of {case.scenario} (thread {case.thread_id!r}, {action})"

@@ -12,7 +12,7 @@ Every secret is a distinctive ASCII string, so a search of a database's raw byte
 is meaningful. The saver encrypts with `EncryptedSerializer` under `TEST_KEY` when
 `encrypt` is set; `redact` names argument and receipt keys the tool's policy masks
 (`Effect(redact=redact_keys(...))`). All arguments are JSON, so a child process
-(`graph_durable.testing.child.run_child`) rebuilds the same agent on the same database.
+(`graph_durable.testing.crash.child.run_child`) rebuilds the same agent on the same database.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from graph_durable.nodes import EffectGuardNode, current_effect
 from graph_durable.policy import Effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider, ProviderMode
-from graph_durable.testing.scenarios import EffectsAgent, policy_for_mode
+from graph_durable.testing.scenarios.effects import EffectsAgent, policy_for_mode
 
 __all__ = [
     "CHARGE_ARGS",

@@ -7,7 +7,7 @@ Path classes name what the generator may produce. Resume paths: `plain`, `async`
 and the original). Call shapes: `slow_timeout_lookup` (a looked-up tool whose call
 outlives its timeout), `edit_unchanged` (an approval edit that keeps the arguments),
 `duplicate_call_id` (one id twice in an AIMessage), `reused_call_id` (a later turn
-reuses an earlier turn's ids). Where the tools sit (`explorer_shapes`, drawn on a
+reuses an earlier turn's ids). Where the tools sit (`shapes`, drawn on a
 generator of their own so an episode without them stays what it was): `subgraph`,
 `subgraph_nested` (two levels down), `subgraph_send` (two `Send` branches into the
 subgraph), each resumed every way above (a named checkpoint is the parent's), and
@@ -27,7 +27,7 @@ write). Histories of a flat graph: `trimmed_history` (a reducer keeping the last
 messages, ids from the model), `idless_messages` (the same, messages without ids:
 refused with `UnkeyableToolCall` before anything is sent). Lookups: `lookup_cannot_tell`
 (a looked-up tool's first lookups raise, answer a bool or time out). Writes outside
-ToolNode (`explorer_writes`): `guarded_node` (a custom StateGraph node calls a `guarded`
+ToolNode (`writes`): `guarded_node` (a custom StateGraph node calls a `guarded`
 function per tool call) and `functional` (an `@entrypoint` calls the model and each tool
 call in `@task`s, each tool task a `guarded` function), with every resume path above but
 `update_state` on `functional` (an entrypoint has one node: an update writes its return
@@ -68,10 +68,10 @@ NAMED_RUNS = ("checkpoint_config", "time_travel", "update_state")
 """Resume paths that run from a named checkpoint id (of the parent, above a subgraph)."""
 TOPOLOGY_PATHS = ("subgraph", "subgraph_nested", "subgraph_send", "create_agent",
                   "guarded_node", "functional")
-"""Where the guarded tools sit (`explorer_shapes`); `flat` when none is enabled."""
+"""Where the guarded tools sit (`shapes`); `flat` when none is enabled."""
 STACK_PATHS = ("tool_retry_outside", "model_retry", "tool_retry_inside", "hitl_before_guard",
                "hitl_after_guard")
-"""`create_agent` middleware lists other than the guard alone (`explorer_shapes.STACKS`)."""
+"""`create_agent` middleware lists other than the guard alone (`shapes.STACKS`)."""
 ERROR_PATHS = {"error_tool_exception": "tool_exception", "error_message": "error_message",
                "error_validation": "validation"}
 """How a write tool reports an error it cannot tell about, by path class."""
@@ -142,19 +142,19 @@ an error message) since the refusal is a `GraphBubbleUp`, which middleware lets 
 STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
 SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
 GUARDED = ("guarded_node", "functional")
-"""Topologies whose writes are `guarded` functions, not tool calls (`explorer_writes`)."""
+"""Topologies whose writes are `guarded` functions, not tool calls (`writes`)."""
 
 
 def refork(episode: Any) -> bool:
     """Whether a run from a named checkpoint follows another (each is a fork), in an
-    `explorer_model.Episode` (not imported: that module imports this one)."""
+    `model.Episode` (not imported: that module imports this one)."""
     vias = [c.then.via for c in episode.crashes] + (
         [episode.after.via] if episode.after is not None else [])
     return sum(1 for via in vias if via in NAMED_RUNS) > 1
 
 
 def draw_shapes(rng: random.Random, episode: Any, paths: frozenset[str]) -> None:
-    """Draw the topology, middleware and tool shapes (`explorer_shapes`) of the enabled
+    """Draw the topology, middleware and tool shapes (`shapes`) of the enabled
     classes, on a generator of their own: an episode without them is what it was."""
     topologies = [p for p in TOPOLOGY_PATHS if p in paths]
     if topologies and rng.random() < 0.5:

@@ -7,7 +7,7 @@ optional fork of the finished thread, and how the human reviewer answers. `gener
 builds one from a seed and a set of path classes; the same seed and classes give the
 same episode.
 
-Path classes (`explorer_classes`) name what the generator may produce; `KNOWN_BUGS` are
+Path classes (`classes`) name what the generator may produce; `KNOWN_BUGS` are
 the classes that fail today, with why.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from graph_durable.testing.explorer_classes import (
+from graph_durable.testing.explorer.classes import (
     ALL_PATHS,
     ERROR_PATHS,
     FOLLOWUP_TOOL,
@@ -128,9 +128,9 @@ class Episode:
     Every third round with several calls pending answers only half of them."""
     topology: str = "flat"
     """Where the guarded tools sit: `flat`, `subgraph`, `subgraph_nested`,
-    `subgraph_send`, `create_agent` (`explorer_shapes`)."""
+    `subgraph_send`, `create_agent` (`shapes`)."""
     stack: str = ""
-    """A `create_agent` middleware list (`explorer_shapes.STACKS`)."""
+    """A `create_agent` middleware list (`shapes.STACKS`)."""
     history: str = ""
     """How a flat graph keeps its messages: `""` (`add_messages`), `trimmed`, `idless`."""
     fresh_ids: bool = False

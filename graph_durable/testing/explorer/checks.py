@@ -20,7 +20,7 @@ kind:
 - `STRANDED`: a finished thread holds a call without an answer, or the placeholder of a
   pending decision.
 - `ANSWER`: a finished thread answered a call applied, but not the way its tool answers
-  (`explorer_shapes`): an `artifact` tool's ToolMessage without the receipt as its
+  (`shapes`): an `artifact` tool's ToolMessage without the receipt as its
   artifact, a `non_json` tool's without its non-JSON value, a `command` tool's not the
   ToolMessage of its Command; a replay that lost them
   (when the receipt came from the tool: a lookup or a person answers their own way);
@@ -42,8 +42,8 @@ from typing import Any
 
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.ledger import EffectStatus
-from graph_durable.testing.explorer_scenario import explorer_saver
-from graph_durable.testing.explorer_shapes import parse_answer
+from graph_durable.testing.explorer.scenario import explorer_saver
+from graph_durable.testing.explorer.shapes import parse_answer
 from graph_durable.testing.providers import FakeProvider
 
 __all__ = ["check_episode", "ledger_snapshot", "provider_effects"]
@@ -262,12 +262,12 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
 
     Args:
         db_path, provider_dir: The episode's database and provider folder.
-        tools: The episode's tools (`explorer_scenario`).
+        tools: The episode's tools (`scenario`).
         threads: Every thread the episode ran (copies included).
         finished: The threads that ran to their end.
         abandoned: Threads left behind on purpose (the original of a copy).
         forked: Whether a time travel or fork left a branch of a thread behind.
-        sealed: Whether the episode's saver encrypts (`explorer_scenario.explorer_serde`).
+        sealed: Whether the episode's saver encrypts (`scenario.explorer_serde`).
         one_request_per_item: Each item is one logical request however many messages
             asked for it (the guarded tools sit in a subgraph).
     """

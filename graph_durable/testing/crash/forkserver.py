@@ -9,7 +9,7 @@ returns to a file and leaves with `os._exit`. The child is a real process: a
 `FaultPlan(action="kill")` SIGKILLs it, and everything it opens (databases, threads,
 event loops) is its own, opened after the fork.
 
-    with ForkServer(["graph_durable.testing.explorer_scenario"]) as server:
+    with ForkServer(["graph_durable.testing.explorer.scenario"]) as server:
         outcome = server.run("pkg.mod:function", {"x": 1}, fault=FaultPlan("after_effect"))
         outcome.killed, outcome.result
 
@@ -143,7 +143,7 @@ class ForkServer:
         self._proc: subprocess.Popen[str] | None = None
         if method == "fork":
             self._proc = subprocess.Popen(
-                [sys.executable, "-c", "from graph_durable.testing.forkserver import _serve; "
+                [sys.executable, "-c", "from graph_durable.testing.crash.forkserver import _serve; "
                  "_serve()", json.dumps(self.preload)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self._env)
             ready = self._proc.stdout.readline() if self._proc.stdout else ""
@@ -216,7 +216,7 @@ class ForkServer:
     def _spawn(self, request: dict[str, Any]) -> int:
         with open(request["output_path"], "ab") as output:
             done = subprocess.run(
-                [sys.executable, "-c", "from graph_durable.testing.forkserver import "
+                [sys.executable, "-c", "from graph_durable.testing.crash.forkserver import "
                  "_run_once; _run_once()", json.dumps(request)],
                 stdin=subprocess.DEVNULL, stdout=output, stderr=output, env=self._env,
                 check=False)

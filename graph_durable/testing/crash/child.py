@@ -173,7 +173,7 @@ class Child:
         self._stderr = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
             # Not `-m`: the package imports this module, and runpy warns about that.
-            [sys.executable, "-c", "from graph_durable.testing.child import _main; _main()",
+            [sys.executable, "-c", "from graph_durable.testing.crash.child import _main; _main()",
              json.dumps(spec)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env=env,

@@ -11,7 +11,7 @@ provider can neither dedupe nor be asked.
 
 Run it in a child process (for SIGKILL crash tests)::
 
-    python -m graph_durable.testing.scenarios_saga run|cancel|acancel DB PROVIDER_DIR REFUND_MODE CLOSE_MODE [TTL]
+    python -m graph_durable.testing.scenarios.saga run|cancel|acancel DB PROVIDER_DIR REFUND_MODE CLOSE_MODE [TTL]
 
 `run` drives the thread to its end; `cancel` cancels it (`graph_durable.cancel`, under a
 lease of TTL seconds, 1 by default, so a killed cancel's lease soon expires) and prints
@@ -35,7 +35,7 @@ from graph_durable.nodes import current_effect
 from graph_durable.policy import Compensation, Effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
-from graph_durable.testing.scenarios import EffectsAgent, policy_for_mode, react_graph
+from graph_durable.testing.scenarios.effects import EffectsAgent, policy_for_mode, react_graph
 
 __all__ = ["SAGA_THREAD", "assemble_saga_agent", "build_saga_agent", "saga_providers",
            "graph_on", "saga_step"]
@@ -109,7 +109,7 @@ def build_saga_agent(db_path: str, provider_dir: str, refund_mode: str = "dedupe
 def graph_on(saver: Any) -> Any:
     """The saga graph on `saver`, its providers in `$GRAPH_DURABLE_SAGA_DIR` (modes
     `$GRAPH_DURABLE_SAGA_MODES`, default `dedupe,lookup`): for `graph-durable --graph
-    graph_durable.testing.scenarios_saga:graph_on`."""
+    graph_durable.testing.scenarios.saga:graph_on`."""
     refund_mode, close_mode = os.environ.get("GRAPH_DURABLE_SAGA_MODES", "dedupe,lookup").split(",")
     providers = saga_providers(os.environ["GRAPH_DURABLE_SAGA_DIR"], refund_mode, close_mode)
     return assemble_saga_agent(saver, providers).graph

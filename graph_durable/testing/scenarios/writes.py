@@ -26,7 +26,7 @@ from graph_durable.nodes.writes import guarded
 from graph_durable.policy import Effect
 from graph_durable.testing.providers import FakeProvider, ProviderMode
 from graph_durable.testing.savers import SaverSpec, aopen_saver, open_saver
-from graph_durable.testing.scenarios import EffectsAgent
+from graph_durable.testing.scenarios.effects import EffectsAgent
 
 __all__ = ["build_write_graph", "build_write_graph_async"]
 

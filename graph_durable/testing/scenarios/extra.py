@@ -26,7 +26,7 @@ from graph_durable.nodes import current_effect
 from graph_durable.policy import Effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
-from graph_durable.testing.scenarios import (
+from graph_durable.testing.scenarios.effects import (
     EffectsAgent,
     policy_for_mode,
     react_graph,

@@ -7,26 +7,26 @@
     python -m graph_durable.testing.explorer --minutes 30 --paths all   # soak
 
 Where `crash_matrix` sweeps every fault point of one scenario, the explorer draws many
-small scenarios: each episode (`explorer_model.generate`, deterministic given its seed)
+small scenarios: each episode (`model.generate`, deterministic given its seed)
 is one to three model turns of one to five tool calls, on tools with mixed policies
 (blind, looked up, idempotent, approval, read-only, retries, timeouts) whose providers
 return, refuse (`NotApplied`), fail transiently (`Retryable`), raise, lose the answer or
 answer slowly, and which report errors and shape results every way LangChain lets a
 tool (`ToolException`, an error ToolMessage, a `ValidationError`; artifacts, non-JSON
 values, a `Command` with a `goto`). The agent is built by
-`explorer_scenario.build_explorer_agent`, a scenario factory a child process rebuilds by
+`scenario.build_explorer_agent`, a scenario factory a child process rebuilds by
 name: a flat ToolNode graph (`add_messages`, or a trimming reducer with or without
 message ids), the same graph as a subgraph (one or two levels down, or fanned out by
 `Send`), or `create_agent` with `EffectGuardMiddleware` among retry middleware in either
-order (`explorer_shapes`), or the same writes made by `guarded` functions outside
+order (`shapes`), or the same writes made by `guarded` functions outside
 ToolNode: from a custom `StateGraph` node, or from the `@task`s of a functional-API
-`@entrypoint` agent (`explorer_writes`). The thread runs in real child
-processes forked from a pre-imported server (`forkserver`, milliseconds each): a crash
+`@entrypoint` agent (`writes`). The thread runs in real child
+processes forked from a pre-imported server (`crash.forkserver`, milliseconds each): a crash
 is a SIGKILL at a fault point occurrence, after which the thread resumes along a
 generated path (plain, async, `recover()` under leases, a `copy_thread` copy, a
 checkpoint-id config, time travel, an `update_state` fork). Pauses are answered with
 valid decisions, sometimes after a malformed one. After every episode
-(`explorer_checks`): each logical call applied at most once at its provider, exactly
+(`checks`): each logical call applied at most once at its provider, exactly
 once when its thread finished and the call was not rejected, skipped or failed; the
 ledger agrees with the providers; a finished thread's answers are the tools' own
 (artifact, non-JSON value, Command) when replayed; every pause could be answered and
@@ -75,7 +75,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from graph_durable.testing.explorer_model import (
+from graph_durable.testing.explorer.model import (
     ALL_PATHS,
     KNOWN_BUGS,
     STABLE_PATHS,
@@ -83,10 +83,10 @@ from graph_durable.testing.explorer_model import (
     generate,
     resolve_paths,
 )
-from graph_durable.testing.forkserver import ForkServer
+from graph_durable.testing.crash.forkserver import ForkServer
 
 if TYPE_CHECKING:
-    from graph_durable.testing.explorer_driver import EpisodeResult
+    from graph_durable.testing.explorer.driver import EpisodeResult
 
 __all__ = [
     "ALL_PATHS",
@@ -102,7 +102,7 @@ __all__ = [
     "shrink",
 ]
 
-PRELOAD = ["graph_durable.testing.explorer_child"]
+PRELOAD = ["graph_durable.testing.explorer.child"]
 """What the fork server imports before forking: the child's module and LangGraph."""
 
 
@@ -227,7 +227,7 @@ def shrink(episode: Episode, kinds: set[str], server: ForkServer, directory: str
     Greedy: take the first one-step simplification (`Episode.simpler`) that still
     fails, repeat until none does or the budget is spent.
     """
-    from graph_durable.testing.explorer_driver import run_episode
+    from graph_durable.testing.explorer.driver import run_episode
 
     deadline = time.monotonic() + max_seconds
     found: tuple[Episode, EpisodeResult] | None = None
@@ -280,7 +280,7 @@ def explore(episodes: int | None = 100, seed: int = 0, *,
         progress: Print a line per failing episode and a dot per 10 episodes to stderr.
         max_failures: Stop after this many failing episodes.
     """
-    from graph_durable.testing.explorer_driver import EpisodeResult, run_episode
+    from graph_durable.testing.explorer.driver import EpisodeResult, run_episode
 
     chosen = resolve_paths(paths)
     if episodes is None and minutes is None:
@@ -360,7 +360,7 @@ def explore(episodes: int | None = 100, seed: int = 0, *,
 def replay(episode: Episode, *, paths: str | Iterable[str] | None = None,
            directory: str | None = None, method: str = "fork") -> EpisodeResult:
     """Run one given episode (e.g. a shrunk one) and return its `EpisodeResult`."""
-    from graph_durable.testing.explorer_driver import run_episode
+    from graph_durable.testing.explorer.driver import run_episode
 
     where = directory or tempfile.mkdtemp(prefix="explorer-replay-")
     with _servers(1, method) as [server]:

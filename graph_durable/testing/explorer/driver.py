@@ -7,7 +7,7 @@ SIGKILL the thread is resumed the way the crash says; a pause is answered by a r
 that, like a person with the provider's dashboard, approves, edits or rejects approvals
 and settles unknown outcomes from the provider's records, sometimes after first trying
 a malformed decision (which must raise `InvalidDecision` and change nothing). Once every
-thread has finished (or cannot), `explorer_checks.check_episode` checks the invariants.
+thread has finished (or cannot), `checks.check_episode` checks the invariants.
 """
 
 from __future__ import annotations
@@ -19,26 +19,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graph_durable.ledger import answered
-from graph_durable.testing.explorer_checks import (
+from graph_durable.testing.explorer.checks import (
     check_episode,
     ledger_snapshot,
     provider_effects,
 )
-from graph_durable.testing.explorer_child import DOCUMENTED_ERRORS
-from graph_durable.testing.explorer_model import STABLE_PATHS, Crash, Episode, Resume
-from graph_durable.testing.explorer_reviewer import APPROVALS, Reviewer, by_interrupt_id
-from graph_durable.testing.explorer_scenario import explorer_saver, open_providers
-from graph_durable.testing.explorer_shapes import (
+from graph_durable.testing.explorer.child import DOCUMENTED_ERRORS
+from graph_durable.testing.explorer.model import STABLE_PATHS, Crash, Episode, Resume
+from graph_durable.testing.explorer.reviewer import APPROVALS, Reviewer, by_interrupt_id
+from graph_durable.testing.explorer.scenario import explorer_saver, open_providers
+from graph_durable.testing.explorer.shapes import (
     LOOKUP_FAULTS,
     SAFE_ORDER,
     SUBGRAPHS,
     UNSAFE_STACKS,
 )
-from graph_durable.testing.forkserver import ForkServer
+from graph_durable.testing.crash.forkserver import ForkServer
 
 __all__ = ["EpisodeResult", "run_episode"]
 
-STEP = "graph_durable.testing.explorer_child:run_step"
+STEP = "graph_durable.testing.explorer.child:run_step"
 LEASE_TTL = 0.4
 MAX_PROCESSES = 80
 ALLOWED_WHEN_LEASED = ("LeaseHeld", "LeaseLost")
@@ -109,7 +109,7 @@ class _Run:
         self.crashes: list[Crash] = list(episode.crashes)
         self.stack = episode.stack
         """The middleware list the next children run with: an unsafe one, once refused,
-        is put in the safe order (`explorer_shapes.SAFE_ORDER`), as its owner would."""
+        is put in the safe order (`shapes.SAFE_ORDER`), as its owner would."""
         self.after = episode.after
         self.phase = 0
         self.threads = ["t"]

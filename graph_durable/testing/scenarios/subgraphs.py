@@ -1,6 +1,6 @@
 """Scenarios whose guarded tools node sits inside a subgraph.
 
-`build_subgraph_charge_agent` is the charge agent of `scenarios_forks` (model -> guarded
+`build_subgraph_charge_agent` is the charge agent of `scenarios.forks` (model -> guarded
 tools -> model, one `charge` tool writing to a `FakeProvider`) compiled as a subgraph and
 added as the node `payments` of a parent graph (or of a `billing` subgraph of the
 parent, with `depth=2`). A run that names a checkpoint id of the parent (resuming with
@@ -19,8 +19,8 @@ from langgraph.graph import START, MessagesState, StateGraph
 
 from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
-from graph_durable.testing.scenarios import EffectsAgent
-from graph_durable.testing.scenarios_forks import assemble_charge_agent
+from graph_durable.testing.scenarios.effects import EffectsAgent
+from graph_durable.testing.scenarios.forks import assemble_charge_agent
 
 __all__ = ["assemble_subgraph_charge_agent", "build_subgraph_charge_agent",
            "build_subgraph_charge_agent_async"]

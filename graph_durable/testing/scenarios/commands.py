@@ -11,7 +11,7 @@ on the providers' side: no notification, and no booking in the state.
 
 `lookup` says what the book tool's lookup returns: `receipt` (the provider's receipt)
 or `command` (the Command the tool would have returned, built from that receipt).
-Arguments are JSON, so `graph_durable.testing.child.run_child` can rebuild the agent.
+Arguments are JSON, so `graph_durable.testing.crash.child.run_child` can rebuild the agent.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from graph_durable.policy import Effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
 from graph_durable.testing.savers import SaverSpec, aopen_saver, open_saver
-from graph_durable.testing.scenarios import EffectsAgent
+from graph_durable.testing.scenarios.effects import EffectsAgent
 
 __all__ = ["BOOK_CALL_ID", "BookingState", "booked", "build_booking_agent",
            "build_booking_agent_async"]

@@ -1,6 +1,6 @@
 """The explorer's guarded-write shapes: the episode's writes made by `guarded` functions.
 
-Where `explorer_shapes` puts the episode's tools under `EffectGuardNode` or
+Where `shapes` puts the episode's tools under `EffectGuardNode` or
 `EffectGuardMiddleware`, these two topologies make the same writes from code that is
 not a tool node, as applications do with `graph_durable.guarded`:
 

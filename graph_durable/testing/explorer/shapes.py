@@ -1,6 +1,6 @@
 """Everyday LangGraph / LangChain shapes for the explorer's agent: topologies and tools.
 
-`explorer_scenario` builds the episode's tools and graph through this module, so that an
+`scenario` builds the episode's tools and graph through this module, so that an
 episode can put its guarded tools where applications put them and have them answer the
 way LangChain lets tools answer:
 

@@ -12,8 +12,8 @@ import os
 import random
 from typing import Any
 
-from graph_durable.testing.explorer_checks import RESPONDED
-from graph_durable.testing.explorer_model import Episode
+from graph_durable.testing.explorer.checks import RESPONDED
+from graph_durable.testing.explorer.model import Episode
 from graph_durable.testing.providers import FakeProvider
 
 __all__ = ["APPROVALS", "Reviewer", "by_interrupt_id"]

@@ -9,7 +9,7 @@ each model turn gets its own message id (a fixed id would make the second messag
 replace the first in the state).
 
 `run_fork_child` runs one invocation in a new process, like
-`graph_durable.testing.child.run_child`, with one more way to resume:
+`graph_durable.testing.crash.child.run_child`, with one more way to resume:
 `resume_at_checkpoint` invokes `None` with the config returned by `get_state`, which
 names the latest checkpoint id (a run that names a checkpoint id is a fork in
 LangGraph's eyes, even when it names the latest one).
@@ -38,11 +38,11 @@ from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.nodes import EffectGuardNode, current_effect
 from graph_durable.policy import Effect
-from graph_durable.testing.child import ChildResult, load_factory, summarize
+from graph_durable.testing.crash.child import ChildResult, load_factory, summarize
 from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE, FaultPlan
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
-from graph_durable.testing.scenarios import EffectsAgent
+from graph_durable.testing.scenarios.effects import EffectsAgent
 
 __all__ = [
     "CHARGE_ARGS",
@@ -195,7 +195,7 @@ def run_fork_child(
         env.update(fault.to_env())
     spec = {"factory": factory, "kwargs": kwargs, "thread_id": thread_id, "action": action}
     proc = subprocess.run(
-        [sys.executable, "-c", "from graph_durable.testing.scenarios_forks import main; main()",
+        [sys.executable, "-c", "from graph_durable.testing.scenarios.forks import main; main()",
          json.dumps(spec)],
         stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout,
     )
