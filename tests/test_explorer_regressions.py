@@ -797,7 +797,7 @@ def test_a_send_branch_run_again_from_a_fork_answers_its_calls(tmp_path) -> None
     calls unanswered (the test above, in the guard's graph). Both branches restore
     their checkpoint when they happen to look it up at once: the episode runs three
     times."""
-    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
 
     episode = Episode(
         0, {"ticket": _tool("dedupe", "idempotent"), "email": _tool()},
@@ -1013,7 +1013,7 @@ def test_a_stale_approval_in_a_send_branch_is_not_answered_after_recover(tmp_pat
     saved approval question of the first email, which the guard (rightly) refused as
     decided: resuming asks whether it was sent. As for seed 10410, only the questions
     `review` lists are answered."""
-    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
 
     episode = Episode(
         0, {"charge": _tool(), "email": _tool(approval="odd", retries=1, timeout=0.1)},
