@@ -511,7 +511,8 @@ class GuardCore:
             if len(self._fork_sources) >= 1024:
                 self._fork_sources.clear()
             self._fork_sources[slot] = sources
-        earlier = yield from earlier_effect(ctx, root, sources, state, self.messages_key)
+        at = (task.requesting_checkpoint() or ("", "", None))[2]
+        earlier = yield from earlier_effect(ctx, root, sources, state, self.messages_key, at)
         if earlier is not None:
             ctx.key = earlier.key
 
