@@ -40,12 +40,13 @@ from typing import Any
 
 from langchain_core.messages import AIMessage
 
+from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP
 from graph_durable.errors import GraphDurableError
 from graph_durable.ledger import EffectRecord, canonical_json, key_of_encoded
 from graph_durable.nodes.anchor import messages_of
 from graph_durable.nodes.protocol import CallContext, Read
 
-__all__ = ["fork_sources", "node_path", "earlier_effect"]
+__all__ = ["fork_sources", "node_path", "earlier_effect", "restart_root"]
 
 _FORK_SOURCES = ("fork", "update")
 _MAX_LINKS = 64
@@ -62,6 +63,18 @@ def _at(thread_id: str, checkpoint_ns: str, checkpoint_id: str | None = None
     if checkpoint_id is not None:
         conf["checkpoint_id"] = checkpoint_id
     return {"configurable": conf}
+
+
+def restart_root(conf: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """`(thread_id, "", checkpoint_id)` of the root checkpoint a call in a subgraph (of
+    the task config's configurable `conf`) runs from, whose fork links `fork_sources`
+    reads; `None` outside a subgraph. A run from a checkpoint id saves its fork
+    checkpoint in the background: the guard waits for it to be stored before reading
+    them (else it finds no fork, and the call would take a new key and send again)."""
+    root = (conf.get(CONFIG_KEY_CHECKPOINT_MAP) or {}).get("")
+    if "|" not in str(conf.get("checkpoint_ns", "")) or root is None:
+        return None
+    return str(conf.get("thread_id", "")), "", str(root)
 
 
 def fork_sources(thread_id: str, root_checkpoint_id: str
