@@ -26,6 +26,12 @@ under the tool_call_id the model gives now: a replayed answer is made to answer 
 (`graph_durable.nodes.results.rebound`), and a question names it (the record takes it
 when it is asked about, so a decision keyed by it finds the call); the key stays.
 
+A run from an `update_state` (or fork) checkpoint that is still the thread's latest
+writes no fork of its own: the restarted subgraph's task keeps its id, so an earlier run
+of it is in the same namespace, told apart by its input checkpoint (the run this call's
+step belongs to started from the latest input checkpoint before that step's checkpoint;
+an earlier one ends where the next one starts, `checkpoint_before`).
+
 Earlier runs that match from more than one incarnation (a `Send` fan-out of identical
 payloads) cannot be told apart; such a call is refused before anything is sent.
 
