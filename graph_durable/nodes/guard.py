@@ -741,7 +741,7 @@ class GuardCore:
 
     def _check_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any],
                                      where: tuple[str, str, str] | None = None) -> None:
-        where = self._checkpoint_to_verify(task, where)
+        where = self._to_verify(task, where)
         if where is None:
             return
         stored = task.saver.checkpoint_exists(*where)
@@ -756,7 +756,7 @@ class GuardCore:
 
     async def _acheck_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any],
                                             where: tuple[str, str, str] | None = None) -> None:
-        where = self._checkpoint_to_verify(task, where)
+        where = self._to_verify(task, where)
         if where is None:
             return
         stored = await task.saver.acheckpoint_exists(*where)
@@ -769,12 +769,17 @@ class GuardCore:
             stored = await task.saver.acheckpoint_exists(*where)
         self._verified(task, call, where, stored)
 
-    def _checkpoint_to_verify(self, task: _Task, where: tuple[str, str, str] | None = None
-                              ) -> tuple[str, str, str] | None:
-        """`where` (by default the checkpoint the task runs from), unless already known
-        to be stored."""
-        where = where or task.requesting_checkpoint()
+    def _checkpoint_to_verify(self, task: _Task) -> tuple[str, str, str] | None:
+        """The checkpoint the task runs from, unless already known to be stored."""
+        where = task.requesting_checkpoint()
         return None if where is None or where in self._durable_checkpoints else where
+
+    def _to_verify(self, task: _Task, where: tuple[str, str, str] | None
+                   ) -> tuple[str, str, str] | None:
+        """`where` (by default `_checkpoint_to_verify`), unless known to be stored."""
+        if where is None:
+            return self._checkpoint_to_verify(task)
+        return None if where in self._durable_checkpoints else where
 
     def _verified(
         self, task: _Task, call: Mapping[str, Any], where: tuple[str, str, str], stored: bool
