@@ -948,6 +948,32 @@ def test_a_saved_question_asked_anew_after_two_crashes_is_not_answered(tmp_path)
 
 
 @pytest.mark.crash
+def test_a_subgraph_restarted_twice_in_one_namespace_sends_each_call_once(tmp_path) -> None:
+    """Seed 7073 (`subgraph_send`): killed before the first step was done, the thread
+    was forked by `update_state`; that run's first `Send` branch sent its email and was
+    killed after the charge's intent. Run from `get_state().config` (the update, still
+    the thread's latest checkpoint, so LangGraph writes no fork and the branch's task
+    keeps its namespace), the branch restarted in the same namespace, its earlier run
+    was taken for its own, and the email was sent a second time under a new key."""
+    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        7073, {"audit": _tool(),
+               "charge": _tool("lookup", errors="validation", result="non_json", retries=2),
+               "email": _tool(result="command", timeout=1.0),
+               "search": {"mode": "read", "policy": "read_only"}},
+        [[Call("email", "call_1_1", "x11"), Call("charge", "call_1_3", "x13")]],
+        crashes=[Crash("after_put", None, 2, 0, Resume("update_state", 7)),
+                 Crash("after_intent", "charge", 1, 0, Resume("checkpoint_config", 7))],
+        topology="subgraph_send", sealed=True,
+        reviewer={"seed": 26461428, "malformed": True, "raw": True})
+    result = _replay(tmp_path, episode)
+    assert not [p for p in result.problems if p.startswith("DUPLICATE")], result.problems
+    assert result.ok, result.problems
+    assert result.log[2].startswith("checkpoint_config on t:"), result.log
+
+
+@pytest.mark.crash
 def test_a_call_answered_in_place_in_a_copy_then_sent_and_skipped_in_its_source(
         tmp_path) -> None:
     """Seeds 10442 and 10469 (`subgraph_send`, `copy_both`): killed before the first

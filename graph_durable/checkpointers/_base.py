@@ -348,6 +348,24 @@ class DurableSaverMixin:
                            filter={"source": "input"})
         return [one async for one in found if one.config["configurable"].get("checkpoint_ns")]
 
+    def checkpoint_before(self, thread_id: str, checkpoint_ns: str, before: str) -> Any:
+        """The latest checkpoint of `checkpoint_ns` in `thread_id` saved before the
+        checkpoint `before` (the last step of an earlier run of a subgraph that a later
+        run restarted in the same namespace), or `None`."""
+        found = self.list({"configurable": {"thread_id": thread_id,  # type: ignore[attr-defined]
+                                            "checkpoint_ns": checkpoint_ns}},
+                          before={"configurable": {"checkpoint_id": before}}, limit=1)
+        return next(iter(found), None)
+
+    async def acheckpoint_before(self, thread_id: str, checkpoint_ns: str, before: str) -> Any:
+        """Async `checkpoint_before`."""
+        found = self.alist({"configurable": {"thread_id": thread_id,  # type: ignore[attr-defined]
+                                             "checkpoint_ns": checkpoint_ns}},
+                           before={"configurable": {"checkpoint_id": before}}, limit=1)
+        async for one in found:
+            return one
+        return None
+
     # -- the audit -----------------------------------------------------------------------
 
     def audit(self, thread_id: str) -> Any:

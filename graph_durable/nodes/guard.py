@@ -65,7 +65,7 @@ from graph_durable.nodes.outcomes import (
     watch_reports,
 )
 from graph_durable.nodes.reentry import ReentryRefused, ToolGate
-from graph_durable.nodes.restarts import earlier_effect, fork_sources
+from graph_durable.nodes.restarts import earlier_effect, fork_sources, restart_root
 from graph_durable.nodes.protocol import (
     Ask,
     CallContext,
@@ -482,6 +482,7 @@ class GuardCore:
         ctx = self._context(task, request.tool_call, request.state, keying)
         if keying[1]:
             self._adopt_legacy_key(ctx, task.saver.effect(ctx.legacy_key(), task.thread_id))
+        self._check_requesting_checkpoint(task, ctx.tool_call, restart_root(task.conf))
         _perform_reads(task.saver, self._restarted(task, ctx, request.state))
         return task, ctx
 
@@ -492,6 +493,8 @@ class GuardCore:
         if keying[1]:
             self._adopt_legacy_key(
                 ctx, await task.saver.aeffect(ctx.legacy_key(), task.thread_id))  # type: ignore[attr-defined]
+        await self._acheck_requesting_checkpoint(task, ctx.tool_call,
+                                                 restart_root(task.conf))
         await _aperform_reads(task.saver, self._restarted(task, ctx, request.state))
         return task, ctx
 
@@ -511,7 +514,8 @@ class GuardCore:
             if len(self._fork_sources) >= 1024:
                 self._fork_sources.clear()
             self._fork_sources[slot] = sources
-        earlier = yield from earlier_effect(ctx, root, sources, state, self.messages_key)
+        at = (task.requesting_checkpoint() or ("", "", None))[2]
+        earlier = yield from earlier_effect(ctx, root, sources, state, self.messages_key, at)
         if earlier is not None:
             ctx.key = earlier.key
 
@@ -572,6 +576,7 @@ class GuardCore:
             return {}  # legacy keys are looked up call by call
         contexts = self._contexts(calls, config, state, keying)
         for task, ctx in contexts:
+            self._check_requesting_checkpoint(task, ctx.tool_call, restart_root(task.conf))
             _perform_reads(task.saver, self._restarted(task, ctx, state))
         started = self._start(contexts)
         task = started[0].task
@@ -593,6 +598,7 @@ class GuardCore:
             return {}
         contexts = self._contexts(calls, config, state, keying)
         for task, ctx in contexts:
+            await self._acheck_requesting_checkpoint(task, ctx.tool_call, restart_root(task.conf))
             await _aperform_reads(task.saver, self._restarted(task, ctx, state))
         started = self._start(contexts)
         task = started[0].task
@@ -733,8 +739,9 @@ class GuardCore:
     # already runs, even with durability="sync"; such a save is waited for this long.
     FORK_SAVE_WAIT = 5.0
 
-    def _check_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any]) -> None:
-        where = self._checkpoint_to_verify(task)
+    def _check_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any],
+                                     where: tuple[str, str, str] | None = None) -> None:
+        where = self._to_verify(task, where)
         if where is None:
             return
         stored = task.saver.checkpoint_exists(*where)
@@ -747,8 +754,9 @@ class GuardCore:
             stored = task.saver.checkpoint_exists(*where)
         self._verified(task, call, where, stored)
 
-    async def _acheck_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any]) -> None:
-        where = self._checkpoint_to_verify(task)
+    async def _acheck_requesting_checkpoint(self, task: _Task, call: Mapping[str, Any],
+                                            where: tuple[str, str, str] | None = None) -> None:
+        where = self._to_verify(task, where)
         if where is None:
             return
         stored = await task.saver.acheckpoint_exists(*where)
@@ -765,6 +773,13 @@ class GuardCore:
         """The checkpoint the task runs from, unless already known to be stored."""
         where = task.requesting_checkpoint()
         return None if where is None or where in self._durable_checkpoints else where
+
+    def _to_verify(self, task: _Task, where: tuple[str, str, str] | None
+                   ) -> tuple[str, str, str] | None:
+        """`where` (by default `_checkpoint_to_verify`), unless known to be stored."""
+        if where is None:
+            return self._checkpoint_to_verify(task)
+        return None if where in self._durable_checkpoints else where
 
     def _verified(
         self, task: _Task, call: Mapping[str, Any], where: tuple[str, str, str], stored: bool

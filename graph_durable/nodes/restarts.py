@@ -26,6 +26,12 @@ under the tool_call_id the model gives now: a replayed answer is made to answer 
 (`graph_durable.nodes.results.rebound`), and a question names it (the record takes it
 when it is asked about, so a decision keyed by it finds the call); the key stays.
 
+A run from an `update_state` (or fork) checkpoint that is still the thread's latest
+writes no fork of its own: the restarted subgraph's task keeps its id, so an earlier run
+of it is in the same namespace, told apart by its input checkpoint (the run this call's
+step belongs to started from the latest input checkpoint before that step's checkpoint;
+an earlier one ends where the next one starts, `checkpoint_before`).
+
 Earlier runs that match from more than one incarnation (a `Send` fan-out of identical
 payloads) cannot be told apart; such a call is refused before anything is sent.
 
@@ -40,12 +46,13 @@ from typing import Any
 
 from langchain_core.messages import AIMessage
 
+from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP
 from graph_durable.errors import GraphDurableError
 from graph_durable.ledger import EffectRecord, canonical_json, key_of_encoded
 from graph_durable.nodes.anchor import messages_of
 from graph_durable.nodes.protocol import CallContext, Read
 
-__all__ = ["fork_sources", "node_path", "earlier_effect"]
+__all__ = ["fork_sources", "node_path", "earlier_effect", "restart_root"]
 
 _FORK_SOURCES = ("fork", "update")
 _MAX_LINKS = 64
@@ -62,6 +69,18 @@ def _at(thread_id: str, checkpoint_ns: str, checkpoint_id: str | None = None
     if checkpoint_id is not None:
         conf["checkpoint_id"] = checkpoint_id
     return {"configurable": conf}
+
+
+def restart_root(conf: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """`(thread_id, "", checkpoint_id)` of the root checkpoint a call in a subgraph (of
+    the task config's configurable `conf`) runs from, whose fork links `fork_sources`
+    reads; `None` outside a subgraph. A run from a checkpoint id saves its fork
+    checkpoint in the background: the guard waits for it to be stored before reading
+    them (else it finds no fork, and the call would take a new key and send again)."""
+    root = (conf.get(CONFIG_KEY_CHECKPOINT_MAP) or {}).get("")
+    if "|" not in str(conf.get("checkpoint_ns", "")) or root is None:
+        return None
+    return str(conf.get("thread_id", "")), "", str(root)
 
 
 def fork_sources(thread_id: str, root_checkpoint_id: str
@@ -115,11 +134,25 @@ def _ids(messages: Sequence[Any]) -> set[Any]:
     return {message.id for message in messages if getattr(message, "id", None)}
 
 
+def _input_id(first: Any) -> str:
+    return str(first.config["configurable"]["checkpoint_id"])
+
+
+def _runs_here(inputs: Sequence[Any], here: str, at: str | None) -> tuple[list[str], str | None]:
+    """The input checkpoint ids of the runs of the subgraph task `here`, oldest first,
+    and the one of the run that reached the checkpoint `at` (ids grow with time)."""
+    ids = sorted(_input_id(first) for first in inputs
+                 if first.config["configurable"]["checkpoint_ns"] == here)
+    return ids, max((one for one in ids if at is None or one <= at), default=None)
+
+
 def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state: Any,
-                   messages_key: str) -> Generator[Read, Any, EffectRecord | None]:
+                   messages_key: str, at: str | None = None
+                   ) -> Generator[Read, Any, EffectRecord | None]:
     """The effect of the earlier request this call repeats (see the module docstring),
     or `None` when it repeats none. `root` is the checkpoint the root graph runs from,
-    `sources` its `fork_sources`.
+    `sources` its `fork_sources`, `at` the checkpoint of the subgraph the call's step
+    runs from.
 
     Raises:
         GraphDurableError: earlier runs of more than one incarnation match.
@@ -130,20 +163,29 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
     here = ctx.checkpoint_ns.rpartition("|")[0]
     current = messages_of(state, messages_key)
     inputs = yield Read("subgraph_inputs", (ctx.thread_id,))
+    ran_here, mine_from = _runs_here(inputs, here, at)
     matches: dict[str, tuple[list[EffectRecord], list[str]]] = {}
     for first in inputs:
         incarnation = first.config["configurable"]["checkpoint_ns"]
-        parents: Mapping[str, Any] = (first.metadata or {}).get("parents") or {}
-        ran_from = parents.get("")
-        if (incarnation == here or node_path(incarnation) != path[:-1] or ran_from is None
-                or ran_from == root):
-            continue
-        if ran_from not in sources:
-            # Another fork (or update) of a checkpoint this run descends from.
-            theirs = yield from fork_sources(ctx.thread_id, ran_from)
-            if not set(theirs) & {root, *sources}:
+        if incarnation == here:
+            # An earlier run of this very task (a run from an `update_state` or fork
+            # checkpoint that is the thread's latest writes no fork of its own, so the
+            # restarted subgraph keeps its namespace): it ends where the next one starts.
+            if mine_from is None or _input_id(first) >= mine_from:
                 continue
-        latest = yield Read("get_tuple", (_at(ctx.thread_id, incarnation),))
+            after = ran_here[ran_here.index(_input_id(first)) + 1]
+            latest = yield Read("checkpoint_before", (ctx.thread_id, here, after))
+        else:
+            parents: Mapping[str, Any] = (first.metadata or {}).get("parents") or {}
+            ran_from = parents.get("")
+            if node_path(incarnation) != path[:-1] or ran_from is None or ran_from == root:
+                continue
+            if ran_from not in sources:
+                # Another fork (or update) of a checkpoint this run descends from.
+                theirs = yield from fork_sources(ctx.thread_id, ran_from)
+                if not set(theirs) & {root, *sources}:
+                    continue
+            latest = yield Read("get_tuple", (_at(ctx.thread_id, incarnation),))
         if latest is None:
             continue
         earlier_messages = messages_of(latest.checkpoint.get("channel_values", {}),
@@ -159,7 +201,7 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
             if record is not None:
                 records.append(record)
         if records:
-            matches[incarnation] = (records, sorted(inherited))
+            matches[_input_id(first)] = (records, sorted(inherited))
     if not matches:
         return None
     if len(matches) > 1:
