@@ -955,7 +955,7 @@ def test_a_subgraph_restarted_twice_in_one_namespace_sends_each_call_once(tmp_pa
     the thread's latest checkpoint, so LangGraph writes no fork and the branch's task
     keeps its namespace), the branch restarted in the same namespace, its earlier run
     was taken for its own, and the email was sent a second time under a new key."""
-    from graph_durable.testing.explorer_model import Call, Crash, Episode, Resume
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
 
     episode = Episode(
         7073, {"audit": _tool(),

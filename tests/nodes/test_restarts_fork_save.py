@@ -20,7 +20,7 @@ async def test_a_restarted_subgraph_whose_fork_is_saved_late_keeps_the_charge_ke
     restarts, and its charge must take the key of the earlier run's. The run's fork
     checkpoint, saved in the background (as a busy PostgreSQL pool does), was read before
     it was stored: no fork was found, the charge took a new key and was sent again."""
-    from graph_durable.testing.scenarios_subgraphs import (
+    from graph_durable.testing.scenarios.subgraphs import (
         build_subgraph_charge_agent,
         build_subgraph_charge_agent_async,
     )
