@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import dataclasses
-import hashlib
 import inspect
 import threading
 import time
@@ -21,56 +19,34 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
-from langgraph.types import Command, Interrupt
+from langgraph.types import Command
 
-from graph_durable._langgraph import (
-    CONFIG_KEY_CHECKPOINT_MAP,
-    CONFIG_KEY_CHECKPOINTER,
-    CONFIG_KEY_DURABILITY,
-    CONFIG_KEY_RESUME_MAP,
-    CONFIG_KEY_SCRATCHPAD,
-    CONFIG_KEY_TASK_ID,
-    INTERRUPT,
-)
-from graph_durable._langgraph import interrupt_id as _interrupt_id
-from graph_durable.checkpointers._base import actor_of, durable_saver
-from graph_durable.errors import (
-    DurabilityError,
-    InvalidDecision,
-    MiddlewareOrderError,
-    NotDurableCheckpointer,
-)
-from graph_durable.leases import active_lease, check_fence
-from graph_durable.ledger import (
-    EffectRecord,
-    EffectStatus,
-    Keying,
-    TransitionWrite,
-    WriteBatch,
-)
+from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP
+from graph_durable.checkpointers._base import actor_of
+from graph_durable.errors import InvalidDecision, MiddlewareOrderError
+from graph_durable.ledger import EffectRecord, EffectStatus, Keying
 from graph_durable.nodes.anchor import call_anchor, requested_args
+from graph_durable.nodes.answers import read_decisions as _decisions
 from graph_durable.nodes.context import _CURRENT, EffectContext
-from graph_durable.nodes.decisions import (
-    RefusedDecision,
-    check_answers,
-    check_decision,
-    match_decisions,
-    refuse_stale,
-    response_schema,
+from graph_durable.nodes.decisions import RefusedDecision
+from graph_durable.nodes.interrupts import (
+    OnAsk,
+    interrupt_id_for,
+    pending_placeholder,
+    raise_interrupts,
+    withdrawal,
 )
+from graph_durable.nodes.interrupts import with_schema as _with_schema
 from graph_durable.nodes.outcomes import (
     call_with_timeout,
     read_reports,
     refused_args,
     watch_reports,
 )
-from graph_durable.nodes.reentry import ReentryRefused, ToolGate
-from graph_durable.nodes.restarts import earlier_effect, fork_sources
 from graph_durable.nodes.protocol import (
-    Ask,
     CallContext,
-    Claim,
     CallTool,
+    Claim,
     Lookup,
     Outcome,
     Protocol,
@@ -79,6 +55,13 @@ from graph_durable.nodes.protocol import (
     Write,
     run_call,
 )
+from graph_durable.nodes.reentry import ReentryRefused, ToolGate
+from graph_durable.nodes.restarts import earlier_effect, fork_sources
+from graph_durable.nodes.task import Task as _Task
+from graph_durable.nodes.task import check_lease
+from graph_durable.nodes.task import config_of as _config_of
+from graph_durable.nodes.task import refused_by_fence as _refused_by_fence
+from graph_durable.nodes.task import task_with_resume as _task_with_resume
 from graph_durable.policy import Effect
 from graph_durable.faults import fault_point
 
@@ -93,302 +76,7 @@ __all__ = [
 ]
 
 
-OnAsk = Callable[[Ask, str], Any]
-"""What a driver does when the protocol asks a human: `(ask, interrupt_id) -> result`."""
-
 ToolResult = ToolMessage | Command
-
-
-def interrupt_id_for(checkpoint_ns: str, key: str) -> str:
-    """The id of the interrupt that asks about the effect `key` in the task
-    `checkpoint_ns`: one interrupt per call, as LangChain's per-call mode.
-
-    It has the form of LangGraph's own ids (32 hex digits), so LangGraph accepts
-    `Command(resume={interrupt_id: decision, ...})` naming it, and hands the whole map to
-    the task in its config, where the guard reads the answers addressed to its calls.
-    """
-    return hashlib.blake2b(f"{checkpoint_ns}|effect|{key}".encode(), digest_size=16).hexdigest()
-
-
-def _offered_resume(conf: Mapping[str, Any]) -> bool:
-    """Whether this run offers any resume value at all (bare, or a map)."""
-    scratchpad = conf.get(CONFIG_KEY_SCRATCHPAD)
-    if scratchpad is None:
-        return False
-    return scratchpad.get_null_resume(False) is not None or bool(conf.get(CONFIG_KEY_RESUME_MAP))
-
-
-def _legacy_answer(conf: Mapping[str, Any]) -> tuple[str, Any] | None:
-    """`(interrupt_id, value)` of the answer a resume map addresses to one of the task's
-    own LangGraph interrupt ids, which LangGraph appended last to the scratchpad's
-    answers; `None` if it addresses none.
-
-    Whose question that id names is not known here: a guard of an earlier release asked
-    under it (one interrupt per task), but so does any `interrupt()` of the task, such
-    as a per-call `HumanInTheLoopMiddleware` listed before the guard, which has taken
-    the answer by the time the guard runs. The caller asks the checkpoint (see
-    `_guard_asked_under`).
-    """
-    scratchpad = conf.get(CONFIG_KEY_SCRATCHPAD)
-    resume_map = conf.get(CONFIG_KEY_RESUME_MAP) or {}
-    if scratchpad is None or not scratchpad.resume or not resume_map:
-        return None
-    ns = str(conf.get("checkpoint_ns", ""))
-    last = scratchpad.resume[-1]
-    for interrupt_id in (_interrupt_id(ns, len(scratchpad.resume) - 1), _interrupt_id(ns, 0)):
-        if interrupt_id in resume_map and resume_map[interrupt_id] is last:
-            return interrupt_id, last
-    return None
-
-
-def _peek_resume(conf: Mapping[str, Any], asked: list[EffectRecord],
-                 legacy_id: str | None = None) -> Any:
-    """The resume value offered to this task's guard, read without consuming it.
-
-    - the answers a resume map addresses to the interrupts of the `asked` calls, as
-      `{key: decision}` (LangGraph's own routing never sees these ids: it hands the map
-      to every task in its config);
-    - else a bare resume value (a decision, `{tool_call_id: decision}`, or LangChain's
-      `{"decisions": [...]}`), which LangGraph lets through when one interrupt is pending;
-    - else the value a map addressed to the task's own LangGraph interrupt id, if that
-      id (`legacy_id`) is the one the guard asked under (pending interrupts of earlier
-      releases, one per task). An answer addressed to another question under a LangGraph
-      id (a `HumanInTheLoopMiddleware` before the guard) never answers the guard's.
-
-    LangGraph stores a resume value once `interrupt()` returns it, so a value that turns
-    out malformed would be replayed forever; peeking lets the guard validate first. The
-    scratchpad's earlier answers are those of the tools' own `interrupt()` calls.
-    """
-    scratchpad = conf.get(CONFIG_KEY_SCRATCHPAD)
-    if scratchpad is None:
-        return None
-    ns = str(conf.get("checkpoint_ns", ""))
-    resume_map = conf.get(CONFIG_KEY_RESUME_MAP) or {}
-    addressed = {record.key: resume_map[interrupt_id]
-                 for record in asked
-                 if (interrupt_id := interrupt_id_for(ns, record.key)) in resume_map}
-    if addressed:
-        return addressed
-    bare = scratchpad.get_null_resume(False)
-    if bare is not None:
-        return bare
-    legacy = _legacy_answer(conf)
-    if legacy is None or legacy[0] != legacy_id:
-        return None
-    return legacy[1]
-
-
-def _guard_asked_under(pending: Any, task_id: Any, interrupt_id: str,
-                       asked: list[EffectRecord]) -> bool:
-    """Whether the question pending under `interrupt_id` in the checkpoint tuple
-    `pending` (the task's last interrupt) is the guard's: its value names the key of
-    one of the `asked` effects."""
-    keys = {record.key for record in asked}
-    for owner, channel, value in getattr(pending, "pending_writes", None) or ():
-        if owner != task_id or channel != INTERRUPT:
-            continue
-        for interrupt in value if isinstance(value, list | tuple) else (value,):
-            question = getattr(interrupt, "value", None)
-            if (getattr(interrupt, "id", None) == interrupt_id and isinstance(question, dict)
-                    and question.get("key") in keys):
-                return True
-    return False
-
-
-def _config_of(request: ToolCallRequest) -> Mapping[str, Any]:
-    return getattr(request.runtime, "config", None) or {}
-
-
-class _Task:
-    """Where one guarded tool call runs: thread, task namespace, saver, config."""
-
-    def __init__(self, config: Mapping[str, Any], call: Mapping[str, Any]) -> None:
-        self.config = config
-        self.conf: Mapping[str, Any] = config.get("configurable", {})
-        self.thread_id = str(self.conf.get("thread_id", ""))
-        self.checkpoint_ns = str(self.conf.get("checkpoint_ns", ""))
-        wrapped = self.conf.get(CONFIG_KEY_CHECKPOINTER)
-        saver = durable_saver(wrapped)
-        if saver is None:
-            raise NotDurableCheckpointer(
-                f"Tool call {call.get('id')!r} ({call.get('name')}) in thread "
-                f"{self.thread_id or '<none>'!r}: the graph was compiled with "
-                f"{type(wrapped).__name__ if wrapped is not None else 'no checkpointer'}, which "
-                "keeps no effect ledger. Compile it with a durable saver, e.g. "
-                "builder.compile(checkpointer=DurableSqliteSaver(conn)).",
-                thread_id=self.thread_id or None,
-                tool_call_id=call.get("id"),
-            )
-        self.saver = saver
-        durability = self.conf.get(CONFIG_KEY_DURABILITY)
-        if durability != "sync":
-            why = (f'durability="{durability}"' if durability else
-                   'no durability given, and LangGraph defaults to "async"')
-            raise self.not_durable(call, why)
-
-    def not_durable(self, call: Mapping[str, Any], why: str) -> DurabilityError:
-        return DurabilityError(
-            f"Tool call {call.get('id')!r} ({call.get('name')}) in thread {self.thread_id!r} "
-            f"was not sent: the step that requested it is not durably checkpointed ({why}). "
-            "A crash now could make the model ask again under new tool_call_ids and repeat "
-            'the effect. Run the graph with durability="sync", e.g. '
-            'graph.invoke(inputs, config, durability="sync").',
-            thread_id=self.thread_id,
-            tool_call_id=call.get("id"),
-        )
-
-    def requesting_checkpoint(self) -> tuple[str, str, str] | None:
-        """`(thread_id, checkpoint_ns, checkpoint_id)` of the checkpoint the task runs from."""
-        parent_ns = self.checkpoint_ns.rpartition("|")[0]
-        checkpoint_id = self.conf.get(CONFIG_KEY_CHECKPOINT_MAP, {}).get(parent_ns)
-        if checkpoint_id is None:
-            return None
-        return self.thread_id, parent_ns, checkpoint_id
-
-    def pending_at(self) -> dict[str, Any] | None:
-        """The config of the checkpoint whose pending writes hold this task's."""
-        where = self.requesting_checkpoint()
-        if where is None:
-            return None
-        thread_id, checkpoint_ns, checkpoint_id = where
-        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns,
-                                 "checkpoint_id": checkpoint_id}}
-
-    def resume_at(self) -> tuple[str, str] | None:
-        """Where the graph-level resume value of this run is stored."""
-        checkpoint_id = self.conf.get(CONFIG_KEY_CHECKPOINT_MAP, {}).get("")
-        return None if checkpoint_id is None else ("", checkpoint_id)
-
-
-def _task_with_resume(config: Mapping[str, Any]) -> _Task | None:
-    """The task, if a resume value is offered to it and its graph keeps a ledger.
-
-    A resume value meant for another node of a graph without a durable saver is none of
-    the guard's business: only a durable saver can hold the questions it answers.
-    """
-    conf = config.get("configurable", {})
-    if not _offered_resume(conf):
-        return None
-    if durable_saver(conf.get(CONFIG_KEY_CHECKPOINTER)) is None:
-        return None
-    return _Task(config, {})
-
-
-def _stale_ids(task: _Task, asked: list[EffectRecord]) -> set[str]:
-    """Ids in this run's resume map that name no question this task asks now (they may
-    be other tasks' questions, or this task's answered ones)."""
-    resume_map = task.conf.get(CONFIG_KEY_RESUME_MAP) or {}
-    if not resume_map:
-        return set()
-    return set(resume_map) - {interrupt_id_for(task.checkpoint_ns, r.key) for r in asked}
-
-
-def _answers(task: _Task, record: EffectRecord, ids: set[str]) -> bool:
-    """Whether one of `ids` was the question this task asked about `record`, now settled."""
-    return (record.checkpoint_ns == task.checkpoint_ns and not record.asked
-            and interrupt_id_for(task.checkpoint_ns, record.key) in ids)
-
-
-def _decision_batch(task: _Task, asked: list[Any], resume: Any,
-                    tools: Mapping[str, Any] | None,
-                    policy_for: Callable[[str], Effect]) -> WriteBatch | None:
-    """The journal entries of the decisions `resume` carries (`None`: it answers none
-    of this task's questions). Calls it does not answer stay asked."""
-    decisions = match_decisions(resume, asked, task.thread_id, tools=tools)
-    if not decisions:
-        return None
-    now = time.time()
-    return WriteBatch(
-        task.thread_id,
-        tuple(
-            TransitionWrite(
-                thread_id=task.thread_id, key=record.key, to=record.status,
-                kind="decision", decision={**decisions[record.key], "decided_at": now},
-                asked=False, data={"decision": decisions[record.key]},
-                redact=policy_for(record.tool).redact,
-            )
-            for record in asked if record.key in decisions
-        ),
-        resume_at=task.resume_at(),
-        resume_value=resume,
-    )
-
-
-def _taken_again(events: list[Any], answer: Any) -> bool:
-    """Whether `answer` is the decision a call last took (its journal, `events`) before
-    it was asked about again."""
-    kinds = [e.kind for e in events]
-    if "decision" not in kinds or not isinstance(answer, Mapping):
-        return False
-    last = len(kinds) - 1 - kinds[::-1].index("decision")
-    decided = events[last].data.get("decision") or {}
-    return "asked" in kinds[last:] and all(decided.get(k) == v for k, v in answer.items())
-
-
-def _answers_to_check(task: _Task, thread: list[EffectRecord], tools: Mapping[str, Any] | None
-                      ) -> Generator[Read, Any, dict[str, EffectRecord]]:
-    """The thread's questions, by interrupt id, whose answers in this run's resume map the
-    task checks: its own, and the other tasks' but for answers they already took.
-
-    A task that ran earlier in this run may have taken its answer, sent its call and
-    asked about it again (an unknown outcome) under the same interrupt id: the answer it
-    took is not checked against the new question. Its journal is read only for an answer
-    that does not fit."""
-    resume_map = task.conf.get(CONFIG_KEY_RESUME_MAP) or {}
-    questions = {}
-    for record in thread:
-        interrupt_id = interrupt_id_for(record.checkpoint_ns, record.key)
-        if not record.asked:
-            continue
-        answer = resume_map.get(interrupt_id)
-        if (record.checkpoint_ns != task.checkpoint_ns and answer is not None
-                and not _fits(answer, record, tools)):
-            events = yield Read("events", (task.thread_id, record.key))
-            if _taken_again(events, answer):
-                continue
-        questions[interrupt_id] = record
-    return questions
-
-
-def _fits(answer: Any, record: EffectRecord, tools: Mapping[str, Any] | None) -> bool:
-    try:
-        check_decision(answer, record, "", (tools or {}).get(record.tool))
-    except InvalidDecision:
-        return False
-    return True
-
-
-def _decisions(task: _Task, tools: Mapping[str, Any] | None,
-               policy_for: Callable[[str], Effect]) -> Generator[Read, Any, WriteBatch | None]:
-    """The journal entries of the decisions this run's resume value carries for the
-    task's questions (`None`: none), after checking every answer it holds; the sync and
-    async drivers perform its reads.
-
-    Each task of a step (`create_agent`'s calls, the branches of a `Send`) is handed the
-    whole resume map, and may be the first of them to run: it checks the answers the map
-    addresses to the other tasks' questions as well as its own, so that every task
-    refuses a set with one invalid answer, and none of the set is recorded or sent."""
-    asked = yield Read("asked_in_task", (task.thread_id, task.checkpoint_ns))
-    questions = {interrupt_id_for(task.checkpoint_ns, r.key): r for r in asked}
-    stale = _stale_ids(task, asked)
-    if stale:
-        thread = yield Read("effects", (task.thread_id,))
-        settled = [r for r in thread if _answers(task, r, stale)]
-        if settled:
-            events = yield Read("events", (task.thread_id, settled[0].key))
-            raise refuse_stale(settled[0], events, task.thread_id)
-        questions = yield from _answers_to_check(task, thread, tools)
-    check_answers(task.conf.get(CONFIG_KEY_RESUME_MAP) or {}, questions, task.thread_id,
-                  tools)
-    legacy = _legacy_answer(task.conf) if asked else None
-    where = task.pending_at() if legacy is not None else None
-    legacy_id = None
-    if where is not None:
-        pending = yield Read("get_tuple", (where,))
-        if _guard_asked_under(pending, task.conf.get(CONFIG_KEY_TASK_ID), legacy[0], asked):
-            legacy_id = legacy[0]
-    resume = _peek_resume(task.conf, asked, legacy_id) if asked else None
-    return None if resume is None else _decision_batch(task, asked, resume, tools, policy_for)
 
 
 @dataclass
@@ -786,9 +474,7 @@ class GuardCore:
     @staticmethod
     def _check_lease(task: _Task) -> None:
         """Send nothing once this process knows its lease on the thread is gone."""
-        lease = active_lease(task.config)
-        if lease is not None:
-            lease.check()
+        check_lease(task)
 
     @staticmethod
     def _edited(request: ToolCallRequest, op: CallTool) -> ToolCallRequest:
@@ -1140,22 +826,6 @@ def _is_async_callable(fn: Any) -> bool:
         getattr(fn, "__call__", None))
 
 
-def withdrawal(asks: list[tuple[Ask, str]]) -> WriteBatch | None:
-    """Unask the questions of a task that a tool's own interrupt cut short.
-
-    A task raises one interrupt at a time: the tool's goes out alone, and the guard's
-    questions are asked again when the task runs after the tool's answer.
-    """
-    if not asks:
-        return None
-    thread_id = asks[0][0].record.thread_id
-    return WriteBatch(thread_id, tuple(
-        TransitionWrite(thread_id=thread_id, key=ask.record.key, to=ask.record.status,
-                        kind="withdrawn", asked=False,
-                        data={"reason": "a tool of the same step asked its own question"})
-        for ask, _ in asks))
-
-
 def _unredacted(ctx: CallContext, value: Any) -> Any:
     """`value` (what the saver answered) with the requested call's own record holding
     the call's full args again, where its policy stored them redacted: the tool is
@@ -1176,38 +846,3 @@ def _unredacted(ctx: CallContext, value: Any) -> Any:
 def _same_answer(result: Any) -> Any:
     """The answer of a call's first copy, for a second copy of it."""
     return result.model_copy() if isinstance(result, ToolMessage) else result
-
-
-def _with_schema(ask: Ask, tool: Any) -> Ask:
-    """`ask` with the JSON schema of the decisions that answer it (edits follow `tool`)."""
-    return dataclasses.replace(ask, schema=response_schema(ask.record, tool))
-
-
-def raise_interrupts(asks: list[tuple[Ask, str]]) -> None:
-    """Raise one GraphInterrupt carrying every question a task asks."""
-    if asks:
-        raise GraphInterrupt(
-            tuple(Interrupt(value=ask.payload, id=interrupt_id, response_schema=ask.schema)
-                  for ask, interrupt_id in asks)
-        )
-
-
-def pending_placeholder(ask: Ask) -> ToolMessage:
-    """Stands in for a call awaiting a decision until the task raises its interrupt."""
-    return ToolMessage(
-        content="awaiting a human decision",
-        name=ask.record.tool,
-        tool_call_id=ask.record.tool_call_id,
-        status="error",
-    )
-
-
-def _refused_by_fence(task: _Task, leases: Mapping[str, tuple[str, int, float]]) -> None:
-    """Raise `LeaseLost` when the fence refuses this run's writes to the thread.
-
-    The fork checkpoint a run from a checkpoint id saves in the background is then
-    refused, so waiting for it would only end in a misleading `DurabilityError`.
-    """
-    row = leases.get(task.thread_id)
-    if row is not None:
-        check_fence(row, task.thread_id, actor_of(task.config)[1], task.saver.clock())
