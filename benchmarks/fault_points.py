@@ -3,7 +3,7 @@
 The guard and the saver call `graph_durable.testing.faults.fault_point(name, ...)` at the
 edges of every crash window; unarmed, each call is one global check. The "build without
 them" is simulated by rebinding `fault_point` to a no-op (same signature, no global
-check) in every module that imported it: `nodes/guard.py`, `nodes/protocol.py`,
+check) in every module that imported it: `nodes/core.py`, `nodes/protocol.py`,
 `checkpointers/sqlite/saver.py` and `checkpointers/sqlite/async_saver.py`.
 
 Workload: the guarded turn of `turn_overhead` (`EffectGuardNode` + `DurableSqliteSaver`,
@@ -37,7 +37,7 @@ from benchmarks._runner import Comparison, measure_interleaved, report, run_main
 from benchmarks.turn_overhead import Agent, build_guarded
 from graph_durable.checkpointers.sqlite import async_saver as aio_saver
 from graph_durable.checkpointers.sqlite import saver as sqlite_saver
-from graph_durable.nodes import guard, protocol
+from graph_durable.nodes import core, protocol
 from graph_durable.testing import faults
 
 __all__ = ["MODULES", "TOOL_CALLS", "main", "no_fault_points"]
@@ -47,7 +47,7 @@ REPETITIONS = 7
 TURNS = int(os.environ.get("BENCH_FAULT_TURNS", "60"))
 WARMUP = 10
 
-MODULES: tuple[ModuleType, ...] = (guard, protocol, sqlite_saver, aio_saver)
+MODULES: tuple[ModuleType, ...] = (core, protocol, sqlite_saver, aio_saver)
 """Modules that imported `fault_point` by name and call it."""
 
 ORIGINAL = faults.fault_point

@@ -12,7 +12,9 @@ require("agents", "EffectGuardMiddleware (LangChain's create_agent)", "langchain
 from langchain.agents.middleware import AgentMiddleware  # noqa: E402
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from graph_durable.nodes.guard import GuardCore, _config_of, raise_interrupts
+from graph_durable.nodes.guard import GuardCore
+from graph_durable.nodes.interrupts import raise_interrupts
+from graph_durable.nodes.task import config_of as _config_of
 from graph_durable.nodes.protocol import Ask
 from graph_durable.policy import Effect
 

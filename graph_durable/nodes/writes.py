@@ -49,13 +49,11 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP, CONFIG_KEY_SCRATCHPAD
 from graph_durable.errors import GraphDurableError, NotApplied
-from graph_durable.nodes.guard import (
-    GuardCore,
-    _aperform_reads,
-    _perform_reads,
-    _Task,
-    raise_interrupts,
-)
+from graph_durable.nodes.async_driver import aperform_reads as _aperform_reads
+from graph_durable.nodes.guard import GuardCore
+from graph_durable.nodes.interrupts import raise_interrupts
+from graph_durable.nodes.sync_driver import perform_reads as _perform_reads
+from graph_durable.nodes.task import Task as _Task
 from graph_durable.nodes.protocol import Ask, Read
 from graph_durable.nodes.restarts import fork_sources, node_path
 from graph_durable.policy import Effect
@@ -290,7 +288,8 @@ class GuardedWrite:
         task = _Task(where.config, {"id": f"{self.name}#{position}", "name": self.name})
         # The root checkpoint is read to find the fork it came from; a run from a
         # checkpoint id saves its fork in the background: wait for it to be stored.
-        _GUARD._check_requesting_checkpoint(task, self._call(named, position))
+        _GUARD._performed(task, _GUARD._requesting_checkpoint_stored(
+            task, self._call(named, position)))
         anchor = where.anchor(_perform_reads(task.saver, _GUARD.origin(where)))
         if not run.decided:
             run.decided = True
@@ -310,7 +309,8 @@ class GuardedWrite:
         run = _run_of(where.conf)
         position, run.writes = run.writes, run.writes + 1
         task = _Task(where.config, {"id": f"{self.name}#{position}", "name": self.name})
-        await _GUARD._acheck_requesting_checkpoint(task, self._call(named, position))
+        await _GUARD._aperformed(task, _GUARD._requesting_checkpoint_stored(
+            task, self._call(named, position)))
         anchor = where.anchor(await _aperform_reads(task.saver, _GUARD.origin(where)))
         if not run.decided:
             run.decided = True

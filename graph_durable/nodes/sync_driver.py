@@ -1,0 +1,258 @@
+"""The sync driver of the guard: the I/O of each operation, performed in one place
+(`perform` for the saver's, `SyncDriver._perform` for the tool's and the provider's),
+and the sync entry points that feed it `GuardBase`'s steps."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import threading
+import time
+from collections.abc import Callable, Generator, Mapping
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Command
+
+from graph_durable.nodes.context import _CURRENT
+from graph_durable.nodes.core import ClaimMany, GuardBase, Op, Started, _gated, _same_answer
+from graph_durable.nodes.interrupts import OnAsk
+from graph_durable.nodes.outcomes import call_with_timeout, read_reports, watch_reports
+from graph_durable.nodes.protocol import (
+    CallContext,
+    CallTool,
+    Claim,
+    Lookup,
+    Outcome,
+    Protocol,
+    Read,
+    Sleep,
+    Write,
+    run_call,
+)
+from graph_durable.nodes.reentry import ReentryRefused, ToolGate
+from graph_durable.nodes.task import Task, config_of, task_with_resume
+
+__all__ = ["SyncDriver", "perform", "perform_reads"]
+
+ToolResult = ToolMessage | Command
+
+
+def perform(saver: Any, config: Any, op: Op) -> Any:
+    """Perform one of the saver's operations (or a `Sleep`); its result."""
+    if isinstance(op, Read):
+        return getattr(saver, op.name)(*op.args)
+    if isinstance(op, Claim):
+        return saver.claim(op.intent, config)
+    if isinstance(op, ClaimMany):
+        return saver.claim_many(list(op.intents), config)
+    if isinstance(op, Write):
+        return saver.apply(op.write, config)
+    if isinstance(op, Sleep):
+        time.sleep(op.seconds)
+        return None
+    raise TypeError(f"not an operation on the saver: {op!r}")
+
+
+def perform_reads(saver: Any, reads: Generator[Read, Any, Any]) -> Any:
+    """Perform a generator of `Read` operations on `saver`; return what it returns."""
+    value = None
+    while True:
+        try:
+            op = reads.send(value)
+        except StopIteration as done:
+            return done.value
+        value = perform(saver, None, op)
+
+
+class SyncDriver(GuardBase):
+    """The guard's sync entry points: each performs `GuardBase`'s steps."""
+
+    def _performed(self, task: Task, ops: Generator[Op, Any, Any],
+                   call: tuple[CallContext, ToolCallRequest, Callable[..., Any]] | None = None
+                   ) -> Any:
+        """Perform `ops` for `task` (the tool's and the provider's with `call`: `(ctx,
+        request, execute)`); return what the generator returns."""
+        value = None
+        while True:
+            try:
+                op = ops.send(value)
+            except StopIteration as done:
+                return done.value
+            if isinstance(op, CallTool) and call is not None:
+                value = self._call_tool(task, call[0], call[1], call[2], op)
+            elif isinstance(op, Lookup) and call is not None:
+                value = self._lookup(call[0], op)
+            else:
+                value = perform(task.saver, task.config, op)
+
+    def claim_step(
+        self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any],
+        state: Any = None,
+    ) -> dict[str, Started]:
+        """Claim a step's reconcilable write calls in one transaction; `{tool_call_id:
+        started}`.
+
+        `tool_calls` holds `(tool_call, has_tool)` pairs, `state` the node's input state
+        (where the requesting AIMessage is). Pass each `Started` to `run` as `started=`:
+        its protocol continues after the claim.
+        """
+        calls = self._reconcilable_calls(tool_calls)
+        if not calls:
+            return {}
+        first = Task(config, calls[0])
+        return self._performed(first, self._claiming(first, calls, state))
+
+    def resolve_decisions(self, config: Mapping[str, Any],
+                          tools: Mapping[str, Any] | None = None) -> None:
+        """Journal the decisions a resume value carries for this task, if any.
+
+        `tools` (by name) give the argument schemas an edit is checked against. A resume
+        map is checked whole first, the answers to other tasks' questions included
+        (`decisions.check_answers`): one invalid answer runs none of the set. An answer
+        addressed to a question of this task that is no longer asked is refused too.
+        Refusals are raised as `RefusedDecision` (an `InvalidDecision`), and nothing is
+        recorded."""
+        task = task_with_resume(config)
+        if task is not None:
+            self._performed(task, self._resolving(task, tools))
+
+    def run(
+        self,
+        request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], ToolResult],
+        on_ask: OnAsk,
+        started: Started | None = None,
+        repeats: bool = True,
+    ) -> ToolResult:
+        """Run one tool call through the protocol, synchronously.
+
+        With `started` (from `claim_step`), the call's intent is already claimed.
+        `repeats=False` says no other call of the step has this call's id, so it need
+        not wait for a copy of itself (see `_lead`).
+        """
+        if started is not None:
+            task, ctx, protocol = started.task, started.ctx, started.protocol
+            value: Any = started.claimed
+        else:
+            if not self._writes(request.tool_call, request.tool is not None):
+                return execute(request)
+            task = Task(config_of(request), request.tool_call)
+            ctx = self._performed(task, self._prepared(task, request))
+            protocol = run_call(ctx)
+            value = None
+        if not repeats:
+            return self._drive(task, ctx, request, execute, on_ask, protocol, value)
+        running, leader = self._lead(task, ctx)
+        if not leader:
+            protocol.close()
+            return _same_answer(running.result())
+        try:
+            result = self._drive(task, ctx, request, execute, on_ask, protocol, value)
+        except BaseException as exc:
+            self._settle(task, ctx, running, error=exc)
+            raise
+        self._settle(task, ctx, running, result=result)
+        return result
+
+    def _drive(self, task: Task, ctx: CallContext, request: ToolCallRequest,
+               execute: Callable[[ToolCallRequest], ToolResult], on_ask: OnAsk,
+               protocol: Protocol, value: Any) -> ToolResult:
+        return self._performed(task, self._driven(task, ctx, request, on_ask, protocol, value),
+                               (ctx, request, execute))
+
+    def _call_tool(
+        self,
+        task: Task,
+        ctx: CallContext,
+        request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], ToolResult],
+        op: CallTool,
+    ) -> Outcome:
+        planned = self._tool_request(task, ctx, request, op, abandoned_here=True)
+        if isinstance(planned, Outcome):
+            return planned
+        call_request, gate = planned
+        with watch_reports() as reported:
+            return read_reports(self._call_entered(task, ctx, call_request, execute, op, gate),
+                                reported)
+
+    def _call_entered(
+        self,
+        task: Task,
+        ctx: CallContext,
+        call_request: ToolCallRequest,
+        execute: Callable[[ToolCallRequest], ToolResult],
+        op: CallTool,
+        gate: ToolGate | None,
+    ) -> Outcome:
+        """Call the tool, whose args its schema accepts: its body runs."""
+        effect = self._effect_context(task, op)
+
+        def call() -> ToolResult:
+            token = _CURRENT.set(effect)
+            try:
+                return execute(call_request)
+            finally:
+                _CURRENT.reset(token)
+
+        timeout = ctx.policy.timeout
+        if timeout is None:
+            try:
+                return _gated(gate, Outcome(value=call()))
+            except GraphInterrupt as paused:
+                return _gated(gate, Outcome(paused=self._inner_pause(task, ctx, paused)))
+            except GraphBubbleUp:
+                raise
+            except (Exception, ReentryRefused) as exc:
+                return _gated(gate, Outcome(error=exc))
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as exc:
+                box["error"] = exc
+
+        worker = threading.Thread(
+            target=contextvars.copy_context().run, args=(target,), daemon=True,
+            name=f"graph-durable-{ctx.tool}",
+        )
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            with self._lock:
+                self._abandoned[(task.thread_id, op.record.key)] = worker
+            return Outcome(timed_out=True)
+        error = box.get("error")
+        if gate is not None and gate.refused:
+            return _gated(gate, Outcome(error=error))
+        if error is None:
+            return _gated(gate, Outcome(value=box.get("value")))
+        if isinstance(error, GraphInterrupt):
+            return Outcome(paused=self._inner_pause(task, ctx, error))
+        if isinstance(error, GraphBubbleUp) or (
+            error is not None and not isinstance(error, Exception)
+        ):
+            raise error
+        return Outcome(value=box.get("value"), error=error)
+
+    def _lookup(self, ctx: CallContext, op: Lookup) -> Outcome:
+        """Ask the provider, for at most the policy's timeout (on a worker thread, then
+        abandoned: a lookup that does not answer cannot tell)."""
+        lookup = ctx.policy.lookup
+        assert lookup is not None
+        answered, found, error = call_with_timeout(
+            lambda: lookup(op.key), ctx.policy.timeout, f"graph-durable-lookup-{ctx.tool}")
+        if not answered:
+            return Outcome(timed_out=True)
+        if error is not None:
+            return Outcome(error=error)
+        if inspect.isawaitable(found):
+            if inspect.iscoroutine(found):
+                found.close()
+            return Outcome(error=TypeError(
+                f"lookup for {ctx.tool!r} is async; run the graph with ainvoke/astream"))
+        return Outcome(value=found)
