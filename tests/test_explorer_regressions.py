@@ -935,3 +935,56 @@ def test_a_question_saved_by_a_task_but_not_its_entrypoint_is_asked_by_recover(
     questions = agent.graph.get_state(CONFIG).interrupts
     agent.saver.conn.close()
     assert [q.value["type"] for q in questions] == ["tool_approval"], "no one was asked"
+
+
+SHARED_ID_EDITED_ON_A_FORK = (
+    '{"after":{"pick":0,"via":"update_state"},"crashes":[],"flavour":"sync",'
+    '"fresh_ids":false,"history":"","leased":false,"reviewer":{"edit_unchanged":false,'
+    '"malformed":true,"raw":false,"seed":1145061483},"sealed":false,"seed":277,'
+    '"sequential":true,"stack":"hitl_before_guard","tools":{"charge":{"approval":"odd",'
+    '"mode":"blind","policy":"blind","result":"receipt","retries":0,"timeout":0.1}},'
+    '"topology":"create_agent","turns":[[{"faults":[],"id":"call_0_1","item":"x01","n":0,'
+    '"tool":"charge"},{"faults":[],"id":"call_0_2","item":"x02","n":0,"tool":"charge"},'
+    '{"faults":["slow"],"id":"call_0_2","item":"x03","n":0,"tool":"charge"},'
+    '{"faults":[],"id":"call_0_4","item":"x04","n":0,"tool":"charge"}]]}')
+
+
+@pytest.mark.crash
+def test_an_edit_of_a_call_under_a_shared_tool_call_id_is_refused_not_sent_again(
+        tmp_path) -> None:
+    """Seed 277 (`duplicate_call_id` under `hitl_before_guard`): one AIMessage asks
+    `charge(x02)` and `charge(x03)` under one tool_call_id; a per-call
+    `HumanInTheLoopMiddleware` before the guard asks about each. Approved, x02 is
+    charged; on an `update_state` fork the question is asked again and answered with an
+    edit. The edited call could be either requested call, so it was keyed by its new
+    args and charged x02 a second time. It is refused (`UnkeyableToolCall`) before
+    anything is sent."""
+    from graph_durable.testing.explorer_model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SHARED_ID_EDITED_ON_A_FORK))
+    assert result.ok, result.problems
+    assert any("refused as documented: UnkeyableToolCall" in line for line in result.log)
+    charges = FakeProvider(str(tmp_path / "episode" / "providers" / "charge.sqlite"), "blind",
+                           name="charge")
+    assert [e["operation"] for e in charges.effects()].count("x02") == 1
+
+
+def test_an_edited_call_under_an_id_two_calls_of_its_message_share_is_refused() -> None:
+    """Calls under one tool_call_id are told apart by their args: changed args under a
+    shared id could belong to either call, so they have no requested call's key."""
+    from langchain_core.messages import AIMessage
+
+    from graph_durable.errors import UnkeyableToolCall
+    from graph_durable.nodes.anchor import requested_args
+
+    asked = AIMessage(content="", id="m1", tool_calls=[
+        {"name": "charge", "args": {"item": "x02"}, "id": "c2"},
+        {"name": "charge", "args": {"item": "x03"}, "id": "c2"},
+        {"name": "charge", "args": {"item": "x04"}, "id": "c4"}])
+    state = {"messages": [asked]}
+    assert requested_args(state, {"name": "charge", "args": {"item": "x03"}, "id": "c2"}) is None
+    assert requested_args(state, {"name": "charge", "args": {"item": "y"}, "id": "c4"}) == {
+        "item": "x04"}
+    with pytest.raises(UnkeyableToolCall, match="thread 't'.*'c2'|'c2'.*thread 't'"):
+        requested_args(state, {"name": "charge", "args": {"item": "y"}, "id": "c2"},
+                       thread_id="t")
