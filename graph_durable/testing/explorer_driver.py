@@ -253,7 +253,11 @@ class _Run:
                 if style == "raw":
                     # LangGraph takes another form only while one interrupt is pending;
                     # LangChain's HumanInTheLoopMiddleware reads no tool_call_id map.
-                    form = self.reviewer.rounds % 3 if pending_in_graph == 1 else 0
+                    # A functional-API agent's `@task`s each save their question, and
+                    # `get_state()` may show fewer than LangGraph counts as pending (a
+                    # bare value is refused when several are): there, by id only.
+                    alone = pending_in_graph == 1 and self.episode.topology != "functional"
+                    form = self.reviewer.rounds % 3 if alone else 0
                     form = 0 if hitl and form == 2 else form
                     if form == 0:  # keyed by interrupt id: LangGraph's form, always taken
                         decisions = by_interrupt_id(decisions, asked)
