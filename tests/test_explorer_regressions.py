@@ -988,3 +988,23 @@ def test_an_edited_call_under_an_id_two_calls_of_its_message_share_is_refused() 
     with pytest.raises(UnkeyableToolCall, match="thread 't'.*'c2'|'c2'.*thread 't'"):
         requested_args(state, {"name": "charge", "args": {"item": "y"}, "id": "c2"},
                        thread_id="t")
+
+
+@pytest.mark.crash
+def test_a_raw_reviewer_names_a_functional_agents_questions_by_interrupt_id(tmp_path) -> None:
+    """Seeds 103, 176, 212: a functional-API agent's `@task`s each save a question;
+    `get_state()` showed one, and the explorer's raw reviewer resumed with a bare value,
+    which LangGraph refuses while several interrupts are pending (`RuntimeError`)."""
+    from graph_durable.testing.explorer_model import Episode
+
+    episode = Episode.from_json(
+        '{"after":null,"crashes":[],"flavour":"sync","fresh_ids":false,"history":"",'
+        '"leased":false,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":true,'
+        '"seed":409284033},"sealed":false,"seed":103,"sequential":false,"stack":"",'
+        '"tools":{"email":{"approval":true,"mode":"lookup","policy":"blind","retries":0,'
+        '"timeout":null},"ticket":{"approval":true,"lookup_faults":null,"mode":"lookup",'
+        '"policy":"lookup","retries":0,"timeout":null}},"topology":"functional","turns":'
+        '[[{"faults":[],"id":"call_2_0","item":"x20","n":0,"tool":"email"},'
+        '{"faults":[],"id":"call_2_1","item":"x21","n":0,"tool":"ticket"}]]}')
+    result = _replay(tmp_path, episode)
+    assert result.ok, result.problems
