@@ -164,7 +164,8 @@ class NotDurableCheckpointer(GraphDurableError):
 class UnkeyableToolCall(GraphDurableError, TypeError):
     """A tool call that cannot be keyed: arguments that are not canonical JSON, no id, or
     a requesting AIMessage without an id (a state without `add_messages`, or a message
-    built by hand; see `graph_durable.nodes.anchor`).
+    built by hand; see `graph_durable.nodes.anchor`), or args a middleware before the guard
+    changed under a tool_call_id that several calls of the message to the tool share.
 
     Without them there is no stable idempotency key, so nothing is claimed or sent.
     """

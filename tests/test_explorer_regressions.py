@@ -1050,3 +1050,76 @@ def test_a_stale_approval_in_a_send_branch_is_not_answered_after_recover(tmp_pat
     result = _replay(tmp_path, episode)
     assert result.ok, result.problems
     assert any(line.startswith("recover on t:") for line in result.log), result.log
+
+
+SHARED_ID_EDITED_ON_A_FORK = (
+    '{"after":{"pick":0,"via":"update_state"},"crashes":[],"flavour":"sync",'
+    '"fresh_ids":false,"history":"","leased":false,"reviewer":{"edit_unchanged":false,'
+    '"malformed":true,"raw":false,"seed":1145061483},"sealed":false,"seed":277,'
+    '"sequential":true,"stack":"hitl_before_guard","tools":{"charge":{"approval":"odd",'
+    '"mode":"blind","policy":"blind","result":"receipt","retries":0,"timeout":0.1}},'
+    '"topology":"create_agent","turns":[[{"faults":[],"id":"call_0_1","item":"x01","n":0,'
+    '"tool":"charge"},{"faults":[],"id":"call_0_2","item":"x02","n":0,"tool":"charge"},'
+    '{"faults":["slow"],"id":"call_0_2","item":"x03","n":0,"tool":"charge"},'
+    '{"faults":[],"id":"call_0_4","item":"x04","n":0,"tool":"charge"}]]}')
+
+
+@pytest.mark.crash
+def test_an_edit_of_a_call_under_a_shared_tool_call_id_is_refused_not_sent_again(
+        tmp_path) -> None:
+    """Seed 277 (`duplicate_call_id` under `hitl_before_guard`): one AIMessage asks
+    `charge(x02)` and `charge(x03)` under one tool_call_id; a per-call
+    `HumanInTheLoopMiddleware` before the guard asks about each. Approved, x02 is
+    charged; on an `update_state` fork the question is asked again and answered with an
+    edit. The edited call could be either requested call, so it was keyed by its new
+    args and charged x02 a second time. It is refused (`UnkeyableToolCall`) before
+    anything is sent."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SHARED_ID_EDITED_ON_A_FORK))
+    assert result.ok, result.problems
+    assert any("refused as documented: UnkeyableToolCall" in line for line in result.log)
+    charges = FakeProvider(str(tmp_path / "episode" / "providers" / "charge.sqlite"), "blind",
+                           name="charge")
+    assert [e["operation"] for e in charges.effects()].count("x02") == 1
+
+
+def test_an_edited_call_under_an_id_two_calls_of_its_message_share_is_refused() -> None:
+    """Calls under one tool_call_id are told apart by their args: changed args under a
+    shared id could belong to either call, so they have no requested call's key."""
+    from langchain_core.messages import AIMessage
+
+    from graph_durable.errors import UnkeyableToolCall
+    from graph_durable.nodes.anchor import requested_args
+
+    asked = AIMessage(content="", id="m1", tool_calls=[
+        {"name": "charge", "args": {"item": "x02"}, "id": "c2"},
+        {"name": "charge", "args": {"item": "x03"}, "id": "c2"},
+        {"name": "charge", "args": {"item": "x04"}, "id": "c4"}])
+    state = {"messages": [asked]}
+    assert requested_args(state, {"name": "charge", "args": {"item": "x03"}, "id": "c2"}) is None
+    assert requested_args(state, {"name": "charge", "args": {"item": "y"}, "id": "c4"}) == {
+        "item": "x04"}
+    with pytest.raises(UnkeyableToolCall, match="thread 't'.*'c2'|'c2'.*thread 't'"):
+        requested_args(state, {"name": "charge", "args": {"item": "y"}, "id": "c2"},
+                       thread_id="t")
+
+
+@pytest.mark.crash
+def test_a_raw_reviewer_names_a_functional_agents_questions_by_interrupt_id(tmp_path) -> None:
+    """Seeds 103, 176, 212: a functional-API agent's `@task`s each save a question;
+    `get_state()` showed one, and the explorer's raw reviewer resumed with a bare value,
+    which LangGraph refuses while several interrupts are pending (`RuntimeError`)."""
+    from graph_durable.testing.explorer.model import Episode
+
+    episode = Episode.from_json(
+        '{"after":null,"crashes":[],"flavour":"sync","fresh_ids":false,"history":"",'
+        '"leased":false,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":true,'
+        '"seed":409284033},"sealed":false,"seed":103,"sequential":false,"stack":"",'
+        '"tools":{"email":{"approval":true,"mode":"lookup","policy":"blind","retries":0,'
+        '"timeout":null},"ticket":{"approval":true,"lookup_faults":null,"mode":"lookup",'
+        '"policy":"lookup","retries":0,"timeout":null}},"topology":"functional","turns":'
+        '[[{"faults":[],"id":"call_2_0","item":"x20","n":0,"tool":"email"},'
+        '{"faults":[],"id":"call_2_1","item":"x21","n":0,"tool":"ticket"}]]}')
+    result = _replay(tmp_path, episode)
+    assert result.ok, result.problems

@@ -80,7 +80,8 @@ def call_anchor(state: Any, tool_call_id: str | None, fallback: str,
 
 
 def requested_args(state: Any, tool_call: Mapping[str, Any],
-                   messages_key: str = "messages") -> dict[str, Any] | None:
+                   messages_key: str = "messages", *,
+                   thread_id: str | None = None) -> dict[str, Any] | None:
     """The args the model asked for, when `tool_call` reaches the guard with others.
 
     A middleware listed before the guard may change a call's args before it runs (a
@@ -88,8 +89,16 @@ def requested_args(state: Any, tool_call: Mapping[str, Any],
     requested: it keeps that request's key, so a question asked again after a crash (or
     on a fork), answered otherwise the second time, reaches the same effect and is
     reconciled with it, never sent as a second one. `None` when the args are those of the
-    requesting AIMessage, or when it does not tell them apart (no such call, or several
-    calls under the id).
+    requesting AIMessage, or when the call is not one the message asked for (no call under
+    the id, or one to another tool).
+
+    Calls under one tool_call_id are told apart by their args (the key holds them), so a
+    changed call under an id that several calls of the message share could be any of
+    them: it is refused.
+
+    Raises:
+        UnkeyableToolCall: the args were changed and the requesting message holds several
+            calls to the tool under the call's id.
     """
     for message in reversed(messages_of(state, messages_key)):
         if not isinstance(message, AIMessage):
@@ -99,6 +108,21 @@ def requested_args(state: Any, tool_call: Mapping[str, Any],
             continue
         if any(call.get("args") == tool_call.get("args") for call in asked):
             return None
+        same_tool = [call for call in asked if call.get("name") == tool_call.get("name")]
+        if len(same_tool) > 1:
+            raise UnkeyableToolCall(
+                f"A middleware listed before the guard changed the args of call "
+                f"{tool_call.get('id')!r} to {tool_call.get('name')!r} in thread "
+                f"{thread_id!r} (e.g. HumanInTheLoopMiddleware's edit), and the AIMessage "
+                f"that requested it holds {len(same_tool)} calls to that tool under this "
+                "tool_call_id; nothing was sent. The changed call could be any of them, so "
+                "it has no key that a later answer to the same request (after a crash, on a "
+                "fork) would find again, and sending it could charge twice. Give every call "
+                "of the AIMessage its own tool_call_id (e.g. graph.update_state with the "
+                "message's calls renumbered), or answer the question with approve, reject "
+                "or respond instead of edit.",
+                thread_id=thread_id, tool_call_id=tool_call.get("id"),
+            )
         if len(asked) != 1 or asked[0].get("name") != tool_call.get("name"):
             return None
         return dict(asked[0].get("args") or {})

@@ -146,7 +146,8 @@ class GuardBase:
         return CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call),
                            self.policy_for(tool_call["name"]), keying.key_thread, anchor,
                            secret=keying.secret, key_scheme=keying.pin,
-                           requested_args=requested_args(state, tool_call, self.messages_key))
+                           requested_args=requested_args(state, tool_call, self.messages_key,
+                                                          thread_id=task.thread_id))
 
     def _anchor(self, task: Task, tool_call: Mapping[str, Any], state: Any) -> str:
         """What the call's key is anchored to: the AIMessage that requested it."""
