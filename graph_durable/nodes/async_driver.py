@@ -15,22 +15,13 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
 from graph_durable.ledger import EffectStatus
+from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
-from graph_durable.nodes.core import ClaimMany, GuardBase, Op, Started, _gated, _same_answer
+from graph_durable.nodes.core import Calling, GuardBase, Started, _gated, _same_answer
 from graph_durable.nodes.interrupts import OnAsk
+from graph_durable.nodes.operations import Outcome
 from graph_durable.nodes.outcomes import read_reports, watch_reports
-from graph_durable.nodes.protocol import (
-    CallContext,
-    CallTool,
-    Claim,
-    Lookup,
-    Outcome,
-    Protocol,
-    Read,
-    Sleep,
-    Write,
-    run_call,
-)
+from graph_durable.nodes.protocol import CallContext, Protocol, run_call
 from graph_durable.nodes.reentry import ReentryRefused, ToolGate
 from graph_durable.nodes.task import Task, config_of, task_with_resume
 
@@ -39,54 +30,38 @@ __all__ = ["AsyncDriver", "aperform", "aperform_reads"]
 ToolResult = ToolMessage | Command
 
 
-async def aperform(saver: Any, config: Any, op: Op) -> Any:
+async def aperform(saver: Any, config: Any, op: ops.Op) -> Any:
     """Perform one of the saver's operations (or a `Sleep`) with its async methods."""
-    if isinstance(op, Read):
-        return await getattr(saver, "a" + op.name)(*op.args)
-    if isinstance(op, Claim):
-        return await saver.aclaim(op.intent, config)
-    if isinstance(op, ClaimMany):
-        return await saver.aclaim_many(list(op.intents), config)
-    if isinstance(op, Write):
-        return await saver.aapply(op.write, config)
-    if isinstance(op, Sleep):
+    call = ops.saver_call(op, config)
+    if call is not None:
+        method, args = call
+        return await getattr(saver, "a" + method)(*args)
+    if isinstance(op, ops.Sleep):
         await asyncio.sleep(op.seconds)
         return None
     raise TypeError(f"not an operation on the saver: {op!r}")
 
 
-async def aperform_reads(saver: Any, reads: Generator[Read, Any, Any]) -> Any:
+async def aperform_reads(saver: Any, reads: Generator[ops.Read, Any, Any]) -> Any:
     """`perform_reads` with the saver's async reads."""
-    value = None
-    while True:
-        try:
-            op = reads.send(value)
-        except StopIteration as done:
-            return done.value
-        value = await aperform(saver, None, op)
+    return await ops.aperformed(reads, lambda op: aperform(saver, None, op))
 
 
 class AsyncDriver(GuardBase):
     """The guard's async entry points: each performs `GuardBase`'s steps."""
 
-    async def _aperformed(
-        self, task: Task, ops: Generator[Op, Any, Any],
-        call: tuple[CallContext, ToolCallRequest, Callable[..., Any]] | None = None,
-    ) -> Any:
-        """Perform `ops` for `task` (the tool's and the provider's with `call`: `(ctx,
-        request, execute)`); return what the generator returns."""
-        value = None
-        while True:
-            try:
-                op = ops.send(value)
-            except StopIteration as done:
-                return done.value
-            if isinstance(op, CallTool) and call is not None:
-                value = await self._acall_tool(task, call[0], call[1], call[2], op)
-            elif isinstance(op, Lookup) and call is not None:
-                value = await self._alookup(call[0], op)
-            else:
-                value = await aperform(task.saver, task.config, op)
+    async def _aperformed(self, task: Task, steps: Generator[ops.Op, Any, Any],
+                          call: Calling | None = None) -> Any:
+        """Async `SyncDriver._performed`."""
+        return await ops.aperformed(steps, lambda op: self._aperform(task, op, call))
+
+    async def _aperform(self, task: Task, op: ops.Op, call: Calling | None) -> Any:
+        """Perform one operation of `task` (see `SyncDriver._perform`)."""
+        if isinstance(op, ops.CallTool) and call is not None:
+            return await self._acall_tool(task, call, op)
+        if isinstance(op, ops.Lookup) and call is not None:
+            return await self._alookup(call.ctx, op)
+        return await aperform(task.saver, task.config, op)
 
     async def aclaim_step(
         self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any],
@@ -144,34 +119,22 @@ class AsyncDriver(GuardBase):
                       on_ask: OnAsk, protocol: Protocol, value: Any) -> ToolResult:
         return await self._aperformed(
             task, self._driven(task, ctx, request, on_ask, protocol, value),
-            (ctx, request, execute))
+            Calling(ctx, request, execute))
 
-    async def _acall_tool(
-        self,
-        task: Task,
-        ctx: CallContext,
-        request: ToolCallRequest,
-        execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
-        op: CallTool,
-    ) -> Outcome:
-        planned = self._tool_request(task, ctx, request, op, abandoned_here=False)
+    async def _acall_tool(self, task: Task, call: Calling, op: ops.CallTool) -> Outcome:
+        planned = self._tool_request(task, call.ctx, call.request, op, abandoned_here=False)
         if isinstance(planned, Outcome):
             return planned
         call_request, gate = planned
         with watch_reports() as reported:
             return read_reports(
-                await self._acall_entered(task, ctx, call_request, execute, op, gate), reported)
+                await self._acall_entered(task, call._replace(request=call_request), op, gate),
+                reported)
 
-    async def _acall_entered(
-        self,
-        task: Task,
-        ctx: CallContext,
-        call_request: ToolCallRequest,
-        execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
-        op: CallTool,
-        gate: ToolGate | None,
-    ) -> Outcome:
-        """Call the tool, whose args its schema accepts: its body runs."""
+    async def _acall_entered(self, task: Task, call: Calling, op: ops.CallTool,
+                             gate: ToolGate | None) -> Outcome:
+        """Call the tool (`call.request`, whose args its schema accepts): its body runs."""
+        ctx, call_request, execute = call
         token = _CURRENT.set(self._effect_context(task, op))
         try:
             if ctx.policy.timeout is None:
@@ -194,7 +157,7 @@ class AsyncDriver(GuardBase):
             _CURRENT.reset(token)
 
     @staticmethod
-    async def _acancelled_in_flight(task: Task, ctx: CallContext, op: CallTool) -> None:
+    async def _acancelled_in_flight(task: Task, ctx: CallContext, op: ops.CallTool) -> None:
         """The run was cancelled with the call on its way: the Agent Server's `interrupt`
         or `rollback` multitask strategy, a client gone with `on_disconnect="cancel"`. The
         request may have left, and a sync tool even runs on in its thread, so the effect
@@ -213,7 +176,7 @@ class AsyncDriver(GuardBase):
         except BaseException:  # noqa: BLE001 - the cancellation is what propagates
             pass
 
-    async def _alookup(self, ctx: CallContext, op: Lookup) -> Outcome:
+    async def _alookup(self, ctx: CallContext, op: ops.Lookup) -> Outcome:
         """Ask the provider, for at most the policy's timeout; a sync lookup (a blocking
         HTTP or database call) runs on a worker thread, never on the event loop, which
         the Agent Server refuses."""

@@ -5,9 +5,9 @@ its context and key (anchor, legacy key, restarts), the step's claim plan, the c
 the checkpoint that requested the call, the run-once of a call repeated in one step, the
 tool request it sends (edited args, reentry gate) and how the tool's outcome is read.
 Where a step needs the saver, it is a generator yielding operations (`Read`, `Claim`,
-`ClaimMany`, `Write`, `Sleep`, and the protocol's `CallTool` and `Lookup`): the sync
-driver (`sync_driver.py`) and the async driver (`async_driver.py`) perform them, each
-operation in one place.
+`ClaimMany`, `Write`, `Sleep`, and the protocol's `CallTool` and `Lookup`, all in
+`operations.py`): the sync driver (`sync_driver.py`) and the async driver
+(`async_driver.py`) perform them, each operation in one place.
 
 Longer than 400 lines for a reason: `GuardBase` is one class whose hooks
 (`_anchor`, `_restarted`, `_checkpoint_to_verify`) `nodes.writes` overrides, and the
@@ -20,9 +20,9 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple
 
 from langchain_core.messages import ToolMessage
 from langgraph.errors import GraphInterrupt
@@ -32,44 +32,40 @@ from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP
 from graph_durable.checkpointers._base import actor_of
 from graph_durable.errors import InvalidDecision, MiddlewareOrderError
 from graph_durable.faults import fault_point
-from graph_durable.ledger import EffectRecord, IntentWrite, Keying
+from graph_durable.ledger import EffectRecord, Keying
 from graph_durable.nodes.anchor import call_anchor, requested_args
 from graph_durable.nodes.answers import read_decisions
 from graph_durable.nodes.context import EffectContext
 from graph_durable.nodes.decisions import RefusedDecision
 from graph_durable.nodes.interrupts import OnAsk, interrupt_id_for, with_schema
 from graph_durable.nodes.outcomes import refused_args
-from graph_durable.nodes.protocol import (
+from graph_durable.nodes.operations import (
     Ask,
-    CallContext,
     CallTool,
     Claim,
-    Lookup,
+    ClaimMany,
+    Op,
     Outcome,
-    Protocol,
     Read,
     Sleep,
     Write,
-    run_call,
 )
+from graph_durable.nodes.protocol import CallContext, Protocol, run_call
 from graph_durable.nodes.reentry import ReentryRefused, ToolGate
 from graph_durable.nodes.restarts import earlier_effect, fork_sources, restart_root
 from graph_durable.nodes.task import Task, check_lease, refused_by_fence
 from graph_durable.policy import Effect
 
-__all__ = ["ClaimMany", "GuardBase", "Op", "Started"]
+__all__ = ["Calling", "ClaimMany", "GuardBase", "Op", "Started"]
 
 
-@dataclass(frozen=True)
-class ClaimMany:
-    """Operation: claim the intents of a step's calls in one transaction; the result is
-    a `(record, created)` pair per intent."""
+class Calling(NamedTuple):
+    """The tool call a driver performs a protocol's `CallTool` and `Lookup` for."""
 
-    intents: tuple[IntentWrite, ...]
-
-
-Op = Union[Read, Claim, ClaimMany, Write, Sleep, CallTool, Lookup]  # noqa: UP007
-"""What the guard's steps yield for a driver to perform."""
+    ctx: CallContext
+    request: ToolCallRequest
+    execute: Callable[..., Any]
+    """Runs the request: the tool (and the middleware inside the guard)."""
 
 
 @dataclass

@@ -1,39 +1,54 @@
 """The effect protocol for one tool call, written once for sync and async drivers.
 
 `run_call` is a generator that *yields operations* (read the ledger, write the ledger,
-call the tool, look a key up, sleep, ask a human) and receives their results; the
-sync and async drivers in `guard.py` perform them. The protocol follows the crash-window
-table of the design: a receipt is replayed, an intent without a receipt is reconciled
-(lookup, else re-send with the same key if the provider dedupes, else `unknown` and a
-human decides), and every decision is journaled before it takes effect.
+call the tool, look a key up, sleep, ask a human: `graph_durable.nodes.operations`) and
+receives their results; the sync and async drivers (`sync_driver.py`, `async_driver.py`)
+perform them. The protocol follows the crash-window table of the design: a receipt is
+replayed, an intent without a receipt is reconciled (lookup, else re-send with the same
+key if the provider dedupes, else `unknown` and a human decides), and every decision is
+journaled before it takes effect.
+
+Longer than 400 lines for a reason: the length is the point. The module is the one
+generator `run_call` and the sub-generators it delegates to (`_resume`, `_send`,
+`_reconcile`, `_ask`, `_act_on_decision`), which follow the crash-window table row by
+row; read together they are the whole protocol, and split they would each need the
+others' states to make sense. What is not the protocol lives beside it: the operations
+(`operations.py`), the call's context and key (`call_context.py`), and how a tool's
+result is rebuilt and replayed (`results.py`).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
-from graph_durable.errors import GraphDurableError, NotApplied, Retryable, UnkeyableToolCall
+from graph_durable.errors import GraphDurableError, NotApplied, Retryable
+from graph_durable.faults import fault_point
 from graph_durable.ledger import (
     SENT_STATUSES,
     TERMINAL_STATUSES,
     EffectRecord,
     EffectStatus,
     IntentWrite,
-    LedgerWrite,
-    TransitionWrite,
     WriteBatch,
     derive_key,
-    encode_args,
-    key_of_encoded,
 )
+from graph_durable.nodes.call_context import CallContext
 from graph_durable.nodes.decisions import approval_payload, unknown_payload
+from graph_durable.nodes.operations import (
+    Ask,
+    CallTool,
+    Claim,
+    Lookup,
+    Outcome,
+    Read,
+    Sleep,
+    Write,
+)
 from graph_durable.nodes.results import (
     answering,
     note_edit,
@@ -41,8 +56,6 @@ from graph_durable.nodes.results import (
     rebuilt_by_lookup,
     receipt_of,
 )
-from graph_durable.policy import Effect
-from graph_durable.faults import fault_point
 
 __all__ = [
     "Ask",
@@ -58,162 +71,6 @@ __all__ = [
 ]
 
 S = EffectStatus
-
-
-@dataclass(frozen=True)
-class Read:
-    """Operation: call a read method of the durable saver (`a<name>` when async)."""
-
-    name: str
-    args: tuple[Any, ...]
-
-
-@dataclass(frozen=True)
-class Write:
-    """Operation: apply a ledger write; the result is the list of changed records."""
-
-    write: LedgerWrite
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Operation: record an intent unless its key is known; the result is
-    `(record, created)`."""
-
-    intent: IntentWrite
-
-
-@dataclass(frozen=True)
-class CallTool:
-    """Operation: call the tool once (with `args`, if the call was edited)."""
-
-    record: EffectRecord
-    args: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """Operation: ask the provider whether the keyed effect exists."""
-
-    key: str
-
-
-@dataclass(frozen=True)
-class Sleep:
-    """Operation: wait before another attempt."""
-
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Ask:
-    """Operation: ask a human; the driver interrupts (or defers) and may return a result."""
-
-    record: EffectRecord
-    payload: dict[str, Any]
-    schema: dict[str, Any] | None = None
-    """The JSON schema of the decisions that answer it (set by the driver, which knows
-    the tool)."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a tool call or lookup came back with: a value, or an error, or a timeout."""
-
-    value: Any = None
-    error: BaseException | None = None
-    timed_out: bool = False
-    paused: BaseException | None = None
-    """The tool asked a question of its own (LangGraph's `interrupt()`) before applying
-    anything; re-raised once journaled, and the tool is called again with the answer."""
-    args_refused: bool = False
-    """The tool's body never ran: its args fail the tool's own schema (`error` says
-    how), so the effect was certainly not applied."""
-    outstanding: bool = False
-    """An earlier attempt of this process may still land (it timed out, or is still
-    running): nothing may be sent again until a lookup finds the effect or a human
-    decides, since a lookup's "absent" is not conclusive while an attempt is out."""
-    refused: BaseException | None = None
-    """A middleware inside the guard overruled the tool in this attempt (called it a
-    second time, refused before it reached the tool, or answered in its place after it
-    raised; see `nodes.reentry`): what the tool did is not known, `error` says why; this
-    is raised once journaled."""
-
-
-@dataclass
-class CallContext:
-    """Everything the protocol needs to know about one tool call."""
-
-    thread_id: str
-    checkpoint_ns: str
-    tool_call: dict[str, Any]
-    policy: Effect
-    key_thread_id: str | None = None
-    """The thread whose id keys the effects: the thread, or the one it was copied from."""
-    anchor: str | None = None
-    """What the call is anchored to (`graph_durable.nodes.anchor`); the task's
-    namespace when not given."""
-    secret: bytes | None = None
-    """The key secret of the thread's keys (`Keying.secret`; `None`: plain SHA-256)."""
-    key_scheme: str | None = None
-    """The key scheme to pin the thread to with its first intent (`Keying.pin`)."""
-    intent_data: dict[str, Any] | None = None
-    """Details journaled with the call's intent (see `IntentWrite.data`)."""
-    defer_receipts: bool = True
-    """Whether a reconcilable call's receipt may ride on the thread's next write (a
-    step's call: its step writes next); a call outside a step commits it at once."""
-    requested_args: dict[str, Any] | None = None
-    """The args the model asked for, when a middleware before the guard changed them
-    (`anchor.requested_args`): the key is the requested call's, and `tool_call`'s args
-    are what is recorded and sent."""
-    key: str = field(init=False)
-    args_json: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        call = self.tool_call
-        if not isinstance(call.get("id"), str) or not call["id"]:
-            raise UnkeyableToolCall(
-                f"A call to {call.get('name')!r} in thread {self.thread_id!r} has tool_call_id "
-                f"{call.get('id')!r}; nothing was sent. The key of an effect is derived from "
-                "its tool_call_id: give every tool call a non-empty string id (chat models "
-                "do; check the code that builds the AIMessage).",
-                thread_id=self.thread_id, tool_call_id=None,
-            )
-        self.key_thread_id = self.key_thread_id or self.thread_id
-        self.anchor = self.anchor or self.checkpoint_ns
-        requested = call["args"] if self.requested_args is None else self.requested_args
-        self.args_json = encode_args(requested, thread_id=self.thread_id,
-                                     tool_call_id=call["id"], tool=call["name"])
-        self.key = key_of_encoded(self.key_thread_id, self.anchor, call["id"],
-                                  call["name"], self.args_json, self.secret)
-
-    def legacy_key(self) -> str:
-        """The key this call had before keys were anchored to the requesting message."""
-        return key_of_encoded(self.key_thread_id or self.thread_id, self.checkpoint_ns,
-                              self.tool_call_id, self.tool, self.args_json)
-
-    @property
-    def tool_call_id(self) -> str:
-        return self.tool_call["id"]
-
-    @property
-    def tool(self) -> str:
-        return self.tool_call["name"]
-
-    def message(self, content: Any, *, status: str = "success") -> ToolMessage:
-        """A ToolMessage answering this call."""
-        if not isinstance(content, str | list):
-            content = json.dumps(content, ensure_ascii=False, default=str)
-        return ToolMessage(
-            content=content, name=self.tool, tool_call_id=self.tool_call_id, status=status
-        )
-
-    def transition(self, record: EffectRecord, to: EffectStatus, kind: str,
-                   **fields: Any) -> TransitionWrite:
-        """A transition of `record` (which may be an edited call's record)."""
-        return TransitionWrite(thread_id=self.thread_id, key=record.key, to=to, kind=kind,
-                               redact=self.policy.redact, **fields)
-
 
 Protocol = Generator[Any, Any, Any]
 

@@ -16,22 +16,13 @@ from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
-from graph_durable.nodes.core import ClaimMany, GuardBase, Op, Started, _gated, _same_answer
+from graph_durable.nodes.core import Calling, GuardBase, Started, _gated, _same_answer
 from graph_durable.nodes.interrupts import OnAsk
+from graph_durable.nodes.operations import Outcome
 from graph_durable.nodes.outcomes import call_with_timeout, read_reports, watch_reports
-from graph_durable.nodes.protocol import (
-    CallContext,
-    CallTool,
-    Claim,
-    Lookup,
-    Outcome,
-    Protocol,
-    Read,
-    Sleep,
-    Write,
-    run_call,
-)
+from graph_durable.nodes.protocol import CallContext, Protocol, run_call
 from graph_durable.nodes.reentry import ReentryRefused, ToolGate
 from graph_durable.nodes.task import Task, config_of, task_with_resume
 
@@ -40,53 +31,40 @@ __all__ = ["SyncDriver", "perform", "perform_reads"]
 ToolResult = ToolMessage | Command
 
 
-def perform(saver: Any, config: Any, op: Op) -> Any:
+def perform(saver: Any, config: Any, op: ops.Op) -> Any:
     """Perform one of the saver's operations (or a `Sleep`); its result."""
-    if isinstance(op, Read):
-        return getattr(saver, op.name)(*op.args)
-    if isinstance(op, Claim):
-        return saver.claim(op.intent, config)
-    if isinstance(op, ClaimMany):
-        return saver.claim_many(list(op.intents), config)
-    if isinstance(op, Write):
-        return saver.apply(op.write, config)
-    if isinstance(op, Sleep):
+    call = ops.saver_call(op, config)
+    if call is not None:
+        method, args = call
+        return getattr(saver, method)(*args)
+    if isinstance(op, ops.Sleep):
         time.sleep(op.seconds)
         return None
     raise TypeError(f"not an operation on the saver: {op!r}")
 
 
-def perform_reads(saver: Any, reads: Generator[Read, Any, Any]) -> Any:
+def perform_reads(saver: Any, reads: Generator[ops.Read, Any, Any]) -> Any:
     """Perform a generator of `Read` operations on `saver`; return what it returns."""
-    value = None
-    while True:
-        try:
-            op = reads.send(value)
-        except StopIteration as done:
-            return done.value
-        value = perform(saver, None, op)
+    return ops.performed(reads, lambda op: perform(saver, None, op))
 
 
 class SyncDriver(GuardBase):
     """The guard's sync entry points: each performs `GuardBase`'s steps."""
 
-    def _performed(self, task: Task, ops: Generator[Op, Any, Any],
-                   call: tuple[CallContext, ToolCallRequest, Callable[..., Any]] | None = None
-                   ) -> Any:
-        """Perform `ops` for `task` (the tool's and the provider's with `call`: `(ctx,
-        request, execute)`); return what the generator returns."""
-        value = None
-        while True:
-            try:
-                op = ops.send(value)
-            except StopIteration as done:
-                return done.value
-            if isinstance(op, CallTool) and call is not None:
-                value = self._call_tool(task, call[0], call[1], call[2], op)
-            elif isinstance(op, Lookup) and call is not None:
-                value = self._lookup(call[0], op)
-            else:
-                value = perform(task.saver, task.config, op)
+    def _performed(self, task: Task, steps: Generator[ops.Op, Any, Any],
+                   call: Calling | None = None) -> Any:
+        """Perform `steps` for `task` (the tool's and the provider's for `call`); return
+        what the generator returns."""
+        return ops.performed(steps, lambda op: self._perform(task, op, call))
+
+    def _perform(self, task: Task, op: ops.Op, call: Calling | None) -> Any:
+        """Perform one operation of `task`: the tool's and the provider's for `call`,
+        the saver's otherwise."""
+        if isinstance(op, ops.CallTool) and call is not None:
+            return self._call_tool(task, call, op)
+        if isinstance(op, ops.Lookup) and call is not None:
+            return self._lookup(call.ctx, op)
+        return perform(task.saver, task.config, op)
 
     def claim_step(
         self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any],
@@ -161,34 +139,22 @@ class SyncDriver(GuardBase):
                execute: Callable[[ToolCallRequest], ToolResult], on_ask: OnAsk,
                protocol: Protocol, value: Any) -> ToolResult:
         return self._performed(task, self._driven(task, ctx, request, on_ask, protocol, value),
-                               (ctx, request, execute))
+                               Calling(ctx, request, execute))
 
-    def _call_tool(
-        self,
-        task: Task,
-        ctx: CallContext,
-        request: ToolCallRequest,
-        execute: Callable[[ToolCallRequest], ToolResult],
-        op: CallTool,
-    ) -> Outcome:
-        planned = self._tool_request(task, ctx, request, op, abandoned_here=True)
+    def _call_tool(self, task: Task, call: Calling, op: ops.CallTool) -> Outcome:
+        planned = self._tool_request(task, call.ctx, call.request, op, abandoned_here=True)
         if isinstance(planned, Outcome):
             return planned
         call_request, gate = planned
         with watch_reports() as reported:
-            return read_reports(self._call_entered(task, ctx, call_request, execute, op, gate),
-                                reported)
+            return read_reports(
+                self._call_entered(task, call._replace(request=call_request), op, gate),
+                reported)
 
-    def _call_entered(
-        self,
-        task: Task,
-        ctx: CallContext,
-        call_request: ToolCallRequest,
-        execute: Callable[[ToolCallRequest], ToolResult],
-        op: CallTool,
-        gate: ToolGate | None,
-    ) -> Outcome:
-        """Call the tool, whose args its schema accepts: its body runs."""
+    def _call_entered(self, task: Task, call: Calling, op: ops.CallTool,
+                      gate: ToolGate | None) -> Outcome:
+        """Call the tool (`call.request`, whose args its schema accepts): its body runs."""
+        ctx, call_request, execute = call
         effect = self._effect_context(task, op)
 
         def call() -> ToolResult:
@@ -239,7 +205,7 @@ class SyncDriver(GuardBase):
             raise error
         return Outcome(value=box.get("value"), error=error)
 
-    def _lookup(self, ctx: CallContext, op: Lookup) -> Outcome:
+    def _lookup(self, ctx: CallContext, op: ops.Lookup) -> Outcome:
         """Ask the provider, for at most the policy's timeout (on a worker thread, then
         abandoned: a lookup that does not answer cannot tell)."""
         lookup = ctx.policy.lookup

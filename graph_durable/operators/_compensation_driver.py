@@ -18,8 +18,8 @@ import asyncio
 import inspect
 import json
 import time
-from collections.abc import Generator
-from contextlib import AsyncExitStack, ExitStack
+from collections.abc import Generator, Iterator
+from contextlib import AsyncExitStack, ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,20 +28,22 @@ from langchain_core.messages import ToolMessage
 from graph_durable.checkpointers._base import actor_of
 from graph_durable.leases import Lease
 from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite
+from graph_durable.nodes.async_driver import aperform
 from graph_durable.nodes.compensation import compensation_context, run_compensation
 from graph_durable.nodes.context import _CURRENT, EffectContext
-from graph_durable.nodes.protocol import (
+from graph_durable.nodes.operations import (
     Ask,
-    CallContext,
     CallTool,
-    Claim,
+    Failed,
     Lookup,
     Outcome,
-    Protocol,
     Read,
-    Sleep,
     Write,
+    aperformed,
+    performed,
 )
+from graph_durable.nodes.protocol import CallContext, Protocol
+from graph_durable.nodes.sync_driver import perform
 from graph_durable.policy import Compensation, Effect
 
 __all__ = ["AskLookup", "AsyncDriver", "Driver", "Steps", "TakeLease", "Undo",
@@ -85,8 +87,8 @@ class AskLookup:
     key: str
 
 
-class Driver:
-    """Performs compensation steps with the saver's sync methods."""
+class _Driver:
+    """What both drivers hold: the saver, and the lease the steps took (if any)."""
 
     def __init__(self, saver: Any) -> None:
         self.saver = saver
@@ -95,93 +97,54 @@ class Driver:
     @property
     def config(self) -> dict[str, Any] | None:
         return None if self.lease is None else self.lease.config
+
+
+class Driver(_Driver):
+    """Performs compensation steps with the saver's sync methods."""
 
     def run(self, steps: Steps[T]) -> T:
         """Perform `steps` to their end; a lease they took is released then."""
         with ExitStack() as stack:
-            value: Any = None
-            error: Exception | None = None
-            while True:
-                try:
-                    op = steps.send(value) if error is None else steps.throw(error)
-                except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
-                try:
-                    value, error = self._perform(op, stack), None
-                except Exception as exc:
-                    value, error = None, exc
+            return performed(  # type: ignore[no-any-return]
+                steps, lambda op: self._attempt(op, stack))
+
+    def _attempt(self, op: Any, stack: ExitStack) -> Any:
+        """`op`'s result, or `Failed` if it raised (thrown back into the steps)."""
+        try:
+            return self._perform(op, stack)
+        except Exception as exc:
+            return Failed(exc)
 
     def _perform(self, op: Any, stack: ExitStack) -> Any:
-        if isinstance(op, Read):
-            return getattr(self.saver, op.name)(*op.args)
-        if isinstance(op, Claim):
-            return self.saver.claim(op.intent, self.config)
-        if isinstance(op, Write):
-            return self.saver.apply(op.write, self.config)
         if isinstance(op, TakeLease):
             self.lease = stack.enter_context(self.saver.lease(op.thread_id, op.owner, op.ttl))
             return self.lease
         if isinstance(op, Undo):
-            token = _enter(op, self.lease)
-            try:
-                undo = op.compensation.undo
-                if hasattr(undo, "invoke"):
-                    value = undo.invoke(dict(op.call.record.args))
-                else:
-                    value = undo(op.original, op.original.receipt)
-                if inspect.isawaitable(value):
-                    if inspect.iscoroutine(value):
-                        value.close()
-                    raise TypeError(f"compensation {op.ctx.tool!r} is async; cancel() and "
-                                    "compensate() call it synchronously: use acancel() or "
-                                    "acompensate()")
-                return _undone(op, value)
-            except Exception as exc:
-                return Outcome(error=exc)
-            finally:
-                _CURRENT.reset(token)
+            with _compensating(op, self.lease):
+                return _undo(op)
         if isinstance(op, AskLookup):
             return call_lookup(op.policy, op.key)
-        if isinstance(op, Sleep):
-            time.sleep(op.seconds)
-            return None
-        raise TypeError(f"unknown compensation operation {op!r}")  # pragma: no cover
+        return perform(self.saver, self.config, op)
 
 
-class AsyncDriver:
+class AsyncDriver(_Driver):
     """Performs compensation steps with the saver's async (`a`-prefixed) methods; a sync
     compensation or lookup runs on a worker thread, never on the event loop."""
-
-    def __init__(self, saver: Any) -> None:
-        self.saver = saver
-        self.lease: Lease | None = None
-
-    @property
-    def config(self) -> dict[str, Any] | None:
-        return None if self.lease is None else self.lease.config
 
     async def run(self, steps: Steps[T]) -> T:
         """Perform `steps` to their end; a lease they took is released then."""
         async with AsyncExitStack() as stack:
-            value: Any = None
-            error: Exception | None = None
-            while True:
-                try:
-                    op = steps.send(value) if error is None else steps.throw(error)
-                except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
-                try:
-                    value, error = await self._perform(op, stack), None
-                except Exception as exc:
-                    value, error = None, exc
+            return await aperformed(  # type: ignore[no-any-return]
+                steps, lambda op: self._aattempt(op, stack))
+
+    async def _aattempt(self, op: Any, stack: AsyncExitStack) -> Any:
+        """`op`'s result, or `Failed` if it raised (thrown back into the steps)."""
+        try:
+            return await self._perform(op, stack)
+        except Exception as exc:
+            return Failed(exc)
 
     async def _perform(self, op: Any, stack: AsyncExitStack) -> Any:
-        if isinstance(op, Read):
-            return await getattr(self.saver, "a" + op.name)(*op.args)
-        if isinstance(op, Claim):
-            return await self.saver.aclaim(op.intent, self.config)
-        if isinstance(op, Write):
-            return await self.saver.aapply(op.write, self.config)
         if isinstance(op, TakeLease):
             alease = getattr(self.saver, "alease", None)
             if alease is None:  # a sync saver: its lease is taken as its writes are, at once
@@ -192,38 +155,63 @@ class AsyncDriver:
                     alease(op.thread_id, op.owner, op.ttl))
             return self.lease
         if isinstance(op, Undo):
-            token = _enter(op, self.lease)
-            try:
-                undo = op.compensation.undo
-                if hasattr(undo, "ainvoke"):
-                    value = await undo.ainvoke(dict(op.call.record.args))
-                elif inspect.iscoroutinefunction(undo):
-                    value = await undo(op.original, op.original.receipt)
-                else:  # copies the context: current_effect() is set on the worker thread
-                    value = await asyncio.to_thread(undo, op.original, op.original.receipt)
-                    if inspect.isawaitable(value):
-                        value = await value
-                return _undone(op, value)
-            except Exception as exc:
-                return Outcome(error=exc)
-            finally:
-                _CURRENT.reset(token)
+            with _compensating(op, self.lease):
+                return await _aundo(op)
         if isinstance(op, AskLookup):
             return await acall_lookup(op.policy, op.key)
-        if isinstance(op, Sleep):
-            await asyncio.sleep(op.seconds)
-            return None
-        raise TypeError(f"unknown compensation operation {op!r}")  # pragma: no cover
+        return await aperform(self.saver, self.config, op)
 
 
-def _enter(op: Undo, lease: Lease | None) -> Any:
-    """Check the lease, then set `current_effect()` to the compensating call's key."""
+@contextmanager
+def _compensating(op: Undo, lease: Lease | None) -> Iterator[None]:
+    """Check the lease, then set `current_effect()` to the compensating call's key for
+    as long as the compensation runs."""
     assert lease is not None, "a compensation runs under a lease"
     lease.check()
     ctx, record = op.ctx, op.call.record
-    return _CURRENT.set(EffectContext(
+    token = _CURRENT.set(EffectContext(
         key=record.key, thread_id=ctx.thread_id, tool_call_id=ctx.tool_call_id, tool=ctx.tool,
         attempt=record.attempts, fencing_token=actor_of(lease.config)[1]))
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def _undo(op: Undo) -> Outcome:
+    """Call the compensation synchronously; what it answered, or its error."""
+    undo = op.compensation.undo
+    try:
+        if hasattr(undo, "invoke"):
+            value = undo.invoke(dict(op.call.record.args))
+        else:
+            value = undo(op.original, op.original.receipt)
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()
+            raise TypeError(f"compensation {op.ctx.tool!r} is async; cancel() and "
+                            "compensate() call it synchronously: use acancel() or "
+                            "acompensate()")
+        return _undone(op, value)
+    except Exception as exc:
+        return Outcome(error=exc)
+
+
+async def _aundo(op: Undo) -> Outcome:
+    """Call the compensation from async code; what it answered, or its error."""
+    undo = op.compensation.undo
+    try:
+        if hasattr(undo, "ainvoke"):
+            value = await undo.ainvoke(dict(op.call.record.args))
+        elif inspect.iscoroutinefunction(undo):
+            value = await undo(op.original, op.original.receipt)
+        else:  # copies the context: current_effect() is set on the worker thread
+            value = await asyncio.to_thread(undo, op.original, op.original.receipt)
+            if inspect.isawaitable(value):
+                value = await value
+        return _undone(op, value)
+    except Exception as exc:
+        return Outcome(error=exc)
 
 
 def _undone(op: Undo, value: Any) -> Outcome:

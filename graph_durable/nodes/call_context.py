@@ -1,0 +1,102 @@
+"""`CallContext`: what the effect protocol knows about one tool call, and its key.
+
+The key of an effect is derived here, once, from the call as the model requested it:
+the thread that keys the effects, the requesting message the call is anchored to
+(`graph_durable.nodes.anchor`), its tool_call_id, tool and encoded args, and the
+thread's key secret.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import ToolMessage
+
+from graph_durable.errors import UnkeyableToolCall
+from graph_durable.ledger import (
+    EffectRecord,
+    EffectStatus,
+    TransitionWrite,
+    encode_args,
+    key_of_encoded,
+)
+from graph_durable.policy import Effect
+
+__all__ = ["CallContext"]
+
+
+@dataclass
+class CallContext:
+    """Everything the protocol needs to know about one tool call."""
+
+    thread_id: str
+    checkpoint_ns: str
+    tool_call: dict[str, Any]
+    policy: Effect
+    key_thread_id: str | None = None
+    """The thread whose id keys the effects: the thread, or the one it was copied from."""
+    anchor: str | None = None
+    """What the call is anchored to (`graph_durable.nodes.anchor`); the task's
+    namespace when not given."""
+    secret: bytes | None = None
+    """The key secret of the thread's keys (`Keying.secret`; `None`: plain SHA-256)."""
+    key_scheme: str | None = None
+    """The key scheme to pin the thread to with its first intent (`Keying.pin`)."""
+    intent_data: dict[str, Any] | None = None
+    """Details journaled with the call's intent (see `IntentWrite.data`)."""
+    defer_receipts: bool = True
+    """Whether a reconcilable call's receipt may ride on the thread's next write (a
+    step's call: its step writes next); a call outside a step commits it at once."""
+    requested_args: dict[str, Any] | None = None
+    """The args the model asked for, when a middleware before the guard changed them
+    (`anchor.requested_args`): the key is the requested call's, and `tool_call`'s args
+    are what is recorded and sent."""
+    key: str = field(init=False)
+    args_json: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        call = self.tool_call
+        if not isinstance(call.get("id"), str) or not call["id"]:
+            raise UnkeyableToolCall(
+                f"A call to {call.get('name')!r} in thread {self.thread_id!r} has tool_call_id "
+                f"{call.get('id')!r}; nothing was sent. The key of an effect is derived from "
+                "its tool_call_id: give every tool call a non-empty string id (chat models "
+                "do; check the code that builds the AIMessage).",
+                thread_id=self.thread_id, tool_call_id=None,
+            )
+        self.key_thread_id = self.key_thread_id or self.thread_id
+        self.anchor = self.anchor or self.checkpoint_ns
+        requested = call["args"] if self.requested_args is None else self.requested_args
+        self.args_json = encode_args(requested, thread_id=self.thread_id,
+                                     tool_call_id=call["id"], tool=call["name"])
+        self.key = key_of_encoded(self.key_thread_id, self.anchor, call["id"],
+                                  call["name"], self.args_json, self.secret)
+
+    def legacy_key(self) -> str:
+        """The key this call had before keys were anchored to the requesting message."""
+        return key_of_encoded(self.key_thread_id or self.thread_id, self.checkpoint_ns,
+                              self.tool_call_id, self.tool, self.args_json)
+
+    @property
+    def tool_call_id(self) -> str:
+        return self.tool_call["id"]
+
+    @property
+    def tool(self) -> str:
+        return self.tool_call["name"]
+
+    def message(self, content: Any, *, status: str = "success") -> ToolMessage:
+        """A ToolMessage answering this call."""
+        if not isinstance(content, str | list):
+            content = json.dumps(content, ensure_ascii=False, default=str)
+        return ToolMessage(
+            content=content, name=self.tool, tool_call_id=self.tool_call_id, status=status
+        )
+
+    def transition(self, record: EffectRecord, to: EffectStatus, kind: str,
+                   **fields: Any) -> TransitionWrite:
+        """A transition of `record` (which may be an edited call's record)."""
+        return TransitionWrite(thread_id=self.thread_id, key=record.key, to=to, kind=kind,
+                               redact=self.policy.redact, **fields)

@@ -1,0 +1,184 @@
+"""The operations the guard's steps and the effect protocol yield, and how a driver runs
+them: the vocabulary shared by the protocol (`graph_durable.nodes.protocol`), the guard's
+steps (`graph_durable.nodes.core`), its two drivers and the compensation drivers
+(`graph_durable.operators._compensation_driver`).
+
+An operation says what to do and holds no I/O. `saver_call` names the saver method that
+performs each of the saver's operations (the async side calls its `a`-prefixed twin), and
+`performed` / `aperformed` drive a generator of operations with a function that performs
+one, sync or async: each driver writes only that function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Union
+
+from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite
+
+__all__ = [
+    "Ask",
+    "CallTool",
+    "Claim",
+    "ClaimMany",
+    "Done",
+    "Failed",
+    "Lookup",
+    "Op",
+    "Outcome",
+    "Read",
+    "Sleep",
+    "Write",
+    "aperformed",
+    "next_op",
+    "performed",
+    "saver_call",
+]
+
+
+@dataclass(frozen=True)
+class Read:
+    """Operation: call a read method of the durable saver (`a<name>` when async)."""
+
+    name: str
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Write:
+    """Operation: apply a ledger write; the result is the list of changed records."""
+
+    write: LedgerWrite
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Operation: record an intent unless its key is known; the result is
+    `(record, created)`."""
+
+    intent: IntentWrite
+
+
+@dataclass(frozen=True)
+class CallTool:
+    """Operation: call the tool once (with `args`, if the call was edited)."""
+
+    record: EffectRecord
+    args: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Operation: ask the provider whether the keyed effect exists."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Operation: wait before another attempt."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Ask:
+    """Operation: ask a human; the driver interrupts (or defers) and may return a result."""
+
+    record: EffectRecord
+    payload: dict[str, Any]
+    schema: dict[str, Any] | None = None
+    """The JSON schema of the decisions that answer it (set by the driver, which knows
+    the tool)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a tool call or lookup came back with: a value, or an error, or a timeout."""
+
+    value: Any = None
+    error: BaseException | None = None
+    timed_out: bool = False
+    paused: BaseException | None = None
+    """The tool asked a question of its own (LangGraph's `interrupt()`) before applying
+    anything; re-raised once journaled, and the tool is called again with the answer."""
+    args_refused: bool = False
+    """The tool's body never ran: its args fail the tool's own schema (`error` says
+    how), so the effect was certainly not applied."""
+    outstanding: bool = False
+    """An earlier attempt of this process may still land (it timed out, or is still
+    running): nothing may be sent again until a lookup finds the effect or a human
+    decides, since a lookup's "absent" is not conclusive while an attempt is out."""
+    refused: BaseException | None = None
+    """A middleware inside the guard overruled the tool in this attempt (called it a
+    second time, refused before it reached the tool, or answered in its place after it
+    raised; see `nodes.reentry`): what the tool did is not known, `error` says why; this
+    is raised once journaled."""
+
+
+@dataclass(frozen=True)
+class ClaimMany:
+    """Operation: claim the intents of a step's calls in one transaction; the result is
+    a `(record, created)` pair per intent."""
+
+    intents: tuple[IntentWrite, ...]
+
+
+Op = Union[Read, Claim, ClaimMany, Write, Sleep, CallTool, Lookup]  # noqa: UP007
+"""What the guard's steps yield for a driver to perform."""
+
+
+def saver_call(op: Any, config: Any) -> tuple[str, tuple[Any, ...]] | None:
+    """`(method, args)`: the saver method that performs `op` under `config` (the async
+    drivers call `"a" + method`), or `None` when `op` is not one of the saver's."""
+    if isinstance(op, Read):
+        return op.name, op.args
+    if isinstance(op, Claim):
+        return "claim", (op.intent, config)
+    if isinstance(op, ClaimMany):
+        return "claim_many", (list(op.intents), config)
+    if isinstance(op, Write):
+        return "apply", (op.write, config)
+    return None
+
+
+@dataclass(frozen=True)
+class Done:
+    """What `next_op` gives once the generator has returned: its return value."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The result of an operation that raised: `next_op` throws `error` into the
+    generator instead of sending a value."""
+
+    error: Exception
+
+
+def next_op(ops: Generator[Any, Any, Any], result: Any = None) -> Any:
+    """The operation `ops` yields next once it receives `result` (an operation's result,
+    or a `Failed` one, thrown in), or `Done` with what it returned."""
+    try:
+        return ops.throw(result.error) if isinstance(result, Failed) else ops.send(result)
+    except StopIteration as done:
+        return Done(done.value)
+
+
+def performed(ops: Generator[Any, Any, Any], perform: Callable[[Any], Any]) -> Any:
+    """Drive `ops` to its end, each operation performed by `perform`; what it returns."""
+    op = next_op(ops)
+    while not isinstance(op, Done):
+        op = next_op(ops, perform(op))
+    return op.value
+
+
+async def aperformed(ops: Generator[Any, Any, Any],
+                     perform: Callable[[Any], Awaitable[Any]]) -> Any:
+    """`performed`, each operation awaited."""
+    op = next_op(ops)
+    while not isinstance(op, Done):
+        op = next_op(ops, await perform(op))
+    return op.value
