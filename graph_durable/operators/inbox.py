@@ -38,6 +38,7 @@ from graph_durable.operators.orphans import (
 from graph_durable.operators._checkpoints import latest as latest_checkpoint
 from graph_durable.operators._checkpoints import open_interrupts, written_at
 from graph_durable.operators.review import _KINDS, PendingItem, hitl_items
+from graph_durable.operators._worker_thread import twin_of
 
 __all__ = ["InboxItem", "ainbox", "arecord_decisions", "inbox", "record_decisions"]
 
@@ -281,26 +282,19 @@ def _journal(saver: Any, thread_id: str, chosen: dict[str, tuple[InboxItem, dict
         return saver.apply(WriteBatch(thread_id, tuple(writes)), lease.config)
 
 
-async def ainbox(saver: Any, thread_id: str | None = None) -> list[InboxItem]:
-    """`inbox` for async code: awaitable on the event loop an async saver runs on.
+@twin_of(inbox)
+async def ainbox(*args: Any, **kwargs: Any) -> list[InboxItem]:
+    """`inbox` for async code (the same arguments): awaitable on the event loop an async
+    saver runs on.
 
     The reads run on a worker thread, from where an async saver's sync methods run its
     async ones on this loop, which the await leaves free; a sync saver is read there too.
     """
-    return await asyncio.to_thread(inbox, saver, thread_id)
+    return await asyncio.to_thread(inbox, *args, **kwargs)
 
 
-async def arecord_decisions(
-    saver: Any,
-    thread_id: str,
-    decisions: Mapping[str, Mapping[str, Any]],
-    *,
-    reviewer: str | None = None,
-    owner: str | None = None,
-    graph: Any = None,
-    ttl: float = 30.0,
-) -> list[EffectRecord]:
-    """`record_decisions` for async code (see `ainbox`): the same checks, the same
-    writes under the thread's lease, and the same errors."""
-    return await asyncio.to_thread(record_decisions, saver, thread_id, decisions,
-                                   reviewer=reviewer, owner=owner, graph=graph, ttl=ttl)
+@twin_of(record_decisions)
+async def arecord_decisions(*args: Any, **kwargs: Any) -> list[EffectRecord]:
+    """`record_decisions` for async code (the same arguments; see `ainbox`): the same
+    checks, the same writes under the thread's lease, and the same errors."""
+    return await asyncio.to_thread(record_decisions, *args, **kwargs)

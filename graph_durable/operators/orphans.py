@@ -60,6 +60,7 @@ from graph_durable.operators._checkpoints import (
 )
 from graph_durable.errors import InvalidDecision
 from graph_durable.operators.compensation import policies_of
+from graph_durable.operators._worker_thread import twin_of
 from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite, WriteBatch
 from graph_durable.nodes.compensation import is_compensation
 from graph_durable.nodes.decisions import check_decision
@@ -269,30 +270,20 @@ def resolve_orphan(
         return changed[-1]  # type: ignore[no-any-return]
 
 
-async def afind_orphans(saver: Any, thread_id: str | None = None) -> list[Orphan]:
-    """Async `find_orphans`: read on a worker thread, whose saver calls an async saver
-    answers on this loop, which the await leaves free."""
-    return await asyncio.to_thread(find_orphans, saver, thread_id)
+@twin_of(find_orphans)
+async def afind_orphans(*args: Any, **kwargs: Any) -> list[Orphan]:
+    """Async `find_orphans` (the same arguments): read on a worker thread, whose saver
+    calls an async saver answers on this loop, which the await leaves free."""
+    return await asyncio.to_thread(find_orphans, *args, **kwargs)
 
 
-async def aresolve_orphan(
-    saver: Any,
-    thread_id: str,
-    call: str,
-    decision: Mapping[str, Any] | None = None,
-    *,
-    effects: Mapping[str, Effect] | None = None,
-    graph: Any = None,
-    reviewer: str | None = None,
-    owner: str | None = None,
-    ttl: float = 30.0,
-) -> EffectRecord:
-    """Async `resolve_orphan`, for an async saver on its own loop (an orphan a `Review`
-    from `areview` lists): it runs on a worker thread, the lookup too, and the saver
-    calls it makes are answered on this loop, which the await leaves free."""
-    return await asyncio.to_thread(
-        resolve_orphan, saver, thread_id, call, decision, effects=effects, graph=graph,
-        reviewer=reviewer, owner=owner, ttl=ttl)
+@twin_of(resolve_orphan)
+async def aresolve_orphan(*args: Any, **kwargs: Any) -> EffectRecord:
+    """Async `resolve_orphan` (the same arguments), for an async saver on its own loop
+    (an orphan a `Review` from `areview` lists): it runs on a worker thread, the lookup
+    too, and the saver calls it makes are answered on this loop, which the await leaves
+    free."""
+    return await asyncio.to_thread(resolve_orphan, *args, **kwargs)
 
 
 def _policy(effects: Mapping[str, Effect] | None, graph: Any, tool: str) -> Effect:
