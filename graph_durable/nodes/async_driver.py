@@ -122,16 +122,13 @@ class AsyncDriver(GuardBase):
             Calling(ctx, request, execute))
 
     async def _acall_tool(self, task: Task, call: Calling, op: ops.CallTool) -> Outcome:
-        planned = self._tool_request(task, call.ctx, call.request, op, abandoned_here=False)
+        planned = self._tool_request(task, call, op, abandoned_here=False)
         if isinstance(planned, Outcome):
             return planned
-        call_request, gate = planned
         with watch_reports() as reported:
-            return read_reports(
-                await self._acall_entered(task, call._replace(request=call_request), op, gate),
-                reported)
+            return read_reports(await self._acall_entered(task, op, *planned), reported)
 
-    async def _acall_entered(self, task: Task, call: Calling, op: ops.CallTool,
+    async def _acall_entered(self, task: Task, op: ops.CallTool, call: Calling,
                              gate: ToolGate | None) -> Outcome:
         """Call the tool (`call.request`, whose args its schema accepts): its body runs."""
         ctx, call_request, execute = call

@@ -420,11 +420,10 @@ class GuardBase:
             else:
                 value = yield op
 
-    def _tool_request(self, task: Task, ctx: CallContext, request: ToolCallRequest,
-                      op: CallTool, *, abandoned_here: bool
-                      ) -> tuple[ToolCallRequest, ToolGate | None] | Outcome:
-        """The request that calls the tool (edited args, gated), or the outcome of not
-        sending it: the lease is gone, an abandoned attempt still runs here (when
+    def _tool_request(self, task: Task, call: Calling, op: CallTool, *, abandoned_here: bool
+                      ) -> tuple[Calling, ToolGate | None] | Outcome:
+        """`call` as the tool is called (edited args, gated) and its gate, or the outcome
+        of not sending it: the lease is gone, an abandoned attempt still runs here (when
         `abandoned_here`: the sync driver abandons attempts on threads), or the args do
         not fit the tool's schema."""
         self._check_lease(task)
@@ -432,14 +431,14 @@ class GuardBase:
             still_running = self._still_running(task, op)
             if still_running is not None:
                 return still_running
-        gate = self._gate(task, ctx)
-        call_request = self._edited(request, op)
+        gate = self._gate(task, call.ctx)
+        call_request = self._edited(call.request, op)
         refused = refused_args(call_request)
         if refused is not None:
             return Outcome(error=refused, args_refused=True)
         if gate is not None:
             call_request = gate.request(call_request)
-        return call_request, gate
+        return call._replace(request=call_request), gate
 
 
 def _gated(gate: ToolGate | None, outcome: Outcome) -> Outcome:

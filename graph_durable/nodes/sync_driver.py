@@ -142,16 +142,13 @@ class SyncDriver(GuardBase):
                                Calling(ctx, request, execute))
 
     def _call_tool(self, task: Task, call: Calling, op: ops.CallTool) -> Outcome:
-        planned = self._tool_request(task, call.ctx, call.request, op, abandoned_here=True)
+        planned = self._tool_request(task, call, op, abandoned_here=True)
         if isinstance(planned, Outcome):
             return planned
-        call_request, gate = planned
         with watch_reports() as reported:
-            return read_reports(
-                self._call_entered(task, call._replace(request=call_request), op, gate),
-                reported)
+            return read_reports(self._call_entered(task, op, *planned), reported)
 
-    def _call_entered(self, task: Task, call: Calling, op: ops.CallTool,
+    def _call_entered(self, task: Task, op: ops.CallTool, call: Calling,
                       gate: ToolGate | None) -> Outcome:
         """Call the tool (`call.request`, whose args its schema accepts): its body runs."""
         ctx, call_request, execute = call
