@@ -34,23 +34,19 @@ from graph_durable.testing.savers import SaverSpec, aopen_saver, open_saver
 __all__ = ["SCRIPT", "TicketAgent", "build_ticket_agent", "build_ticket_agent_async",
            "graph", "policy_for"]
 
+
+def _calling(name: str, args: dict[str, Any], call_id: str) -> AIMessage:
+    """A model turn that calls one tool."""
+    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": call_id}])
+
+
 SCRIPT = [
-    AIMessage(
-        content="",
-        tool_calls=[{
-            "name": "create_ticket",
-            "args": {"title": "Refund not received", "body": "Order 1042 was cancelled."},
-            "id": "call_ticket",
-        }],
-    ),
-    AIMessage(
-        content="",
-        tool_calls=[{
-            "name": "send_email",
-            "args": {"to": "ana@example.com", "subject": "We opened ticket for order 1042"},
-            "id": "call_email",
-        }],
-    ),
+    _calling("create_ticket",
+             {"title": "Refund not received", "body": "Order 1042 was cancelled."},
+             "call_ticket"),
+    _calling("send_email",
+             {"to": "ana@example.com", "subject": "We opened ticket for order 1042"},
+             "call_email"),
     AIMessage(content="Ticket opened and customer informed."),
 ]
 
