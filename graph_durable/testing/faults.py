@@ -1,27 +1,8 @@
-"""The fault points and plans, for the test kit's users.
+"""The fault points and plans, for the test kit's users: all of `graph_durable.faults`.
 
 They live on the ground floor (`graph_durable.faults`), because production code calls
-`fault_point`; the test kit imports them from there, never the other way round.
+`fault_point`; the test kit re-exports them from there, never the other way round.
 """
 
-from graph_durable.faults import (
-    ENV_FAULTS,
-    ENV_TRACE,
-    FAULT_POINTS,
-    FaultPlan,
-    InjectedCrash,
-    arm,
-    disarm,
-    fault_point,
-)
-
-__all__ = [
-    "ENV_FAULTS",
-    "ENV_TRACE",
-    "FAULT_POINTS",
-    "FaultPlan",
-    "InjectedCrash",
-    "arm",
-    "disarm",
-    "fault_point",
-]
+from graph_durable.faults import *  # noqa: F403 - the whole module, re-exported
+from graph_durable.faults import __all__ as __all__
