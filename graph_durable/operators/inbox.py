@@ -37,7 +37,7 @@ from graph_durable.operators.orphans import (
 )
 from graph_durable.operators._checkpoints import latest as latest_checkpoint
 from graph_durable.operators._checkpoints import open_interrupts, written_at
-from graph_durable.operators.review import _KINDS, PendingItem, hitl_items
+from graph_durable.operators.pending import QUESTION_KINDS, PendingItem, hitl_items
 from graph_durable.operators._worker_thread import twin_of
 
 __all__ = ["InboxItem", "ainbox", "arecord_decisions", "inbox", "record_decisions"]
@@ -113,9 +113,9 @@ def inbox(saver: Any, thread_id: str | None = None) -> list[InboxItem]:
                 items.extend(_hitl_item(thread, item, written_at(latest))
                              for item in asked_by_hitl)
                 continue
-            if not isinstance(value, dict) or value.get("type") not in _KINDS:
+            if not isinstance(value, dict) or value.get("type") not in QUESTION_KINDS:
                 continue
-            kind = _KINDS[value["type"]]
+            kind = QUESTION_KINDS[value["type"]]
             record = saver.effect(value.get("key", ""), thread)
             if record is None or not record.asked or _kind_of(record) != kind:
                 continue  # answered, or asked anew by a run that has not saved its question

@@ -24,6 +24,10 @@ per call (`tool_approval`, without an effect key) or batched (one per model turn
 listed as approvals with an empty `key`, take the decisions the middleware allows, and
 are answered as it expects: a per-call question by its interrupt id, a batched one with
 `{"decisions": [...]}`, one per call in its order (so all of them are decided at once).
+
+What the interrupts ask is read in `graph_durable.operators.pending` (`PendingItem`, the
+guard's and the middleware's questions); the names it shares with this module
+(`PendingItem`, `hitl_items`, `is_hitl_question`, ...) are importable from here too.
 """
 
 from __future__ import annotations
@@ -38,80 +42,22 @@ from langgraph.types import Command
 from graph_durable._display import args_diff, badge, esc, json_text, table
 from graph_durable.checkpointers._base import durable_saver
 from graph_durable.errors import InvalidDecision
-from graph_durable.ledger import EffectRecord, EffectStatus, answered
+from graph_durable.ledger import EffectRecord, answered
 from graph_durable.nodes.decisions import check_decision, decided_note
 from graph_durable.operators.orphans import find_orphans
+from graph_durable.operators.pending import (
+    PendingItem,
+    as_record,
+    hitl_items,
+    hitl_name,
+    is_batched_hitl_question,
+    is_hitl_question,
+    pending_items,
+    schema_decisions,
+)
 
 __all__ = ["PendingItem", "Review", "areview", "describe_decision", "hitl_items",
            "is_batched_hitl_question", "is_hitl_question", "review", "schema_decisions"]
-
-_KINDS = {"tool_approval": "approval", "effect_approval": "approval", "effect_unknown": "unknown"}
-"""Interrupt types the guard raises; `effect_approval` is the shape of earlier releases,
-still pending in some threads, and read the same way (its `tool` is today's `name`)."""
-_DEFAULT_ALLOWED = {"approval": ("approve", "edit", "reject"),
-                    "unknown": ("applied", "retry", "skip")}
-_HITL_DECISIONS = ("approve", "edit", "reject", "respond")
-
-
-def is_hitl_question(value: Any) -> bool:
-    """Whether an interrupt value is a question of LangChain's per-call
-    `HumanInTheLoopMiddleware` listed before the guard: a `tool_approval` without the
-    guard's effect key (the ledger knows the call only once it is answered)."""
-    return (isinstance(value, dict) and value.get("type") == "tool_approval"
-            and "key" not in value and isinstance(value.get("tool_call_id"), str))
-
-
-def schema_decisions(schema: Any) -> tuple[str, ...]:
-    """The decision types a published `response_schema` accepts (LangChain's per-call
-    schemas: a union discriminated by `type`, or a single decision's object)."""
-    if not isinstance(schema, dict):
-        return ()
-    defs = schema.get("$defs", {})
-
-    def kind(node: Any) -> str | None:
-        while isinstance(node, dict) and "$ref" in node:
-            node = defs.get(node["$ref"].rpartition("/")[2], {})
-        if not isinstance(node, dict):
-            return None
-        const = node.get("properties", {}).get("type", {})
-        return const.get("const") or next(iter(const.get("enum") or ()), None)
-
-    branches = schema.get("oneOf", schema.get("anyOf")) or [schema]
-    return tuple(k for k in (kind(branch) for branch in branches) if k)
-
-
-@dataclass(frozen=True)
-class PendingItem:
-    """One tool call a human must decide on."""
-
-    kind: str
-    """`approval` (not sent yet) or `unknown` (may or may not have happened)."""
-    tool_call_id: str
-    """Id of the tool call in the model's AIMessage."""
-    tool: str
-    """Tool name."""
-    args: dict[str, Any]
-    """Arguments of the call."""
-    key: str
-    """Idempotency key of the effect; empty for a question of a per-call
-    `HumanInTheLoopMiddleware` listed before the guard, which asks before the ledger
-    knows the call."""
-    attempts: int
-    """How many times the tool was called for this key."""
-    error: str | None
-    """Last error seen (for `unknown`)."""
-    description: str | None
-    """The policy's description (for `approval`)."""
-    allowed_decisions: tuple[str, ...]
-    """Decision types this item accepts."""
-    interrupt_id: str
-    """Id of the LangGraph interrupt that asks about it."""
-    response_schema: dict[str, Any] | None = None
-    """JSON schema of the answers the interrupt accepts (an edit's args follow the tool's
-    argument schema); `None` for interrupts of earlier releases."""
-    position: int | None = None
-    """Its place in a batched `HumanInTheLoopMiddleware` question, which is answered
-    with `{"decisions": [...]}`, one per call in this order; `None` otherwise."""
 
 
 @dataclass
@@ -141,7 +87,7 @@ class Review:
         # two calls of one message the same id (a question of HumanInTheLoopMiddleware,
         # which has no key, by its interrupt id then).
         found = [item for item in self.pending
-                 if tool_call_id in (item.tool_call_id, item.key or _hitl_name(item))
+                 if tool_call_id in (item.tool_call_id, item.key or hitl_name(item))
                  and interrupt_id in (None, item.interrupt_id)]
         if not found:
             where = "" if interrupt_id is None else f" in interrupt {interrupt_id!r}"
@@ -202,7 +148,7 @@ class Review:
         # Checked here too, before any run, an edit's args against the tool's schema: a
         # refused answer then never reaches the graph (where LangGraph would record the
         # refusal as the step's error).
-        check_decision(decision, _as_record(item, self.thread_id), self.thread_id,
+        check_decision(decision, as_record(item, self.thread_id), self.thread_id,
                        self._tools().get(item.tool))
         self.decisions[_slot(item)] = decision
         return self
@@ -395,12 +341,6 @@ class Review:
                 + table(header, rows))
 
 
-def _hitl_name(item: PendingItem) -> str:
-    """What names a keyless question of a per-call HumanInTheLoopMiddleware besides its
-    tool_call_id: its interrupt id (a batched question's calls share theirs)."""
-    return item.interrupt_id if item.position is None else ""
-
-
 def _slot(item: PendingItem) -> tuple[str, str]:
     """Where `Review.decisions` keeps the decision for `item`."""
     return item.interrupt_id, item.key or ("" if item.position is None else f"#{item.position}")
@@ -422,105 +362,6 @@ def describe_decision(item: PendingItem, decision: dict[str, Any]) -> str:
     return " ".join(words)
 
 
-def _hitl_item(interrupt: Any) -> PendingItem:
-    """A question of `HumanInTheLoopMiddleware` (see `is_hitl_question`): answered by its
-    interrupt id, in LangChain's decision shapes; its `key` is empty."""
-    value = interrupt.value
-    schema = getattr(interrupt, "response_schema", None)
-    schema = schema if isinstance(schema, dict) else None
-    return PendingItem(
-        kind="approval", tool_call_id=value["tool_call_id"], tool=value.get("name", ""),
-        args=dict(value.get("args") or {}), key="", attempts=0, error=None,
-        description=value.get("description"),
-        allowed_decisions=schema_decisions(schema) or _HITL_DECISIONS,
-        interrupt_id=interrupt.id, response_schema=schema)
-
-
-def is_batched_hitl_question(value: Any) -> bool:
-    """Whether an interrupt value is a batched `HumanInTheLoopMiddleware` question (one
-    per model turn, its `action_requests` answered in order)."""
-    return (isinstance(value, dict) and isinstance(value.get("action_requests"), list)
-            and isinstance(value.get("review_configs"), list))
-
-
-def hitl_items(interrupt: Any, messages: Any) -> list[PendingItem]:
-    """The calls a question of `HumanInTheLoopMiddleware` asks about (per call, or
-    batched), or `[]` if `interrupt` is not one. `messages` are the thread's (they name
-    a batched question's calls)."""
-    value = getattr(interrupt, "value", None)
-    if is_hitl_question(value):
-        return [_hitl_item(interrupt)]
-    if is_batched_hitl_question(value):
-        return _batched_items(interrupt, messages if isinstance(messages, list) else [])
-    return []
-
-
-def _batched_items(interrupt: Any, messages: list[Any]) -> list[PendingItem]:
-    """The calls a batched `HumanInTheLoopMiddleware` question asks about, in its order.
-
-    Its actions carry no tool_call_id: each is the next call of the last AIMessage with
-    its name and args (the calls the middleware asked about, in the message's order)."""
-    calls = next((list(m.tool_calls) for m in reversed(messages)
-                  if getattr(m, "type", None) == "ai" and getattr(m, "tool_calls", None)), [])
-    configs = {c.get("action_name"): c for c in interrupt.value["review_configs"]
-               if isinstance(c, dict)}
-    items, start = [], 0
-    for position, action in enumerate(interrupt.value["action_requests"]):
-        found = next((i for i in range(start, len(calls))
-                      if calls[i].get("name") == action.get("name")
-                      and calls[i].get("args") == action.get("args")), None)
-        if found is not None:
-            start = found + 1
-        allowed = (configs.get(action.get("name")) or {}).get("allowed_decisions")
-        items.append(PendingItem(
-            kind="approval",
-            tool_call_id=calls[found]["id"] if found is not None else f"action-{position}",
-            tool=action.get("name", ""), args=dict(action.get("args") or {}), key="",
-            attempts=0, error=None, description=action.get("description"),
-            allowed_decisions=tuple(allowed or _HITL_DECISIONS), interrupt_id=interrupt.id,
-            position=position))
-    return items
-
-
-def _pending_from(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
-    items = []
-    for interrupt in state.interrupts:
-        value = interrupt.value
-        asked = hitl_items(interrupt, (getattr(state, "values", None) or {}).get("messages"))
-        if asked:
-            items.extend(asked)
-            continue
-        if not isinstance(value, dict) or value.get("type") not in _KINDS:
-            continue
-        record = saver.effect(value["key"], thread_id) if saver is not None else None
-        if answered(record, _KINDS[value["type"]]):
-            continue  # decided before a crash: resuming carries the decision out
-        schema = getattr(interrupt, "response_schema", None)  # a dict once surfaced
-        items.append(PendingItem(
-            kind=_KINDS[value["type"]],
-            tool_call_id=value["tool_call_id"],
-            tool=value.get("name", value.get("tool")),
-            args=value["args"],
-            key=value["key"],
-            attempts=record.attempts if record else value.get("attempts", 0),
-            error=record.error if record else value.get("error"),
-            description=value.get("description"),
-            allowed_decisions=tuple(value.get("allowed_decisions")
-                                    or _DEFAULT_ALLOWED[_KINDS[value["type"]]]),
-            interrupt_id=interrupt.id,
-            response_schema=schema if isinstance(schema, dict) else None,
-        ))
-    return items
-
-
-def _as_record(item: PendingItem, thread_id: str) -> EffectRecord:
-    """The ledger's view of a pending item, enough to check a decision's shape."""
-    status = EffectStatus.AWAITING_APPROVAL if item.kind == "approval" else EffectStatus.UNKNOWN
-    return EffectRecord.model_construct(
-        key=item.key, thread_id=thread_id, tool_call_id=item.tool_call_id, tool=item.tool,
-        args=item.args, status=status, attempts=item.attempts)
-
-
 def _saver_of(graph: Any) -> Any:
     return durable_saver(getattr(graph, "checkpointer", None))
 
@@ -539,7 +380,7 @@ def review(graph: Any, config: dict[str, Any]) -> Review:
     state = graph.get_state(config)
     thread_id = str(config["configurable"]["thread_id"])
     saver = _saver_of(graph)
-    return Review(graph, config, _pending_from(state, saver, thread_id),
+    return Review(graph, config, pending_items(state, saver, thread_id),
                   orphans=find_orphans(saver, thread_id) if saver is not None else [])
 
 
@@ -549,7 +390,7 @@ async def areview(graph: Any, config: dict[str, Any]) -> Review:
     thread_id = str(config["configurable"]["thread_id"])
     saver = _saver_of(graph)
     items = []
-    for item in _pending_from(state, None, thread_id):
+    for item in pending_items(state, None, thread_id):
         if not item.key:  # HumanInTheLoopMiddleware's: the ledger has no record of it yet
             items.append(item)
             continue
