@@ -17,6 +17,7 @@ each up with its policy's lookup and lists those left for a human.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from graph_durable.operators.compensation import policies_of
 from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld
 from graph_durable.ledger import EffectStatus, answered
 from graph_durable.operators.orphans import Orphan, find_orphans, resolve_orphan
+from graph_durable.operators._worker_thread import twin_of
 
 __all__ = ["RecoveryOutcome", "ThreadStatus", "arecover", "athread_status", "open_interrupts",
            "recover", "thread_status"]
@@ -209,24 +211,20 @@ def recover(
                     lambda config: graph.invoke(None, config, durability="sync"))
 
 
-async def arecover(
-    graph: Any,
-    saver: Any,
-    owner: str,
-    limit: int | None = None,
-    *,
-    ttl: float = 30.0,
-) -> list[RecoveryOutcome]:
-    """Async `recover`, for async code and async savers: the sweep runs on a worker
-    thread, whose saver calls an async saver answers on this loop (which the await
-    leaves free), and each thread is resumed with `graph.ainvoke` on this loop."""
-    loop = asyncio.get_running_loop()
+@twin_of(recover)
+async def arecover(*args: Any, **kwargs: Any) -> list[RecoveryOutcome]:
+    """Async `recover` (the same arguments), for async code and async savers: the sweep
+    runs on a worker thread, whose saver calls an async saver answers on this loop (which
+    the await leaves free), and each thread is resumed with `graph.ainvoke` on this loop."""
+    call = inspect.signature(recover).bind(*args, **kwargs)
+    call.apply_defaults()
+    graph, loop = call.arguments["graph"], asyncio.get_running_loop()
 
     def resume(config: dict[str, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(
             graph.ainvoke(None, config, durability="sync"), loop).result()
 
-    return await asyncio.to_thread(_recover, graph, saver, owner, limit, ttl, resume)
+    return await asyncio.to_thread(_recover, **call.arguments, resume=resume)
 
 
 async def athread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
