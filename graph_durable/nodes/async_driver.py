@@ -17,12 +17,12 @@ from langgraph.types import Command
 from graph_durable.ledger import EffectStatus
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
-from graph_durable.nodes.core import Calling, GuardBase, Started, _gated, _same_answer
+from graph_durable.nodes.core import Calling, GuardBase, Started, _same_answer
 from graph_durable.nodes.interrupts import OnAsk
 from graph_durable.nodes.operations import Outcome
 from graph_durable.nodes.outcomes import read_reports, watch_reports
 from graph_durable.nodes.protocol import CallContext, Protocol, run_call
-from graph_durable.nodes.reentry import ReentryRefused, ToolGate
+from graph_durable.nodes.reentry import ReentryRefused, ToolGate, gated
 from graph_durable.nodes.task import Task, config_of, task_with_resume
 
 __all__ = ["AsyncDriver", "aperform", "aperform_reads"]
@@ -135,21 +135,21 @@ class AsyncDriver(GuardBase):
         token = _CURRENT.set(self._effect_context(task, op))
         try:
             if ctx.policy.timeout is None:
-                return _gated(gate, Outcome(value=await execute(call_request)))
-            return _gated(gate, Outcome(
+                return gated(gate, Outcome(value=await execute(call_request)))
+            return gated(gate, Outcome(
                 value=await asyncio.wait_for(execute(call_request), ctx.policy.timeout)
             ))
         except asyncio.TimeoutError:
-            return _gated(gate, Outcome(timed_out=True))
+            return gated(gate, Outcome(timed_out=True))
         except GraphInterrupt as paused:
-            return _gated(gate, Outcome(paused=self._inner_pause(task, ctx, paused)))
+            return gated(gate, Outcome(paused=self._inner_pause(task, ctx, paused)))
         except GraphBubbleUp:
             raise
         except asyncio.CancelledError:
             await self._acancelled_in_flight(task, ctx, op)
             raise
         except (Exception, ReentryRefused) as exc:
-            return _gated(gate, Outcome(error=exc))
+            return gated(gate, Outcome(error=exc))
         finally:
             _CURRENT.reset(token)
 

@@ -100,3 +100,19 @@ class CallContext:
         """A transition of `record` (which may be an edited call's record)."""
         return TransitionWrite(thread_id=self.thread_id, key=record.key, to=to, kind=kind,
                                redact=self.policy.redact, **fields)
+
+    def unredacted(self, value: Any) -> Any:
+        """`value` (what the saver answered) with the requested call's own record holding
+        the call's full args again, where its policy stored them redacted: the tool is
+        called, and the human asked, with what the model asked for."""
+        if self.policy.redact is None:
+            return value
+        if isinstance(value, EffectRecord):
+            if value.key == self.key and value.args != self.tool_call["args"]:
+                return value.model_copy(update={"args": self.tool_call["args"]})
+            return value
+        if isinstance(value, list):
+            return [self.unredacted(item) for item in value]
+        if isinstance(value, tuple) and value and isinstance(value[0], EffectRecord):
+            return (self.unredacted(value[0]), *value[1:])
+        return value

@@ -12,7 +12,8 @@ Where a step needs the saver, it is a generator yielding operations (`Read`, `Cl
 Longer than 400 lines for a reason: `GuardBase` is one class whose hooks
 (`_anchor`, `_restarted`, `_checkpoint_to_verify`) `nodes.writes` overrides, and the
 steps that call those hooks stay beside them; the pure parts it builds on live in
-`task.py`, `answers.py` and `interrupts.py`.
+`task.py`, `answers.py`, `interrupts.py`, `call_context.py` (the call's key, its records
+unredacted) and `reentry.py` (the tool's gate).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from graph_durable.nodes.operations import (
     Write,
 )
 from graph_durable.nodes.protocol import CallContext, Protocol, run_call
-from graph_durable.nodes.reentry import ReentryRefused, ToolGate
+from graph_durable.nodes.reentry import ToolGate
 from graph_durable.nodes.restarts import earlier_effect, fork_sources, restart_root
 from graph_durable.nodes.task import Task, check_lease, refused_by_fence
 from graph_durable.policy import Effect
@@ -411,7 +412,7 @@ class GuardBase:
         operations left are I/O for the driver."""
         while True:
             try:
-                op = protocol.send(_unredacted(ctx, value))
+                op = protocol.send(ctx.unredacted(value))
             except StopIteration as done:
                 return done.value
             if isinstance(op, Ask):
@@ -439,35 +440,6 @@ class GuardBase:
         if gate is not None:
             call_request = gate.request(call_request)
         return call._replace(request=call_request), gate
-
-
-def _gated(gate: ToolGate | None, outcome: Outcome) -> Outcome:
-    """`outcome`, unless the middleware inside the guard overruled the tool (entered it
-    twice, or answered for it after it raised): then the tool's outcome is unknown
-    whatever the middleware made of it, and the run stops with the refusal once the
-    ledger says so."""
-    if gate is None or not gate.overruled(answered=outcome.error is None
-                                          and outcome.paused is None
-                                          and not outcome.timed_out):
-        return outcome
-    return Outcome(error=ReentryRefused(gate.lost()), refused=gate.error())
-
-
-def _unredacted(ctx: CallContext, value: Any) -> Any:
-    """`value` (what the saver answered) with the requested call's own record holding
-    the call's full args again, where its policy stored them redacted: the tool is
-    called, and the human asked, with what the model asked for."""
-    if ctx.policy.redact is None:
-        return value
-    if isinstance(value, EffectRecord):
-        if value.key == ctx.key and value.args != ctx.tool_call["args"]:
-            return value.model_copy(update={"args": ctx.tool_call["args"]})
-        return value
-    if isinstance(value, list):
-        return [_unredacted(ctx, item) for item in value]
-    if isinstance(value, tuple) and value and isinstance(value[0], EffectRecord):
-        return (_unredacted(ctx, value[0]), *value[1:])
-    return value
 
 
 def _same_answer(result: Any) -> Any:

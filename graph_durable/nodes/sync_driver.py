@@ -18,12 +18,12 @@ from langgraph.types import Command
 
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
-from graph_durable.nodes.core import Calling, GuardBase, Started, _gated, _same_answer
+from graph_durable.nodes.core import Calling, GuardBase, Started, _same_answer
 from graph_durable.nodes.interrupts import OnAsk
 from graph_durable.nodes.operations import Outcome
 from graph_durable.nodes.outcomes import call_with_timeout, read_reports, watch_reports
 from graph_durable.nodes.protocol import CallContext, Protocol, run_call
-from graph_durable.nodes.reentry import ReentryRefused, ToolGate
+from graph_durable.nodes.reentry import ReentryRefused, ToolGate, gated
 from graph_durable.nodes.task import Task, config_of, task_with_resume
 
 __all__ = ["SyncDriver", "perform", "perform_reads"]
@@ -164,13 +164,13 @@ class SyncDriver(GuardBase):
         timeout = ctx.policy.timeout
         if timeout is None:
             try:
-                return _gated(gate, Outcome(value=call()))
+                return gated(gate, Outcome(value=call()))
             except GraphInterrupt as paused:
-                return _gated(gate, Outcome(paused=self._inner_pause(task, ctx, paused)))
+                return gated(gate, Outcome(paused=self._inner_pause(task, ctx, paused)))
             except GraphBubbleUp:
                 raise
             except (Exception, ReentryRefused) as exc:
-                return _gated(gate, Outcome(error=exc))
+                return gated(gate, Outcome(error=exc))
         box: dict[str, Any] = {}
 
         def target() -> None:
@@ -191,9 +191,9 @@ class SyncDriver(GuardBase):
             return Outcome(timed_out=True)
         error = box.get("error")
         if gate is not None and gate.refused:
-            return _gated(gate, Outcome(error=error))
+            return gated(gate, Outcome(error=error))
         if error is None:
-            return _gated(gate, Outcome(value=box.get("value")))
+            return gated(gate, Outcome(value=box.get("value")))
         if isinstance(error, GraphInterrupt):
             return Outcome(paused=self._inner_pause(task, ctx, error))
         if isinstance(error, GraphBubbleUp) or (
