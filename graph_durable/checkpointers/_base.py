@@ -112,12 +112,49 @@ def durable_saver(saver: Any) -> DurableSaverMixin | None:
     return None
 
 
+@contextmanager
+def renewed(lease: Lease, renew: Any) -> Iterator[Lease]:
+    """Keep `lease` renewed (by `renew`, every `ttl / 3`) and registered while the block
+    runs; the caller releases it after."""
+    register(lease)
+    lease.start_renewing(renew)
+    try:
+        yield lease
+    finally:
+        lease.stop_renewing()
+        unregister(lease)
+
+
 class DurableSaverMixin:
     """Marks a durable saver; builds SQL plans and checks that need no I/O of their own."""
 
     serde: SerializerProtocol
     flow_version: str | None
     compatible_flow_versions: frozenset[str]
+
+    def __init__(
+        self, conn: Any, *args: Any, flow_version: str | None = None,
+        compatible_flow_versions: Collection[str] = (),
+        key_secret: str | bytes | Sequence[str | bytes] | None = None, **kwargs: Any,
+    ) -> None:
+        """Open the LangGraph saver on `conn` (`args` and `kwargs`, `serde` among them,
+        are its own), then the ledger's state (the options are documented on the
+        saver's class, see `DurableSqliteSaver`), then the engine's (`_init_engine`)."""
+        super().__init__(conn, *args, **kwargs)  # type: ignore[call-arg]
+        self._init_durable(flow_version, compatible_flow_versions, key_secret)
+        self._init_engine()
+
+    def _init_engine(self) -> None:
+        """The saver's own state beside the ledger's (its queues, locks, caches)."""
+
+    @classmethod
+    def _reader(cls, conn: Any, serde: SerializerProtocol | None) -> Any:
+        """A saver on `conn` for `open_read_only`: the schema is there (creating or
+        migrating it is not its work), and a value `serde` cannot open reads as sealed."""
+        saver = cls(conn, serde=serde)
+        saver.is_setup = True  # type: ignore[attr-defined]
+        saver._lenient = True
+        return saver
 
     def _init_durable(
         self, flow_version: str | None, compatible_flow_versions: Collection[str],
@@ -395,13 +432,10 @@ class DurableSaverMixin:
             lease = try_acquire(thread_id, owner, ttl)
         else:
             lease = self.acquire_lease(thread_id, owner, ttl)  # type: ignore[attr-defined]
-        register(lease)
-        lease.start_renewing(self.renew_lease)  # type: ignore[attr-defined]
         try:
-            yield lease
+            with renewed(lease, self.renew_lease):  # type: ignore[attr-defined]
+                yield lease
         finally:
-            lease.stop_renewing()
-            unregister(lease)
             self.release_lease(lease)  # type: ignore[attr-defined]
 
     @staticmethod

@@ -186,7 +186,29 @@ class SqliteTransactions:
         cur.execute(*self._transition_event(record, one, now, actor))  # type: ignore[attr-defined]
         return record  # type: ignore[no-any-return]
 
-    # -- retention, leases and the run log: the bodies both savers run -------------------
+    # -- checkpoint writes, retention, leases and the run log: the bodies both savers run -
+
+    def _checkpoint_write(self, config: RunnableConfig, checkpoint: Any, metadata: Any
+                          ) -> tuple[CheckpointWrite, RunnableConfig]:
+        """`put`'s write for the group commit, and the config it stores."""
+        statement, stored = self._checkpoint_statement(  # type: ignore[attr-defined]
+            config, checkpoint, metadata)
+        return CheckpointWrite(str(config["configurable"]["thread_id"]),
+                               lambda cur: cur.execute(*statement)), stored
+
+    def _writes_write(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                      task_id: str, task_path: str) -> CheckpointWrite:
+        """`put_writes`'s write for the group commit: the writes, and the resume values
+        a decision batch consumed before they landed."""
+        sql, rows = self._writes_statement(  # type: ignore[attr-defined]
+            config, writes, task_id, task_path)
+
+        def body(cur: sqlite3.Cursor) -> None:
+            cur.executemany(sql, rows)
+            for statement in self._late_resume(config, writes, task_id):  # type: ignore[attr-defined]
+                cur.execute(*statement)
+
+        return CheckpointWrite(str(config["configurable"]["thread_id"]), body)
 
     @staticmethod
     def _delete_thread_txn(cur: sqlite3.Cursor, thread_id: str) -> None:
