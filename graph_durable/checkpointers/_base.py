@@ -48,7 +48,7 @@ from graph_durable.ledger import (
 )
 from graph_durable.secrets import KeySecrets, LedgerCodec
 
-__all__ = ["DurableSaverMixin", "IntentExists", "actor_of", "durable_saver"]
+__all__ = ["DurableSaverMixin", "IntentExists", "actor_of", "claims_of", "durable_saver"]
 
 _log = logging.getLogger("graph_durable")
 
@@ -92,6 +92,20 @@ def actor_of(config: RunnableConfig | None) -> tuple[str | None, int | None]:
         return None, None
     conf = config.get("configurable", {})
     return conf.get(OWNER_KEY), conf.get(TOKEN_KEY)
+
+
+def claims_of(items: Sequence[Any]) -> list[tuple[EffectRecord, bool]]:
+    """`(record, created)` per claimed intent of a group commit's queued writes (each with
+    its `result` and `error`); a refused intent raises, after the others were committed."""
+    claimed: list[tuple[EffectRecord, bool]] = []
+    for item in items:
+        if isinstance(item.error, IntentExists):
+            claimed.append((item.error.record, False))
+        elif item.error is not None:
+            raise item.error
+        else:
+            claimed.append((item.result[0], True))
+    return claimed
 
 
 def durable_saver(saver: Any) -> DurableSaverMixin | None:

@@ -33,13 +33,10 @@ from graph_durable.checkpointers.sqlite._aiosqlite import on_connection_thread
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._reads import AsyncLedgerReads
 from graph_durable.checkpointers.sqlite._readonly import (
-    SETUP_NEEDS,
-    SqliteReadOnly,
     check_read_only,
-    is_read_only,
-    migrate,
     read_only_uri,
-    schema_current,
+    setup_ledger,
+    setup_refused,
 )
 from graph_durable.checkpointers._twins import (
     AsyncEagerListing,
@@ -123,14 +120,10 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncEagerL
             async with self.lock:
                 if self._migrated:
                     return
-                await self.conn.execute("PRAGMA synchronous=FULL")
-                if not await on_connection_thread(self.conn, schema_current):
-                    await on_connection_thread(self.conn, migrate, self._db_secret_params())
+                await on_connection_thread(self.conn, setup_ledger, self._db_secret_params())
                 self._migrated = True
         except sqlite3.OperationalError as exc:
-            if is_read_only(exc):
-                raise SqliteReadOnly.refused(SETUP_NEEDS, exc) from exc
-            raise
+            setup_refused(exc)
 
     async def _write(
         self, body: Callable[[sqlite3.Cursor], T], thread_id: str | None = None,

@@ -33,13 +33,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers.sqlite._readonly import (
-    SETUP_NEEDS,
-    SqliteReadOnly,
-    check_read_only,
-    is_read_only,
-    migrate,
-    read_only_uri,
-    schema_current,
+    connect_read_only,
+    setup_ledger,
+    setup_refused,
 )
 from graph_durable.checkpointers.sqlite._txn import (
     CheckpointWrite,
@@ -102,13 +98,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
                 without graph_durable's ledger; or a ledger an older graph_durable wrote
                 and a writer has not migrated yet. Each says what to do.
         """
-        conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
-        try:
-            check_read_only(conn, path, "DurableSqliteSaver")
-        except BaseException:
-            conn.close()
-            raise
-        return cls._reader(conn, serde)
+        return cls._reader(connect_read_only(path, "DurableSqliteSaver"), serde)
 
     def setup(self) -> None:
         """Create LangGraph's tables and apply pending ledger migrations (safe to repeat).
@@ -123,14 +113,10 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
         try:
             super().setup()
             self.is_setup = False
-            self.conn.execute("PRAGMA synchronous=FULL")
-            if not schema_current(self.conn):
-                migrate(self.conn, self._db_secret_params())
+            setup_ledger(self.conn, self._db_secret_params())
         except sqlite3.OperationalError as exc:
             self.is_setup = False
-            if is_read_only(exc):
-                raise SqliteReadOnly.refused(SETUP_NEEDS, exc) from exc
-            raise
+            setup_refused(exc)
         self.is_setup = True
 
     @contextmanager
