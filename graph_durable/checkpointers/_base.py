@@ -1,7 +1,8 @@
 """What the sync and async durable savers share beyond SQL: turning ledger writes into plans.
 
-This module is over 400 lines: it is the one mixin every saver inherits (ledger writes
-as plans, flow pins, leases, the audit), in sections that share the saver's state.
+This module is over 400 lines: it is the one mixin every saver inherits (its
+`__init__`, ledger writes as plans, flow pins, leases, the audit), in sections that
+share the saver's state.
 """
 
 from __future__ import annotations
@@ -147,13 +148,15 @@ class DurableSaverMixin:
     compatible_flow_versions: frozenset[str]
 
     def __init__(
-        self, conn: Any, *args: Any, flow_version: str | None = None,
-        compatible_flow_versions: Collection[str] = (),
+        self, conn: Any, *args: Any, serde: SerializerProtocol | None = None,
+        flow_version: str | None = None, compatible_flow_versions: Collection[str] = (),
         key_secret: str | bytes | Sequence[str | bytes] | None = None, **kwargs: Any,
     ) -> None:
-        """Open the LangGraph saver on `conn` (`args` and `kwargs`, `serde` among them,
-        are its own), then the ledger's state (the options are documented on the
-        saver's class, see `DurableSqliteSaver`), then the engine's (`_init_engine`)."""
+        """Open the LangGraph saver on `conn` (`args`, `serde` and `kwargs` are its
+        own), then the ledger's state (the options are documented on the saver's class,
+        see `DurableSqliteSaver`), then the engine's (`_init_engine`)."""
+        if serde is not None:  # also given after `args` (PostgreSQL's `pipe`)
+            kwargs["serde"] = serde
         super().__init__(conn, *args, **kwargs)  # type: ignore[call-arg]
         self._init_durable(flow_version, compatible_flow_versions, key_secret)
         self._init_engine()
@@ -247,6 +250,17 @@ class DurableSaverMixin:
 
     def _known_stored(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
         return (str(thread_id), checkpoint_ns, checkpoint_id) in self._stored
+
+    def _prune_deletes(self, thread_ids: Sequence[str], strategy: str) -> bool:
+        """Check `prune`'s arguments and forget which checkpoints were stored; whether
+        the threads are deleted whole (`delete`) rather than pruned to their newest
+        checkpoints (`keep_latest`, the ledger kept)."""
+        if isinstance(thread_ids, str):
+            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+        self._forget_stored()
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'")
+        return strategy == "delete"
 
     def _forget_stored(self) -> None:
         """Forget what was stored: checkpoints are being deleted."""

@@ -5,6 +5,17 @@ ways, so a graph run with `ainvoke` (and the guard's async driver) can use it:
 `AsyncFromSync` runs each sync twin on the calling thread. An async saver answers sync
 calls from other threads (the lease renewer's, a sync tool's, a `graph.invoke` run
 elsewhere): `SyncFromAsync` runs each async twin on the saver's event loop and waits.
+
+The methods both twins of every saver share, around the engine's I/O, are here too:
+`list`/`alist` read every result before yielding the first (`EagerListing`,
+`AsyncEagerListing`); `put`/`put_writes` and their async twins stop at the fault points
+crash tests name and remember what they stored, around the engine's fenced write
+(`FencedPuts`, `AsyncFencedPuts`, each saver supplying `_put_fenced` and
+`_put_writes_fenced` or their async twins); `alease` holds a lease as
+`DurableSaverMixin.lease` does (`AsyncLeaseScope`).
+
+This module is over 400 lines: it is the table of methods a saver has in both forms,
+each sync one beside its async twin, so that a saver's own modules hold only its I/O.
 """
 
 from __future__ import annotations

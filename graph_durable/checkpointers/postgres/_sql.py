@@ -5,8 +5,12 @@ PostgreSQL's. The statements below are PostgreSQL's only: the thread's advisory 
 leases on the server's clock, the setup lock, and LangGraph's PostgreSQL tables as the
 retention methods touch them.
 
+`TransactionDeferred` is the half of their transactions that does no I/O: whose deferred
+receipts a transaction took, what a one-round-trip write sends besides its block, and
+what a failed write raises.
+
 This module is over 400 lines: every PostgreSQL-only statement is here once, for the
-sync and the async saver.
+sync and the async saver, beside the transaction logic both run them in.
 """
 
 from __future__ import annotations
@@ -358,6 +362,18 @@ class TransactionDeferred:
 
     _begin_explicitly = False
     """Set once a write sent without `BEGIN` found its transaction not READ COMMITTED."""
+
+    def _one_trip_plan(
+        self, autocommit: bool, thread_id: str, config: RunnableConfig | None,
+        fenced_by_block: bool,
+    ) -> tuple[list[tuple[TransitionWrite, _sql.Statement]], list[_sql.Statement], str | None]:
+        """What a one-round-trip write sends besides its block: the deferred receipts it
+        carries (`_carry_deferred`), then how it opens and closes (`_fence_statements`;
+        a block that fences itself is fenced anyway when receipts go before it)."""
+        carrying = self._carry_deferred(thread_id)
+        opening, closing = self._fence_statements(
+            autocommit, thread_id, config, fenced_by_block=fenced_by_block and not carrying)
+        return carrying, opening, closing
 
     def _fence_statements(
         self, autocommit: bool, thread_id: str, config: RunnableConfig | None, *,

@@ -130,15 +130,13 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     Use it wherever an `AsyncPostgresSaver` goes (construct it inside the event loop
     that runs the graph); `EffectGuardNode` finds the ledger through it.
 
+    After `conn` it takes `AsyncPostgresSaver`'s `pipe` (a pipeline of `conn`, not of
+    a pool) and `serde`; its keyword arguments are `DurableSqliteSaver`'s.
+
     Args:
         conn: A psycopg `AsyncConnection` (autocommit, `dict_row`) or an
             `AsyncConnectionPool` of them.
-        pipe: A pipeline of `conn` (not of a pool), as `AsyncPostgresSaver` takes it.
-        serde, flow_version, compatible_flow_versions, key_secret: As for
-            `DurableSqliteSaver`.
     """
-
-    conn: _ainternal.Conn
 
     def _init_engine(self) -> None:
         self.is_setup = False
@@ -292,10 +290,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
             with self._deferred_scope():
                 carried: list[tuple[Any, AsyncCursor[Any]]] = []
                 try:
-                    carrying = self._carry_deferred(thread_id)
-                    opening, closing = self._fence_statements(
-                        conn.autocommit, thread_id, config,
-                        fenced_by_block=fenced_by_block and not carrying)
+                    carrying, opening, closing = self._one_trip_plan(
+                        conn.autocommit, thread_id, config, fenced_by_block)
                     async with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
                         for statement in opening:
                             await cur.execute(*statement)
@@ -436,10 +432,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace (LangGraph's
         rules) and the whole ledger; `delete` is `adelete_thread`."""
-        if isinstance(thread_ids, str):
-            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
-        self._forget_stored()
-        if strategy == "delete":
+        if self._prune_deletes(thread_ids, strategy):
             for thread_id in thread_ids:
                 await self.adelete_thread(thread_id)
             return

@@ -170,14 +170,13 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     it. Its async methods run the sync ones; under `ainvoke`, `AsyncDurablePostgresSaver`
     does not block the event loop.
 
+    After `conn` it takes `PostgresSaver`'s `pipe` (a pipeline of `conn`, not of a
+    pool) and `serde`; its keyword arguments (`serde`, `flow_version`,
+    `compatible_flow_versions`, `key_secret`) are `DurableSqliteSaver`'s.
+
     Args:
         conn: A psycopg `Connection` (autocommit, `dict_row`) or a `ConnectionPool`.
-        pipe: A pipeline of `conn` (not of a pool), as `PostgresSaver` takes it.
-        serde, flow_version, compatible_flow_versions, key_secret: As for
-            `DurableSqliteSaver`.
     """
-
-    conn: _internal.Conn
 
     def _init_engine(self) -> None:
         self.is_setup = False
@@ -329,10 +328,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                 self._deferred_scope():
             carried: list[tuple[Any, Cursor[Any]]] = []
             try:
-                carrying = self._carry_deferred(thread_id)
-                opening, closing = self._fence_statements(
-                    conn.autocommit, thread_id, config,
-                    fenced_by_block=fenced_by_block and not carrying)
+                carrying, opening, closing = self._one_trip_plan(
+                    conn.autocommit, thread_id, config, fenced_by_block)
                 with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
                     for statement in opening:
                         cur.execute(*statement)
@@ -478,10 +475,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace (LangGraph's
         rules) and the whole ledger; `delete` is `delete_thread`."""
-        if isinstance(thread_ids, str):
-            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
-        self._forget_stored()
-        if strategy == "delete":
+        if self._prune_deletes(thread_ids, strategy):
             for thread_id in thread_ids:
                 self.delete_thread(thread_id)
             return

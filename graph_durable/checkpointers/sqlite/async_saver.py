@@ -62,13 +62,12 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncEagerL
                               SyncFromAsync, AsyncSqliteSaver):
     """An async LangGraph checkpointer on SQLite that also keeps the effect ledger.
 
+    Its keyword arguments besides `conn` (`serde`, `flow_version`,
+    `compatible_flow_versions`, `key_secret`) are `DurableSqliteSaver`'s.
+
     Args:
         conn: An `aiosqlite.Connection`.
-        serde, flow_version, compatible_flow_versions, key_secret: As for
-            `DurableSqliteSaver`.
     """
-
-    conn: aiosqlite.Connection
 
     def _init_engine(self) -> None:
         self._init_queue()
@@ -183,13 +182,10 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncEagerL
         self, thread_ids: Sequence[str], *, strategy: str = "keep_latest"
     ) -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace, `delete` all."""
-        self._forget_stored()
-        if strategy == "delete":
+        if self._prune_deletes(thread_ids, strategy):
             for thread_id in thread_ids:
                 await self.adelete_thread(thread_id)
             return
-        if strategy != "keep_latest":
-            raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'")
         await self._write(lambda cur: self._prune_txn(cur, thread_ids))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:

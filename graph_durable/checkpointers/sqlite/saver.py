@@ -68,8 +68,6 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
             kept in the database. See `graph_durable.secrets`.
     """
 
-    conn: sqlite3.Connection
-
     def _init_engine(self) -> None:
         self._init_queue()
 
@@ -168,13 +166,10 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
 
         `keep_latest` keeps the ledger; `delete` deletes it with the thread.
         """
-        self._forget_stored()
-        if strategy == "delete":
+        if self._prune_deletes(thread_ids, strategy):
             for thread_id in thread_ids:
                 self.delete_thread(thread_id)
             return
-        if strategy != "keep_latest":
-            raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'")
         with self._txn() as cur:
             self._prune_txn(cur, thread_ids)
 
