@@ -1,7 +1,8 @@
 """What the sync and async durable savers share beyond SQL: turning ledger writes into plans.
 
-This module is over 400 lines: it is the one mixin every saver inherits (ledger writes
-as plans, flow pins, leases, the audit), in sections that share the saver's state.
+This module is over 400 lines: it is the one mixin every saver inherits (its
+`__init__`, ledger writes as plans, flow pins, leases, the audit), in sections that
+share the saver's state.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from graph_durable.ledger import (
 )
 from graph_durable.secrets import KeySecrets, LedgerCodec
 
-__all__ = ["DurableSaverMixin", "IntentExists", "actor_of", "durable_saver"]
+__all__ = ["DurableSaverMixin", "IntentExists", "actor_of", "claims_of", "durable_saver"]
 
 _log = logging.getLogger("graph_durable")
 
@@ -94,6 +95,20 @@ def actor_of(config: RunnableConfig | None) -> tuple[str | None, int | None]:
     return conf.get(OWNER_KEY), conf.get(TOKEN_KEY)
 
 
+def claims_of(items: Sequence[Any]) -> list[tuple[EffectRecord, bool]]:
+    """`(record, created)` per claimed intent of a group commit's queued writes (each with
+    its `result` and `error`); a refused intent raises, after the others were committed."""
+    claimed: list[tuple[EffectRecord, bool]] = []
+    for item in items:
+        if isinstance(item.error, IntentExists):
+            claimed.append((item.error.record, False))
+        elif item.error is not None:
+            raise item.error
+        else:
+            claimed.append((item.result[0], True))
+    return claimed
+
+
 def durable_saver(saver: Any) -> DurableSaverMixin | None:
     """The durable saver a graph runs with: `saver` itself, or the one a wrapper holds.
 
@@ -112,12 +127,51 @@ def durable_saver(saver: Any) -> DurableSaverMixin | None:
     return None
 
 
+@contextmanager
+def renewed(lease: Lease, renew: Any) -> Iterator[Lease]:
+    """Keep `lease` renewed (by `renew`, every `ttl / 3`) and registered while the block
+    runs; the caller releases it after."""
+    register(lease)
+    lease.start_renewing(renew)
+    try:
+        yield lease
+    finally:
+        lease.stop_renewing()
+        unregister(lease)
+
+
 class DurableSaverMixin:
     """Marks a durable saver; builds SQL plans and checks that need no I/O of their own."""
 
     serde: SerializerProtocol
     flow_version: str | None
     compatible_flow_versions: frozenset[str]
+
+    def __init__(
+        self, conn: Any, *args: Any, serde: SerializerProtocol | None = None,
+        flow_version: str | None = None, compatible_flow_versions: Collection[str] = (),
+        key_secret: str | bytes | Sequence[str | bytes] | None = None, **kwargs: Any,
+    ) -> None:
+        """Open the LangGraph saver on `conn` (`args`, `serde` and `kwargs` are its
+        own), then the ledger's state (the options are documented on the saver's class,
+        see `DurableSqliteSaver`), then the engine's (`_init_engine`)."""
+        if serde is not None:  # also given after `args` (PostgreSQL's `pipe`)
+            kwargs["serde"] = serde
+        super().__init__(conn, *args, **kwargs)  # type: ignore[call-arg]
+        self._init_durable(flow_version, compatible_flow_versions, key_secret)
+        self._init_engine()
+
+    def _init_engine(self) -> None:
+        """The saver's own state beside the ledger's (its queues, locks, caches)."""
+
+    @classmethod
+    def _reader(cls, conn: Any, serde: SerializerProtocol | None) -> Any:
+        """A saver on `conn` for `open_read_only`: the schema is there (creating or
+        migrating it is not its work), and a value `serde` cannot open reads as sealed."""
+        saver = cls(conn, serde=serde)
+        saver.is_setup = True  # type: ignore[attr-defined]
+        saver._lenient = True
+        return saver
 
     def _init_durable(
         self, flow_version: str | None, compatible_flow_versions: Collection[str],
@@ -196,6 +250,17 @@ class DurableSaverMixin:
 
     def _known_stored(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
         return (str(thread_id), checkpoint_ns, checkpoint_id) in self._stored
+
+    def _prune_deletes(self, thread_ids: Sequence[str], strategy: str) -> bool:
+        """Check `prune`'s arguments and forget which checkpoints were stored; whether
+        the threads are deleted whole (`delete`) rather than pruned to their newest
+        checkpoints (`keep_latest`, the ledger kept)."""
+        if isinstance(thread_ids, str):
+            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
+        self._forget_stored()
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'")
+        return strategy == "delete"
 
     def _forget_stored(self) -> None:
         """Forget what was stored: checkpoints are being deleted."""
@@ -395,13 +460,10 @@ class DurableSaverMixin:
             lease = try_acquire(thread_id, owner, ttl)
         else:
             lease = self.acquire_lease(thread_id, owner, ttl)  # type: ignore[attr-defined]
-        register(lease)
-        lease.start_renewing(self.renew_lease)  # type: ignore[attr-defined]
         try:
-            yield lease
+            with renewed(lease, self.renew_lease):  # type: ignore[attr-defined]
+                yield lease
         finally:
-            lease.stop_renewing()
-            unregister(lease)
             self.release_lease(lease)  # type: ignore[attr-defined]
 
     @staticmethod

@@ -205,6 +205,50 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
+# Pieces the two claim functions (migrations 8 and 10) share, written once; each is
+# joined into its migration's text exactly as that migration shipped.
+_CLAIM_SIGNATURE = """        p_thread_id TEXT, p_keys TEXT[], p_namespaces TEXT[], p_tool_call_ids TEXT[],
+        p_tools TEXT[], p_args TEXT[], p_statuses TEXT[], p_attempts INTEGER[],
+        p_events TEXT[], p_schemes TEXT[], p_nows DOUBLE PRECISION[], p_owner TEXT,
+        p_token BIGINT)
+    RETURNS TABLE (e_claimed BOOLEAN, e_key TEXT, e_thread_id TEXT, e_checkpoint_ns TEXT,
+                   e_tool_call_id TEXT, e_tool TEXT, e_args TEXT, e_status TEXT,
+                   e_receipt TEXT, e_error TEXT, e_attempts INTEGER, e_decision TEXT,
+                   e_asked INTEGER, e_created_at DOUBLE PRECISION,
+                   e_updated_at DOUBLE PRECISION)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        i INTEGER;
+"""
+_LOCK_KEYS = """        -- Lock the keys first, in one order (`_pg.lock_keys`, class id `_pg.KEY_LOCKS`):
+        -- a thread of the family claiming one of them at once waits for this
+        -- transaction, and its statements then see the rows this one inserts.
+        PERFORM pg_advisory_xact_lock(1735680001, hashtext(k))
+            FROM (SELECT DISTINCT unnest(p_keys) AS k ORDER BY k) AS keys;
+        FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
+"""
+_INHERIT_FROM_FAMILY = """            INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,
+                                 status, receipt, result_type, result, error, attempts,
+                                 asked, created_at, updated_at)
+                SELECT p_thread_id, f.key, p_namespaces[i], f.tool_call_id, f.tool, f.args,
+                    CASE WHEN f.status = 'skipped' THEN 'unknown' ELSE f.status END,
+                    f.receipt,
+                    CASE WHEN f.status = 'skipped' THEN NULL ELSE f.result_type END,
+                    CASE WHEN f.status = 'skipped' THEN NULL ELSE f.result END,
+                    f.error, f.attempts, 0, p_nows[i], p_nows[i]
+                FROM effects f WHERE f.key = p_keys[i] AND f.thread_id <> p_thread_id
+                    AND f.status <> 'rejected'
+                    AND NOT (f.status = 'skipped' AND f.edited_key IS NOT NULL)
+                ORDER BY f.created_at LIMIT 1
+                ON CONFLICT DO NOTHING;
+            IF FOUND THEN
+"""
+_INHERITED_EVENT = """                    SELECT e.key, e.thread_id, 'intent', '{"inherited": true, "status": "'
+                        || e.status || '", "tool": "' || e.tool || '"}', p_nows[i], p_owner,
+                        p_token
+                    FROM effects e WHERE e.thread_id = p_thread_id AND e.key = p_keys[i];
+"""
+
 # PostgreSQL: the same tables in PostgreSQL's types, numbered on their own.
 PG_MIGRATIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS graph_durable_migrations (
@@ -370,49 +414,20 @@ PG_MIGRATIONS: list[str] = [
     # inserted it. The caller fences the transaction first (`graph_durable_fence`).
     """
     CREATE FUNCTION graph_durable_claim(
-        p_thread_id TEXT, p_keys TEXT[], p_namespaces TEXT[], p_tool_call_ids TEXT[],
-        p_tools TEXT[], p_args TEXT[], p_statuses TEXT[], p_attempts INTEGER[],
-        p_events TEXT[], p_schemes TEXT[], p_nows DOUBLE PRECISION[], p_owner TEXT,
-        p_token BIGINT)
-    RETURNS TABLE (e_claimed BOOLEAN, e_key TEXT, e_thread_id TEXT, e_checkpoint_ns TEXT,
-                   e_tool_call_id TEXT, e_tool TEXT, e_args TEXT, e_status TEXT,
-                   e_receipt TEXT, e_error TEXT, e_attempts INTEGER, e_decision TEXT,
-                   e_asked INTEGER, e_created_at DOUBLE PRECISION,
-                   e_updated_at DOUBLE PRECISION)
-    LANGUAGE plpgsql VOLATILE AS $fn$
-    DECLARE
-        i INTEGER;
-        claimed BOOLEAN;
+"""
+    + _CLAIM_SIGNATURE
+    + """        claimed BOOLEAN;
     BEGIN
-        -- Lock the keys first, in one order (`_pg.lock_keys`, class id `_pg.KEY_LOCKS`):
-        -- a thread of the family claiming one of them at once waits for this
-        -- transaction, and its statements then see the rows this one inserts.
-        PERFORM pg_advisory_xact_lock(1735680001, hashtext(k))
-            FROM (SELECT DISTINCT unnest(p_keys) AS k ORDER BY k) AS keys;
-        FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
-            claimed := false;
-            INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,
-                                 status, receipt, result_type, result, error, attempts,
-                                 asked, created_at, updated_at)
-                SELECT p_thread_id, f.key, p_namespaces[i], f.tool_call_id, f.tool, f.args,
-                    CASE WHEN f.status = 'skipped' THEN 'unknown' ELSE f.status END,
-                    f.receipt,
-                    CASE WHEN f.status = 'skipped' THEN NULL ELSE f.result_type END,
-                    CASE WHEN f.status = 'skipped' THEN NULL ELSE f.result END,
-                    f.error, f.attempts, 0, p_nows[i], p_nows[i]
-                FROM effects f WHERE f.key = p_keys[i] AND f.thread_id <> p_thread_id
-                    AND f.status <> 'rejected'
-                    AND NOT (f.status = 'skipped' AND f.edited_key IS NOT NULL)
-                ORDER BY f.created_at LIMIT 1
-                ON CONFLICT DO NOTHING;
-            IF FOUND THEN
-                INSERT INTO effect_events (key, thread_id, kind, data, at, owner,
+"""
+    + _LOCK_KEYS
+    + """            claimed := false;
+"""
+    + _INHERIT_FROM_FAMILY
+    + """                INSERT INTO effect_events (key, thread_id, kind, data, at, owner,
                                            fencing_token)
-                    SELECT e.key, e.thread_id, 'intent', '{"inherited": true, "status": "'
-                        || e.status || '", "tool": "' || e.tool || '"}', p_nows[i], p_owner,
-                        p_token
-                    FROM effects e WHERE e.thread_id = p_thread_id AND e.key = p_keys[i];
-            ELSE
+"""
+    + _INHERITED_EVENT
+    + """            ELSE
                 INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,
                                      status, attempts, created_at, updated_at)
                     VALUES (p_thread_id, p_keys[i], p_namespaces[i], p_tool_call_ids[i],
@@ -470,48 +485,18 @@ PG_MIGRATIONS: list[str] = [
     # is the flag and NULLs).
     """
     CREATE FUNCTION graph_durable_fenced_claim(
-        p_thread_id TEXT, p_keys TEXT[], p_namespaces TEXT[], p_tool_call_ids TEXT[],
-        p_tools TEXT[], p_args TEXT[], p_statuses TEXT[], p_attempts INTEGER[],
-        p_events TEXT[], p_schemes TEXT[], p_nows DOUBLE PRECISION[], p_owner TEXT,
-        p_token BIGINT)
-    RETURNS TABLE (e_claimed BOOLEAN, e_key TEXT, e_thread_id TEXT, e_checkpoint_ns TEXT,
-                   e_tool_call_id TEXT, e_tool TEXT, e_args TEXT, e_status TEXT,
-                   e_receipt TEXT, e_error TEXT, e_attempts INTEGER, e_decision TEXT,
-                   e_asked INTEGER, e_created_at DOUBLE PRECISION,
-                   e_updated_at DOUBLE PRECISION)
-    LANGUAGE plpgsql VOLATILE AS $fn$
-    DECLARE
-        i INTEGER;
-        pinned TEXT;
+"""
+    + _CLAIM_SIGNATURE
+    + """        pinned TEXT;
     BEGIN
         PERFORM graph_durable_fence_read_committed(p_thread_id, p_token);
-        -- Lock the keys first, in one order (`_pg.lock_keys`, class id `_pg.KEY_LOCKS`):
-        -- a thread of the family claiming one of them at once waits for this
-        -- transaction, and its statements then see the rows this one inserts.
-        PERFORM pg_advisory_xact_lock(1735680001, hashtext(k))
-            FROM (SELECT DISTINCT unnest(p_keys) AS k ORDER BY k) AS keys;
-        FOR i IN 1 .. coalesce(array_length(p_keys, 1), 0) LOOP
-            INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,
-                                 status, receipt, result_type, result, error, attempts,
-                                 asked, created_at, updated_at)
-                SELECT p_thread_id, f.key, p_namespaces[i], f.tool_call_id, f.tool, f.args,
-                    CASE WHEN f.status = 'skipped' THEN 'unknown' ELSE f.status END,
-                    f.receipt,
-                    CASE WHEN f.status = 'skipped' THEN NULL ELSE f.result_type END,
-                    CASE WHEN f.status = 'skipped' THEN NULL ELSE f.result END,
-                    f.error, f.attempts, 0, p_nows[i], p_nows[i]
-                FROM effects f WHERE f.key = p_keys[i] AND f.thread_id <> p_thread_id
-                    AND f.status <> 'rejected'
-                    AND NOT (f.status = 'skipped' AND f.edited_key IS NOT NULL)
-                ORDER BY f.created_at LIMIT 1
-                ON CONFLICT DO NOTHING;
-            IF FOUND THEN
-                INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token)
-                    SELECT e.key, e.thread_id, 'intent', '{"inherited": true, "status": "'
-                        || e.status || '", "tool": "' || e.tool || '"}', p_nows[i], p_owner,
-                        p_token
-                    FROM effects e WHERE e.thread_id = p_thread_id AND e.key = p_keys[i];
-                e_claimed := false;
+"""
+    + _LOCK_KEYS
+    + _INHERIT_FROM_FAMILY
+    + """                INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token)
+"""
+    + _INHERITED_EVENT
+    + """                e_claimed := false;
             ELSE
                 WITH inserted AS (
                     INSERT INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, args,

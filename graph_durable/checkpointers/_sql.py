@@ -192,31 +192,21 @@ INSERT_EVENT = (
 
 def select_effects(thread_id: str | None, status: str | None) -> Statement:
     """Query listing effects, oldest first, optionally by thread and status."""
-    clauses, params = [], []
-    if thread_id is not None:
-        clauses.append("thread_id = ?")
-        params.append(thread_id)
-    if status is not None:
-        clauses.append("status = ?")
-        params.append(status)
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    return (
-        f"SELECT {EFFECT_COLUMNS} FROM effects {where} ORDER BY created_at, key",
-        tuple(params),
-    )
+    where, params = _where(thread_id=thread_id, status=status)
+    return f"SELECT {EFFECT_COLUMNS} FROM effects {where} ORDER BY created_at, key", params
 
 
 def select_events(thread_id: str | None, key: str | None) -> Statement:
     """Query listing journal events in order, optionally by thread and key."""
-    clauses, params = [], []
-    if thread_id is not None:
-        clauses.append("thread_id = ?")
-        params.append(thread_id)
-    if key is not None:
-        clauses.append("key = ?")
-        params.append(key)
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    return f"SELECT {EVENT_COLUMNS} FROM effect_events {where} ORDER BY seq", tuple(params)
+    where, params = _where(thread_id=thread_id, key=key)
+    return f"SELECT {EVENT_COLUMNS} FROM effect_events {where} ORDER BY seq", params
+
+
+def _where(**equal: str | None) -> tuple[str, tuple[str, ...]]:
+    """A `WHERE` clause (or none) matching each column given a value that is not None."""
+    given = {column: value for column, value in equal.items() if value is not None}
+    clauses = " AND ".join(f"{column} = ?" for column in given)
+    return (f"WHERE {clauses}" if given else ""), tuple(given.values())
 
 
 def to_json(value: Any) -> str:

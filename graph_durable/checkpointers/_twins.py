@@ -5,12 +5,24 @@ ways, so a graph run with `ainvoke` (and the guard's async driver) can use it:
 `AsyncFromSync` runs each sync twin on the calling thread. An async saver answers sync
 calls from other threads (the lease renewer's, a sync tool's, a `graph.invoke` run
 elsewhere): `SyncFromAsync` runs each async twin on the saver's event loop and waits.
+
+The methods both twins of every saver share, around the engine's I/O, are here too:
+`list`/`alist` read every result before yielding the first (`EagerListing`,
+`AsyncEagerListing`); `put`/`put_writes` and their async twins stop at the fault points
+crash tests name and remember what they stored, around the engine's fenced write
+(`FencedPuts`, `AsyncFencedPuts`, each saver supplying `_put_fenced` and
+`_put_writes_fenced` or their async twins); `alease` holds a lease as
+`DurableSaverMixin.lease` does (`AsyncLeaseScope`).
+
+This module is over 400 lines: it is the table of methods a saver has in both forms,
+each sync one beside its async twin, so that a saver's own modules hold only its I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
@@ -21,6 +33,8 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
+from graph_durable.checkpointers._base import renewed
+from graph_durable.faults import fault_point
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
     EffectEvent,
@@ -31,9 +45,167 @@ from graph_durable.ledger import (
     LedgerWrite,
 )
 
-__all__ = ["AsyncFromSync", "SyncFromAsync"]
+__all__ = [
+    "AsyncEagerListing",
+    "AsyncFencedPuts",
+    "AsyncFromSync",
+    "AsyncLeaseScope",
+    "EagerListing",
+    "FencedPuts",
+    "SyncFromAsync",
+]
 
 T = TypeVar("T")
+
+
+class EagerListing:
+    """Mixin for a sync saver: `list` reads every result before yielding the first, so
+    the caller may call other saver methods while iterating (LangGraph's savers hold
+    their lock, or a cursor, across yields).
+
+    Put it before the LangGraph saver in the bases, whose `list` it wraps.
+    """
+
+    def _before_list(self) -> None:
+        """What must run before LangGraph's `list` (nothing, unless the saver says)."""
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """List checkpoints, newest first (read before the first is yielded, so the
+        caller may call other saver methods while iterating)."""
+        self._before_list()
+        yield from [*super().list(  # type: ignore[misc]
+            config, filter=filter, before=before, limit=limit)]
+
+
+class AsyncEagerListing:
+    """Mixin for an async saver: `alist` reads every result before yielding the first
+    (see `EagerListing`), and `list` is `alist` run on the saver's loop (`_sync`)."""
+
+    async def _abefore_list(self) -> None:
+        """What must run before LangGraph's `alist` (nothing, unless the saver says)."""
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """List checkpoints, newest first (read before yielding: safe to nest calls)."""
+        await self._abefore_list()
+        items = [item async for item in super().alist(  # type: ignore[misc]
+            config, filter=filter, before=before, limit=limit)]
+        for item in items:
+            yield item
+
+    def list(self, config: RunnableConfig | None, **options: Any) -> Iterator[CheckpointTuple]:
+        """Sync `alist` (same keyword arguments), from a thread other than the saver's
+        event loop."""
+
+        async def collect() -> list[CheckpointTuple]:
+            return [item async for item in self.alist(config, **options)]
+
+        yield from self._sync(collect())  # type: ignore[attr-defined]
+
+
+class FencedPuts:
+    """Mixin for a sync saver: `put` and `put_writes` around the engine's fenced write
+    (`_put_fenced`, `_put_writes_fenced`), with the fault points crash tests stop at and
+    the cache of checkpoints this saver stored."""
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Save a checkpoint, fenced and flow-pinned in the same transaction."""
+        fault_point("before_put")
+        stored = self._put_fenced(config, checkpoint, metadata, new_versions)
+        self._remember_stored(stored)  # type: ignore[attr-defined]
+        fault_point("after_put")
+        return stored
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
+        fault_point("before_put_writes")
+        self._put_writes_fenced(config, writes, task_id, task_path)
+        fault_point("after_put_writes")
+
+    def _put_fenced(self, config: RunnableConfig, checkpoint: Checkpoint,
+                    metadata: CheckpointMetadata, new_versions: ChannelVersions
+                    ) -> RunnableConfig:
+        raise NotImplementedError
+
+    def _put_writes_fenced(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                           task_id: str, task_path: str) -> None:
+        raise NotImplementedError
+
+
+class AsyncFencedPuts:
+    """`FencedPuts` for an async saver: `aput` and `aput_writes` around the engine's
+    awaited fenced write (`_aput_fenced`, `_aput_writes_fenced`)."""
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
+                   metadata: CheckpointMetadata, new_versions: ChannelVersions
+                   ) -> RunnableConfig:
+        """Save a checkpoint, fenced and flow-pinned in the same transaction."""
+        fault_point("before_put")
+        stored = await self._aput_fenced(config, checkpoint, metadata, new_versions)
+        self._remember_stored(stored)  # type: ignore[attr-defined]
+        fault_point("after_put")
+        return stored
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                          task_id: str, task_path: str = "") -> None:
+        """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
+        fault_point("before_put_writes")
+        await self._aput_writes_fenced(config, writes, task_id, task_path)
+        fault_point("after_put_writes")
+
+    async def _aput_fenced(self, config: RunnableConfig, checkpoint: Checkpoint,
+                           metadata: CheckpointMetadata, new_versions: ChannelVersions
+                           ) -> RunnableConfig:
+        raise NotImplementedError
+
+    async def _aput_writes_fenced(self, config: RunnableConfig,
+                                  writes: Sequence[tuple[str, Any]], task_id: str,
+                                  task_path: str) -> None:
+        raise NotImplementedError
+
+
+class AsyncLeaseScope:
+    """Mixin for an async saver: `alease`, the async twin of `DurableSaverMixin.lease`."""
+
+    @asynccontextmanager
+    async def alease(self, thread_id: str, owner: str, ttl: float = 30.0, *,
+                     wait: bool = True) -> AsyncIterator[Lease]:
+        """Hold `thread_id` as `owner` while the block runs, renewing every `ttl / 3`
+        (see `lease`; `wait=False` does not wait for a thread being written, where the
+        saver can tell: on PostgreSQL).
+
+        Raises:
+            LeaseHeld: another owner's lease on the thread is live.
+        """
+        try_acquire = getattr(self, "atry_acquire_lease", None)
+        acquire = try_acquire if not wait and try_acquire is not None \
+            else self.aacquire_lease  # type: ignore[attr-defined]
+        lease = await acquire(thread_id, owner, ttl)
+        try:
+            with renewed(lease, self.renew_lease):  # type: ignore[attr-defined]
+                yield lease
+        finally:
+            await self.arelease_lease(lease)  # type: ignore[attr-defined]
 
 
 class AsyncFromSync:

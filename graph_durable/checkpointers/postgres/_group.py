@@ -12,7 +12,7 @@ from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import tuple_row
 
 from graph_durable.checkpointers.postgres import _sql as _pg
-from graph_durable.checkpointers._base import IntentExists, actor_of
+from graph_durable.checkpointers._base import IntentExists, actor_of, claims_of
 from graph_durable.errors import IllegalTransition, LeaseLost
 from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite, WriteBatch
 
@@ -88,15 +88,7 @@ class AsyncGroupCommit:
             return []
         if any(intent.thread_id != intents[0].thread_id for intent in intents):
             raise ValueError("aclaim_many claims intents of one thread")
-        claimed: list[tuple[EffectRecord, bool]] = []
-        for item in await self._commit_with_group(intents, config):
-            if isinstance(item.error, IntentExists):
-                claimed.append((item.error.record, False))
-            elif item.error is not None:
-                raise item.error
-            else:
-                claimed.append((item.result[0], True))
-        return claimed
+        return claims_of(await self._commit_with_group(intents, config))
 
     async def _commit_with_group(
         self, writes: Sequence[LedgerWrite], config: RunnableConfig | None

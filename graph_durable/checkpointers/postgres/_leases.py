@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers.postgres import _sql as _pg
 from graph_durable.checkpointers.postgres._sql import arun as _run
 from graph_durable.errors import LeaseHeld
-from graph_durable.leases import Lease, register, unregister
+from graph_durable.leases import Lease
 
 __all__ = ["AsyncPostgresLeases", "PostgresLeases"]
 
@@ -92,26 +90,6 @@ class AsyncPostgresLeases:
     def _saw_clock(self, now: float) -> float:
         self._server_clock = (now, time.monotonic())
         return now
-
-    @asynccontextmanager
-    async def alease(self, thread_id: str, owner: str, ttl: float = 30.0, *,
-                     wait: bool = True) -> AsyncIterator[Lease]:
-        """Hold `thread_id` as `owner` while the block runs, renewing every `ttl / 3`
-        (see `lease`; `wait=False` does not wait for a thread being written).
-
-        Raises:
-            LeaseHeld: another owner's lease on the thread is live.
-        """
-        lease = await (self.aacquire_lease if wait else self.atry_acquire_lease)(
-            thread_id, owner, ttl)
-        register(lease)
-        lease.start_renewing(self.renew_lease)
-        try:
-            yield lease
-        finally:
-            lease.stop_renewing()
-            unregister(lease)
-            await self.arelease_lease(lease)
 
     async def aacquire_lease(self, thread_id: str, owner: str, ttl: float = 30.0) -> Lease:
         """Take the thread with a new, higher fencing token; expiry on the server's clock."""

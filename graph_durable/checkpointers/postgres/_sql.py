@@ -5,8 +5,12 @@ PostgreSQL's. The statements below are PostgreSQL's only: the thread's advisory 
 leases on the server's clock, the setup lock, and LangGraph's PostgreSQL tables as the
 retention methods touch them.
 
+`TransactionDeferred` is the half of their transactions that does no I/O: whose deferred
+receipts a transaction took, what a one-round-trip write sends besides its block, and
+what a failed write raises.
+
 This module is over 400 lines: every PostgreSQL-only statement is here once, for the
-sync and the async saver.
+sync and the async saver, beside the transaction logic both run them in.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NoReturn
 
 from langchain_core.runnables import RunnableConfig
 
@@ -40,6 +44,7 @@ __all__ = [
     "lease_and_clock",
     "lock_keys",
     "pg_sql",
+    "raise_refused",
     "read_only_refused",
 ]
 
@@ -243,6 +248,17 @@ def read_only_refused(exc: BaseException, thread_id: str | None,
     return None
 
 
+def raise_refused(exc: BaseException, thread_id: str | None,
+                  what: str = "This write (a checkpoint, a ledger entry, a lease or "
+                              "a deletion)") -> NoReturn:
+    """Raise, from the `except` block handling `exc`, the `PostgresReadOnly` error it
+    means (`read_only_refused`), or `exc` itself."""
+    refused = read_only_refused(exc, thread_id, what)
+    if refused is not None:
+        raise refused from exc
+    raise  # noqa: PLE0704 - re-raises the exception being handled
+
+
 def broke_under_write(exc: BaseException, thread_id: str | None,
                       pool: str) -> DatabaseUnavailable:
     """The error for a write whose connection broke; `pool` names the pool class that
@@ -304,6 +320,22 @@ class TransactionDeferred:
     Put it before `DurableSaverMixin` in the bases.
     """
 
+    def _late_resume_after(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                           task_id: str) -> tuple[Any, bool]:
+        """For `put_writes`: the statements to run after LangGraph's (deleting resume
+        values a decision batch consumed before they landed), asked once the thread is
+        locked, and whether the write may go in one round trip (not when it carries a
+        resume value: then the question must wait for the lock)."""
+
+        def late() -> list[Any]:
+            return [(DELETE_NULL_RESUME, params)
+                    for _, params in self._late_resume(  # type: ignore[attr-defined]
+                        config, writes, task_id)]
+
+        carries_resume = task_id == _sql.NULL_TASK_ID and any(
+            channel == _sql.RESUME_CHANNEL for channel, _ in writes)
+        return late, not carries_resume
+
     @contextmanager
     def _deferred_scope(self) -> Iterator[None]:
         token = _TAKEN.set([])
@@ -331,6 +363,18 @@ class TransactionDeferred:
     _begin_explicitly = False
     """Set once a write sent without `BEGIN` found its transaction not READ COMMITTED."""
 
+    def _one_trip_plan(
+        self, autocommit: bool, thread_id: str, config: RunnableConfig | None,
+        fenced_by_block: bool,
+    ) -> tuple[list[tuple[TransitionWrite, _sql.Statement]], list[_sql.Statement], str | None]:
+        """What a one-round-trip write sends besides its block: the deferred receipts it
+        carries (`_carry_deferred`), then how it opens and closes (`_fence_statements`;
+        a block that fences itself is fenced anyway when receipts go before it)."""
+        carrying = self._carry_deferred(thread_id)
+        opening, closing = self._fence_statements(
+            autocommit, thread_id, config, fenced_by_block=fenced_by_block and not carrying)
+        return carrying, opening, closing
+
     def _fence_statements(
         self, autocommit: bool, thread_id: str, config: RunnableConfig | None, *,
         fenced_by_block: bool = False,
@@ -349,6 +393,22 @@ class TransactionDeferred:
         if not fenced_by_block:
             opening.append((FENCE_READ_COMMITTED, fence) if implicit else (FENCE, fence))
         return opening, None if implicit else "COMMIT"
+
+    def _write_failed(self, exc: BaseException, conn: Any, thread_id: str | None, *,
+                      one_trip: bool = False) -> NoReturn:
+        """Raise, from the `except` block of a failed write transaction, what its
+        failure means: `ImplicitNotReadCommitted` (a one-trip write to send again),
+        `DatabaseUnavailable` (its connection broke), `PostgresReadOnly`, or `exc`."""
+        from psycopg import OperationalError
+
+        if one_trip and self._not_read_committed(exc):
+            raise ImplicitNotReadCommitted(str(exc)) from exc
+        if isinstance(exc, OperationalError):
+            if conn.broken:
+                raise self._unavailable(exc, thread_id) from exc  # type: ignore[attr-defined]
+            if not one_trip:
+                raise
+        raise_refused(exc, thread_id)
 
     def _not_read_committed(self, exc: BaseException) -> bool:
         """Whether `exc` is the fence refusing an implicit transaction that is not READ

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -44,7 +44,6 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from psycopg import (
     AsyncConnection,
     AsyncCursor,
-    AsyncPipeline,
     DatabaseError,
     IsolationLevel,
     OperationalError,
@@ -71,9 +70,13 @@ from graph_durable.checkpointers._schema import (
     is_current,
     statements,
 )
-from graph_durable.checkpointers._twins import SyncFromAsync
+from graph_durable.checkpointers._twins import (
+    AsyncEagerListing,
+    AsyncFencedPuts,
+    AsyncLeaseScope,
+    SyncFromAsync,
+)
 from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseLost
-from graph_durable.faults import fault_point
 from graph_durable.leases import check_fence
 from graph_durable.ledger import EffectRecord, IntentWrite, TransitionWrite
 
@@ -119,39 +122,23 @@ async def _read_committed(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
 
 
 class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGroupCommit,
-                                AsyncPostgresLeases, AsyncLedgerReads, SyncFromAsync,
+                                AsyncPostgresLeases, AsyncLedgerReads, AsyncEagerListing,
+                                AsyncFencedPuts, AsyncLeaseScope, SyncFromAsync,
                                 AsyncPostgresSaver):
     """An async LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
 
     Use it wherever an `AsyncPostgresSaver` goes (construct it inside the event loop
     that runs the graph); `EffectGuardNode` finds the ledger through it.
 
+    After `conn` it takes `AsyncPostgresSaver`'s `pipe` (a pipeline of `conn`, not of
+    a pool) and `serde`; its keyword arguments are `DurableSqliteSaver`'s.
+
     Args:
         conn: A psycopg `AsyncConnection` (autocommit, `dict_row`) or an
             `AsyncConnectionPool` of them.
-        pipe: A pipeline of `conn` (not of a pool), as `AsyncPostgresSaver` takes it.
-        serde: Serializer for checkpoints, stored tool results and, when it encrypts
-            (`EncryptedSerializer`), everything the ledger keeps about a call.
-        flow_version: Version of the graph's flow: a thread's first write pins it, and a
-            thread pinned to another version is refused (`FlowVersionMismatch`).
-        compatible_flow_versions: Other pinned versions this graph may resume.
-        key_secret: Secret the effects' keys are an HMAC under (one, or several newest
-            first to rotate); default `GRAPH_DURABLE_KEY_SECRET`, else a random secret
-            kept in the database. See `graph_durable.secrets`.
     """
 
-    def __init__(
-        self,
-        conn: _ainternal.Conn,
-        pipe: AsyncPipeline | None = None,
-        serde: SerializerProtocol | None = None,
-        *,
-        flow_version: str | None = None,
-        compatible_flow_versions: Collection[str] = (),
-        key_secret: str | bytes | Sequence[str | bytes] | None = None,
-    ) -> None:
-        super().__init__(conn, pipe, serde=serde)
-        self._init_durable(flow_version, compatible_flow_versions, key_secret)
+    def _init_engine(self) -> None:
         self.is_setup = False
         self._setup_lock = asyncio.Lock()
         self._groups: dict[str, list[_QueuedWrite]] = {}
@@ -162,18 +149,15 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     @classmethod
     @asynccontextmanager
     async def from_conn_string(  # type: ignore[override]
-        cls, conn_string: str, *, pipeline: bool = False, flow_version: str | None = None,
-        compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
-        key_secret: str | bytes | Sequence[str | bytes] | None = None,
+        cls, conn_string: str, *, pipeline: bool = False, **options: Any
     ) -> AsyncIterator[AsyncDurablePostgresSaver]:
         """Connect to `conn_string` (a libpq string or URL) and yield a saver on it
-        (`pipeline=True`: in pipeline mode, as `AsyncPostgresSaver.from_conn_string`)."""
+        (`pipeline=True`: in pipeline mode, as `AsyncPostgresSaver.from_conn_string`);
+        `options` are the saver's keyword arguments (`serde`, `flow_version`, ...)."""
         async with await AsyncConnection.connect(
             conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
         ) as conn, (conn.pipeline() if pipeline else nullcontext()) as pipe:
-            yield cls(conn, pipe, flow_version=flow_version,
-                      compatible_flow_versions=compatible_flow_versions, serde=serde,
-                      key_secret=key_secret)
+            yield cls(conn, pipe, **options)
 
     @classmethod
     async def open_read_only(
@@ -202,10 +186,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
         except BaseException:
             await conn.close()
             raise
-        saver = cls(conn, serde=serde)
-        saver.is_setup = True  # the schema is there; creating or migrating is not ours
-        saver._lenient = True
-        return saver
+        return cls._reader(conn, serde)
 
     # -- schema ------------------------------------------------------------------------
 
@@ -234,10 +215,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                     finally:
                         self.conn = pool
             except BaseException as exc:
-                refused = _pg.read_only_refused(exc, None, _pg.SETUP_NEEDS)
-                if refused is not None:
-                    raise refused from exc
-                raise
+                _pg.raise_refused(exc, None, _pg.SETUP_NEEDS)
             self.is_setup = True
 
     async def _schema_current(self) -> bool:
@@ -293,17 +271,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                         if thread_id is not None:
                             await self._check_write_txn(cur, thread_id, config)
                         yield cur
-                except OperationalError as exc:
-                    self._deferred_rolled_back()
-                    if not conn.broken:
-                        raise
-                    raise self._unavailable(exc, writing) from exc
                 except BaseException as exc:
                     self._deferred_rolled_back()
-                    refused = _pg.read_only_refused(exc, writing)
-                    if refused is not None:
-                        raise refused from exc
-                    raise
+                    self._write_failed(exc, conn, writing)
                 else:
                     self._deferred_committed()
 
@@ -320,10 +290,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
             with self._deferred_scope():
                 carried: list[tuple[Any, AsyncCursor[Any]]] = []
                 try:
-                    carrying = self._carry_deferred(thread_id)
-                    opening, closing = self._fence_statements(
-                        conn.autocommit, thread_id, config,
-                        fenced_by_block=fenced_by_block and not carrying)
+                    carrying, opening, closing = self._one_trip_plan(
+                        conn.autocommit, thread_id, config, fenced_by_block)
                     async with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
                         for statement in opening:
                             await cur.execute(*statement)
@@ -342,14 +310,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                         await conn.rollback()
                     if isinstance(exc, DatabaseError) and exc.sqlstate == _pg.FENCE_REFUSED:
                         await self._refused_by_fence(conn, thread_id, config)
-                    if self._not_read_committed(exc):
-                        raise _pg.ImplicitNotReadCommitted(str(exc)) from exc
-                    if isinstance(exc, OperationalError) and conn.broken:
-                        raise self._unavailable(exc, thread_id) from exc
-                    refused = _pg.read_only_refused(exc, thread_id)
-                    if refused is not None:
-                        raise refused from exc
-                    raise
+                    self._write_failed(exc, conn, thread_id, one_trip=True)
                 finally:
                     for _, outcome in carried:
                         await outcome.close()
@@ -417,62 +378,26 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
 
     # -- checkpoints: LangGraph's behaviour, fenced -------------------------------------
 
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[CheckpointTuple]:
-        """List checkpoints, newest first (read before yielding: safe to nest calls)."""
+    async def _abefore_list(self) -> None:
         await self.setup()
-        items = [item async for item in super().alist(config, filter=filter, before=before,
-                                                      limit=limit)]
-        for item in items:
-            yield item
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Fetch a checkpoint tuple (see `AsyncPostgresSaver.aget_tuple`)."""
         await self.setup()
         return await super().aget_tuple(config)
 
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """Save a checkpoint, fenced and flow-pinned in the same transaction."""
-        fault_point("before_put")
-        aput = super().aput
-        stored = await self._fenced(config,
-                                    lambda: aput(config, checkpoint, metadata, new_versions))
-        self._remember_stored(stored)
-        fault_point("after_put")
-        return stored
+    async def _aput_fenced(self, config: RunnableConfig, checkpoint: Checkpoint,
+                           metadata: CheckpointMetadata, new_versions: ChannelVersions
+                           ) -> RunnableConfig:
+        return await self._fenced(config, lambda: AsyncPostgresSaver.aput(
+            self, config, checkpoint, metadata, new_versions))
 
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
-        fault_point("before_put_writes")
-
-        def late() -> list[Any]:
-            return [(_pg.DELETE_NULL_RESUME, params)
-                    for _, params in self._late_resume(config, writes, task_id)]
-
-        carries_resume = task_id == _sql.NULL_TASK_ID and any(
-            channel == _sql.RESUME_CHANNEL for channel, _ in writes)
-        aput_writes = super().aput_writes
-        await self._fenced(config, lambda: aput_writes(config, writes, task_id, task_path),
-                           late, one_trip=not carries_resume)
-        fault_point("after_put_writes")
+    async def _aput_writes_fenced(self, config: RunnableConfig,
+                                  writes: Sequence[tuple[str, Any]], task_id: str,
+                                  task_path: str) -> None:
+        late, one_trip = self._late_resume_after(config, writes, task_id)
+        await self._fenced(config, lambda: AsyncPostgresSaver.aput_writes(
+            self, config, writes, task_id, task_path), late, one_trip=one_trip)
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, blobs, writes, effects, events and flow pin."""
@@ -507,10 +432,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace (LangGraph's
         rules) and the whole ledger; `delete` is `adelete_thread`."""
-        if isinstance(thread_ids, str):
-            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
-        self._forget_stored()
-        if strategy == "delete":
+        if self._prune_deletes(thread_ids, strategy):
             for thread_id in thread_ids:
                 await self.adelete_thread(thread_id)
             return

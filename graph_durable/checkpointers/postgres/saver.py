@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -59,7 +59,6 @@ from psycopg import (
     DatabaseError,
     IsolationLevel,
     OperationalError,
-    Pipeline,
 )
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
@@ -86,7 +85,7 @@ from graph_durable.checkpointers.postgres._sql import (
     claim_call,
     lock_keys,
     pg_sql,
-    read_only_refused,
+    raise_refused,
 )
 from graph_durable.checkpointers.postgres._leases import PostgresLeases
 from graph_durable.checkpointers.postgres._sql import SETUP_NEEDS
@@ -104,7 +103,7 @@ from graph_durable.checkpointers._schema import (
     is_current,
     statements,
 )
-from graph_durable.checkpointers._twins import AsyncFromSync
+from graph_durable.checkpointers._twins import AsyncFromSync, EagerListing, FencedPuts
 from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseLost
 from graph_durable.leases import check_fence
 from graph_durable.ledger import (
@@ -114,7 +113,6 @@ from graph_durable.ledger import (
     TransitionWrite,
     WriteBatch,
 )
-from graph_durable.faults import fault_point
 
 __all__ = ["AsyncDurablePostgresSaver", "DurablePostgresSaver", "pg_sql"]
 
@@ -164,61 +162,38 @@ def _read_committed(conn: Connection[Any]) -> Iterator[None]:
             conn.isolation_level = before
 
 
-def _unavailable(exc: BaseException, thread_id: str | None) -> DatabaseUnavailable:
-    return broke_under_write(exc, thread_id, "A ConnectionPool")
-
-
 class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixin, SyncLedgerReads,
-                           AsyncFromSync, PostgresSaver):
+                           EagerListing, FencedPuts, AsyncFromSync, PostgresSaver):
     """A LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
 
     Use it wherever a `PostgresSaver` goes; `EffectGuardNode` finds the ledger through
     it. Its async methods run the sync ones; under `ainvoke`, `AsyncDurablePostgresSaver`
     does not block the event loop.
 
+    After `conn` it takes `PostgresSaver`'s `pipe` (a pipeline of `conn`, not of a
+    pool) and `serde`; its keyword arguments (`serde`, `flow_version`,
+    `compatible_flow_versions`, `key_secret`) are `DurableSqliteSaver`'s.
+
     Args:
         conn: A psycopg `Connection` (autocommit, `dict_row`) or a `ConnectionPool`.
-        pipe: A pipeline of `conn` (not of a pool), as `PostgresSaver` takes it.
-        serde: Serializer for checkpoints, stored tool results and, when it encrypts
-            (`EncryptedSerializer`), everything the ledger keeps about a call.
-        flow_version: Version of the graph's flow: a thread's first write pins it, and a
-            thread pinned to another version is refused (`FlowVersionMismatch`).
-        compatible_flow_versions: Other pinned versions this graph may resume.
-        key_secret: Secret the effects' keys are an HMAC under (one, or several newest
-            first to rotate); default `GRAPH_DURABLE_KEY_SECRET`, else a random secret
-            kept in the database. See `graph_durable.secrets`.
     """
 
-    def __init__(
-        self,
-        conn: _internal.Conn,
-        pipe: Pipeline | None = None,
-        serde: SerializerProtocol | None = None,
-        *,
-        flow_version: str | None = None,
-        compatible_flow_versions: Collection[str] = (),
-        key_secret: str | bytes | Sequence[str | bytes] | None = None,
-    ) -> None:
-        super().__init__(conn, pipe, serde=serde)
-        self._init_durable(flow_version, compatible_flow_versions, key_secret)
+    def _init_engine(self) -> None:
         self.is_setup = False
         self._setup_lock = threading.Lock()
 
     @classmethod
     @contextmanager
     def from_conn_string(  # type: ignore[override]
-        cls, conn_string: str, *, pipeline: bool = False, flow_version: str | None = None,
-        compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
-        key_secret: str | bytes | Sequence[str | bytes] | None = None,
+        cls, conn_string: str, *, pipeline: bool = False, **options: Any
     ) -> Iterator[DurablePostgresSaver]:
         """Connect to `conn_string` (a libpq string or URL) and yield a saver on it
-        (`pipeline=True`: in pipeline mode, as `PostgresSaver.from_conn_string`)."""
+        (`pipeline=True`: in pipeline mode, as `PostgresSaver.from_conn_string`);
+        `options` are the saver's keyword arguments (`serde`, `flow_version`, ...)."""
         with Connection.connect(
             conn_string, autocommit=True, prepare_threshold=0, row_factory=dict_row
         ) as conn, (conn.pipeline() if pipeline else nullcontext()) as pipe:
-            yield cls(conn, pipe, flow_version=flow_version,
-                      compatible_flow_versions=compatible_flow_versions, serde=serde,
-                      key_secret=key_secret)
+            yield cls(conn, pipe, **options)
 
     @classmethod
     def open_read_only(
@@ -248,10 +223,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         except BaseException:
             conn.close()
             raise
-        saver = cls(conn, serde=serde)
-        saver.is_setup = True  # the schema is there; creating or migrating is not ours
-        saver._lenient = True
-        return saver
+        return cls._reader(conn, serde)
 
     # -- schema ------------------------------------------------------------------------
 
@@ -280,10 +252,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                     finally:
                         self.conn = pool
             except BaseException as exc:
-                refused = read_only_refused(exc, None, SETUP_NEEDS)
-                if refused is not None:
-                    raise refused from exc
-                raise
+                raise_refused(exc, None, SETUP_NEEDS)
             self.is_setup = True
 
     def _schema_current(self) -> bool:
@@ -331,17 +300,9 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                     if thread_id is not None:
                         self._check_write_txn(cur, thread_id, config)
                     yield cur
-            except OperationalError as exc:
-                self._deferred_rolled_back()
-                if not conn.broken:
-                    raise
-                raise _unavailable(exc, thread_id) from exc
             except BaseException as exc:
                 self._deferred_rolled_back()
-                refused = read_only_refused(exc, thread_id)
-                if refused is not None:
-                    raise refused from exc
-                raise
+                self._write_failed(exc, conn, thread_id)
             self._deferred_committed()
 
     @contextmanager
@@ -367,10 +328,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                 self._deferred_scope():
             carried: list[tuple[Any, Cursor[Any]]] = []
             try:
-                carrying = self._carry_deferred(thread_id)
-                opening, closing = self._fence_statements(
-                    conn.autocommit, thread_id, config,
-                    fenced_by_block=fenced_by_block and not carrying)
+                carrying, opening, closing = self._one_trip_plan(
+                    conn.autocommit, thread_id, config, fenced_by_block)
                 with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
                     for statement in opening:
                         cur.execute(*statement)
@@ -389,14 +348,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                     conn.rollback()
                 if isinstance(exc, DatabaseError) and exc.sqlstate == FENCE_REFUSED:
                     self._refused_by_fence(conn, thread_id, config)
-                if self._not_read_committed(exc):
-                    raise ImplicitNotReadCommitted(str(exc)) from exc
-                if isinstance(exc, OperationalError) and conn.broken:
-                    raise _unavailable(exc, thread_id) from exc
-                refused = read_only_refused(exc, thread_id)
-                if refused is not None:
-                    raise refused from exc
-                raise
+                self._write_failed(exc, conn, thread_id, one_trip=True)
             finally:
                 for _, outcome in carried:
                     outcome.close()
@@ -414,6 +366,10 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             f"Write to thread {thread_id!r} with fencing token {token} was refused: the "
             "thread's lease was taken or ended meanwhile. Its write was rejected; stop this "
             "run.", thread_id=thread_id, token=token)
+
+    @staticmethod
+    def _unavailable(exc: BaseException, thread_id: str | None) -> DatabaseUnavailable:
+        return broke_under_write(exc, thread_id, "A ConnectionPool")
 
     def _own_lock(self) -> Any:
         """What a ledger transaction holds while it runs: the saver's lock on a single
@@ -467,58 +423,25 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
 
     # -- checkpoints: LangGraph's behaviour, fenced, without its traps -------------------
 
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        """List checkpoints, newest first (read before the first is yielded, so the
-        caller may call other saver methods while iterating)."""
+    def _before_list(self) -> None:
         self.setup()
-        yield from [*super().list(config, filter=filter, before=before, limit=limit)]
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Fetch a checkpoint tuple (see `PostgresSaver.get_tuple`)."""
         self.setup()
         return super().get_tuple(config)
 
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """Save a checkpoint, fenced and flow-pinned in the same transaction."""
-        fault_point("before_put")
-        put = super().put
-        stored = self._fenced(config, lambda: put(config, checkpoint, metadata, new_versions))
-        self._remember_stored(stored)
-        fault_point("after_put")
-        return stored
+    def _put_fenced(self, config: RunnableConfig, checkpoint: Checkpoint,
+                    metadata: CheckpointMetadata, new_versions: ChannelVersions
+                    ) -> RunnableConfig:
+        return self._fenced(config, lambda: PostgresSaver.put(
+            self, config, checkpoint, metadata, new_versions))
 
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
-        fault_point("before_put_writes")
-        def late() -> list[Any]:
-            return [(DELETE_NULL_RESUME, params)
-                    for _, params in self._late_resume(config, writes, task_id)]
-
-        carries_resume = task_id == _sql.NULL_TASK_ID and any(
-            channel == _sql.RESUME_CHANNEL for channel, _ in writes)
-        put_writes = super().put_writes
-        self._fenced(config, lambda: put_writes(config, writes, task_id, task_path), late,
-                     one_trip=not carries_resume)
-        fault_point("after_put_writes")
+    def _put_writes_fenced(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                           task_id: str, task_path: str) -> None:
+        late, one_trip = self._late_resume_after(config, writes, task_id)
+        self._fenced(config, lambda: PostgresSaver.put_writes(
+            self, config, writes, task_id, task_path), late, one_trip=one_trip)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, blobs, writes, effects, events and flow pin."""
@@ -552,10 +475,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace (LangGraph's
         rules) and the whole ledger; `delete` is `delete_thread`."""
-        if isinstance(thread_ids, str):
-            raise TypeError("thread_ids must be a sequence of thread IDs, not a str")
-        self._forget_stored()
-        if strategy == "delete":
+        if self._prune_deletes(thread_ids, strategy):
             for thread_id in thread_ids:
                 self.delete_thread(thread_id)
             return

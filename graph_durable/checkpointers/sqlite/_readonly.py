@@ -11,7 +11,7 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, NoReturn
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._schema import (
@@ -25,8 +25,9 @@ from graph_durable.checkpointers._schema import (
 )
 from graph_durable.errors import GraphDurableError, ReadOnlyDatabase
 
-__all__ = ["SETUP_NEEDS", "SqliteReadOnly", "WRITE_NEEDS", "check_read_only", "is_read_only", "migrate",
-           "read_only_uri", "schema_current"]
+__all__ = ["SETUP_NEEDS", "SqliteReadOnly", "WRITE_NEEDS", "check_read_only", "connect_read_only",
+           "is_read_only", "migrate", "read_only_uri", "schema_current", "setup_ledger",
+           "setup_refused"]
 
 SETUP_NEEDS = ("Creating or migrating the checkpoint and ledger tables (setup(), on "
                "first use)")
@@ -95,3 +96,31 @@ def check_read_only(conn: sqlite3.Connection, path: str, saver: str) -> None:
                        lambda: conn.execute(LATEST_APPLIED).fetchone()[0], len(MIGRATIONS))
     except sqlite3.DatabaseError as exc:
         raise GraphDurableError(f"{path!r} is not a SQLite database ({exc}).") from None
+
+
+def connect_read_only(path: str, saver: str) -> sqlite3.Connection:
+    """A `mode=ro` connection to the database at `path`, checked (`check_read_only`)."""
+    conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
+    try:
+        check_read_only(conn, path, saver)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def setup_ledger(conn: sqlite3.Connection, secret_params: tuple[Any, ...]) -> None:
+    """The ledger's part of `setup()`, after LangGraph's: durable commits
+    (`synchronous=FULL`), then the pending migrations, if any (it only reads when the
+    schema is current)."""
+    conn.execute("PRAGMA synchronous=FULL")
+    if not schema_current(conn):
+        migrate(conn, secret_params)
+
+
+def setup_refused(exc: sqlite3.OperationalError) -> NoReturn:
+    """Raise, from the `except` block handling `exc` (raised by `setup()`),
+    `SqliteReadOnly` if SQLite refused a write as read-only, else `exc` itself."""
+    if is_read_only(exc):
+        raise SqliteReadOnly.refused(SETUP_NEEDS, exc) from exc
+    raise  # noqa: PLE0704 - re-raises the exception being handled

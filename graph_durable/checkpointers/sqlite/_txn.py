@@ -23,7 +23,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
-from graph_durable.checkpointers._base import IntentExists, actor_of
+from graph_durable.checkpointers._base import IntentExists, actor_of, claims_of
 from graph_durable.checkpointers.sqlite._readonly import WRITE_NEEDS, SqliteReadOnly, is_read_only
 from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
@@ -186,7 +186,29 @@ class SqliteTransactions:
         cur.execute(*self._transition_event(record, one, now, actor))  # type: ignore[attr-defined]
         return record  # type: ignore[no-any-return]
 
-    # -- retention, leases and the run log: the bodies both savers run -------------------
+    # -- checkpoint writes, retention, leases and the run log: the bodies both savers run -
+
+    def _checkpoint_write(self, config: RunnableConfig, checkpoint: Any, metadata: Any
+                          ) -> tuple[CheckpointWrite, RunnableConfig]:
+        """`put`'s write for the group commit, and the config it stores."""
+        statement, stored = self._checkpoint_statement(  # type: ignore[attr-defined]
+            config, checkpoint, metadata)
+        return CheckpointWrite(str(config["configurable"]["thread_id"]),
+                               lambda cur: cur.execute(*statement)), stored
+
+    def _writes_write(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                      task_id: str, task_path: str) -> CheckpointWrite:
+        """`put_writes`'s write for the group commit: the writes, and the resume values
+        a decision batch consumed before they landed."""
+        sql, rows = self._writes_statement(  # type: ignore[attr-defined]
+            config, writes, task_id, task_path)
+
+        def body(cur: sqlite3.Cursor) -> None:
+            cur.executemany(sql, rows)
+            for statement in self._late_resume(config, writes, task_id):  # type: ignore[attr-defined]
+                cur.execute(*statement)
+
+        return CheckpointWrite(str(config["configurable"]["thread_id"]), body)
 
     @staticmethod
     def _delete_thread_txn(cur: sqlite3.Cursor, thread_id: str) -> None:
@@ -194,12 +216,15 @@ class SqliteTransactions:
             cur.execute(statement, (thread_id,))
 
     @staticmethod
-    def _delete_for_runs_txn(cur: sqlite3.Cursor, run_ids: Sequence[str]) -> None:
-        for run_id in run_ids:
-            rows = cur.execute(_sql.SELECT_RUN_CHECKPOINTS, (str(run_id),)).fetchall()
-            for row in rows:
+    def _delete_checkpoints_txn(cur: sqlite3.Cursor, select: str, keys: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) `select` finds for each key."""
+        for key in keys:
+            for row in cur.execute(select, (str(key),)).fetchall():
                 cur.execute(_sql.DELETE_CHECKPOINT, row)
                 cur.execute(_sql.DELETE_CHECKPOINT_WRITES, row)
+
+    def _delete_for_runs_txn(self, cur: sqlite3.Cursor, run_ids: Sequence[str]) -> None:
+        self._delete_checkpoints_txn(cur, _sql.SELECT_RUN_CHECKPOINTS, run_ids)
 
     def _copy_thread_txn(self, cur: sqlite3.Cursor, source_thread_id: str,
                          target_thread_id: str) -> None:
@@ -210,14 +235,9 @@ class SqliteTransactions:
         cur.execute(_sql.UPSERT_ORIGIN, self._origin_params(  # type: ignore[attr-defined]
             source_thread_id, target_thread_id))
 
-    @staticmethod
-    def _prune_txn(cur: sqlite3.Cursor, thread_ids: Sequence[str]) -> None:
+    def _prune_txn(self, cur: sqlite3.Cursor, thread_ids: Sequence[str]) -> None:
         """Delete all but the newest checkpoint of each namespace (and their writes)."""
-        for thread_id in thread_ids:
-            rows = cur.execute(_sql.SELECT_PRUNABLE, (str(thread_id),)).fetchall()
-            for row in rows:
-                cur.execute(_sql.DELETE_CHECKPOINT, row)
-                cur.execute(_sql.DELETE_CHECKPOINT_WRITES, row)
+        self._delete_checkpoints_txn(cur, _sql.SELECT_PRUNABLE, thread_ids)
 
     def _acquire_lease_txn(self, cur: sqlite3.Cursor, thread_id: str, owner: str,
                            ttl: float) -> Lease:
@@ -348,16 +368,4 @@ class SqliteTransactions:
             raise item.error
         return item.result
 
-    @staticmethod
-    def _claimed(items: Sequence[QueuedWrite]) -> list[tuple[EffectRecord, bool]]:
-        """`(record, created)` per claimed intent; a refused intent raises (after the
-        others were committed)."""
-        claimed: list[tuple[EffectRecord, bool]] = []
-        for item in items:
-            if isinstance(item.error, IntentExists):
-                claimed.append((item.error.record, False))
-            elif item.error is not None:
-                raise item.error
-            else:
-                claimed.append((item.result[0], True))
-        return claimed
+    _claimed = staticmethod(claims_of)

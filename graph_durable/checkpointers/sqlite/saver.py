@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import Any
 
@@ -26,38 +26,31 @@ from langgraph.checkpoint.base import (
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
-    CheckpointTuple,
     SerializerProtocol,
 )
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers.sqlite._readonly import (
-    SETUP_NEEDS,
-    SqliteReadOnly,
-    check_read_only,
-    is_read_only,
-    migrate,
-    read_only_uri,
-    schema_current,
+    connect_read_only,
+    setup_ledger,
+    setup_refused,
 )
 from graph_durable.checkpointers.sqlite._txn import (
     CheckpointWrite,
     QueuedWrite,
     SqliteTransactions,
 )
-from graph_durable.checkpointers._twins import AsyncFromSync
+from graph_durable.checkpointers._twins import AsyncFromSync, EagerListing, FencedPuts
 from graph_durable.leases import Lease
 from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite
-from graph_durable.faults import fault_point
 
 __all__ = ["DurableSqliteSaver"]
 
 
-class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads, AsyncFromSync,
-                         SqliteSaver):
+class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads, EagerListing,
+                         FencedPuts, AsyncFromSync, SqliteSaver):
     """A LangGraph checkpointer on SQLite that also keeps the effect ledger.
 
     Use it wherever a `SqliteSaver` goes; `EffectGuardNode` finds the ledger through it.
@@ -75,31 +68,18 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
             kept in the database. See `graph_durable.secrets`.
     """
 
-    def __init__(
-        self,
-        conn: sqlite3.Connection,
-        *,
-        serde: SerializerProtocol | None = None,
-        flow_version: str | None = None,
-        compatible_flow_versions: Collection[str] = (),
-        key_secret: str | bytes | Sequence[str | bytes] | None = None,
-    ) -> None:
-        super().__init__(conn, serde=serde)
-        self._init_durable(flow_version, compatible_flow_versions, key_secret)
+    def _init_engine(self) -> None:
         self._init_queue()
 
     @classmethod
     @contextmanager
     def from_conn_string(
-        cls, conn_string: str, *, flow_version: str | None = None,
-        compatible_flow_versions: Collection[str] = (), serde: SerializerProtocol | None = None,
-        key_secret: str | bytes | Sequence[str | bytes] | None = None,
+        cls, conn_string: str, **options: Any
     ) -> Iterator[DurableSqliteSaver]:
-        """Open `conn_string` (a file path or `:memory:`) and yield a saver on it."""
+        """Open `conn_string` (a file path or `:memory:`) and yield a saver on it;
+        `options` are the saver's keyword arguments (`serde`, `flow_version`, ...)."""
         with closing(sqlite3.connect(conn_string, check_same_thread=False)) as conn:
-            yield cls(conn, flow_version=flow_version,
-                      compatible_flow_versions=compatible_flow_versions, serde=serde,
-                      key_secret=key_secret)
+            yield cls(conn, **options)
 
     # -- schema ------------------------------------------------------------------------
 
@@ -116,16 +96,7 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
                 without graph_durable's ledger; or a ledger an older graph_durable wrote
                 and a writer has not migrated yet. Each says what to do.
         """
-        conn = sqlite3.connect(read_only_uri(path), uri=True, check_same_thread=False)
-        try:
-            check_read_only(conn, path, "DurableSqliteSaver")
-        except BaseException:
-            conn.close()
-            raise
-        saver = cls(conn, serde=serde)
-        saver.is_setup = True  # the schema is there; creating or migrating is not ours
-        saver._lenient = True
-        return saver
+        return cls._reader(connect_read_only(path, "DurableSqliteSaver"), serde)
 
     def setup(self) -> None:
         """Create LangGraph's tables and apply pending ledger migrations (safe to repeat).
@@ -140,14 +111,10 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
         try:
             super().setup()
             self.is_setup = False
-            self.conn.execute("PRAGMA synchronous=FULL")
-            if not schema_current(self.conn):
-                migrate(self.conn, self._db_secret_params())
+            setup_ledger(self.conn, self._db_secret_params())
         except sqlite3.OperationalError as exc:
             self.is_setup = False
-            if is_read_only(exc):
-                raise SqliteReadOnly.refused(SETUP_NEEDS, exc) from exc
-            raise
+            setup_refused(exc)
         self.is_setup = True
 
     @contextmanager
@@ -162,58 +129,18 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
 
     # -- checkpoints: LangGraph's behaviour, without its traps ---------------------------
 
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        """List checkpoints, newest first.
-
-        Results are read before the first is yielded, so the caller may call other saver
-        methods while iterating (the stock saver holds its lock across yields).
-        """
-        yield from [
-            *super().list(config, filter=filter, before=before, limit=limit)
-        ]
-
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """Save a checkpoint, fenced and flow-pinned in the same transaction (shared with
-        the writes of other threads that arrive meanwhile: group commit)."""
-        fault_point("before_put")
-        statement, stored = self._checkpoint_statement(config, checkpoint, metadata)
-        self._store(str(config["configurable"]["thread_id"]), config,
-                    lambda cur: cur.execute(*statement))
-        self._remember_stored(stored)
-        fault_point("after_put")
+    def _put_fenced(self, config: RunnableConfig, checkpoint: Checkpoint,
+                    metadata: CheckpointMetadata, new_versions: ChannelVersions
+                    ) -> RunnableConfig:
+        """`put`'s write: committed with the group (the writes of other threads that
+        arrive meanwhile share its transaction)."""
+        write, stored = self._checkpoint_write(config, checkpoint, metadata)
+        self._store(write, config)
         return stored
 
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        """Save a task's pending writes, fenced and flow-pinned in the same transaction."""
-        fault_point("before_put_writes")
-        sql, rows = self._writes_statement(config, writes, task_id, task_path)
-
-        def body(cur: sqlite3.Cursor) -> None:
-            cur.executemany(sql, rows)
-            for statement in self._late_resume(config, writes, task_id):
-                cur.execute(*statement)
-
-        self._store(str(config["configurable"]["thread_id"]), config, body)
-        fault_point("after_put_writes")
+    def _put_writes_fenced(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                           task_id: str, task_path: str) -> None:
+        self._store(self._writes_write(config, writes, task_id, task_path), config)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, writes, effects, events and flow pin."""
@@ -239,13 +166,10 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
 
         `keep_latest` keeps the ledger; `delete` deletes it with the thread.
         """
-        self._forget_stored()
-        if strategy == "delete":
+        if self._prune_deletes(thread_ids, strategy):
             for thread_id in thread_ids:
                 self.delete_thread(thread_id)
             return
-        if strategy != "keep_latest":
-            raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'")
         with self._txn() as cur:
             self._prune_txn(cur, thread_ids)
 
@@ -316,10 +240,9 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
         """
         return self._claimed(self._commit_with_group(intents, config))
 
-    def _store(self, thread_id: str, config: RunnableConfig,
-               body: Callable[[sqlite3.Cursor], Any]) -> None:
-        """Commit a checkpoint write (`body`), fenced, with the group."""
-        [item] = self._commit_with_group([CheckpointWrite(thread_id, body)], config)
+    def _store(self, write: CheckpointWrite, config: RunnableConfig) -> None:
+        """Commit a checkpoint write, fenced, with the group."""
+        [item] = self._commit_with_group([write], config)
         if item.error is not None:
             raise item.error
 
