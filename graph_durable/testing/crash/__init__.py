@@ -10,6 +10,7 @@
 The sweep's names are re-exported here (and from `graph_durable.testing`).
 """
 
+from graph_durable.testing.crash import matrix
 from graph_durable.testing.crash.matrix import (
     GUARD_POINTS,
     SAVER_POINTS,
@@ -24,16 +25,4 @@ from graph_durable.testing.crash.matrix import (
     run_schedule,
 )
 
-__all__ = [
-    "GUARD_POINTS",
-    "SAVER_POINTS",
-    "CrashPoint",
-    "CrashReport",
-    "CrashRow",
-    "Reference",
-    "Resolver",
-    "crash_matrix",
-    "default_resolver",
-    "reference_run",
-    "run_schedule",
-]
+__all__ = list(matrix.__all__)
