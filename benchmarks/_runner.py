@@ -38,6 +38,7 @@ __all__ = [
     "BenchmarkSkipped",
     "Comparison",
     "MachineInfo",
+    "Timing",
     "append_results",
     "commit_latency_ms",
     "missing_packages",
@@ -158,6 +159,22 @@ def measure_interleaved(
             done = ", ".join(f"{name} {samples[name][-1] * 1000:.2f} ms" for name in names)
             progress(f"  rep {rep + 1}/{repetitions}: {done}")
     return samples
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How a comparison is timed (`measure_interleaved`): warm-up calls, then repetitions
+    of rounds, reported through `progress` (None: silent)."""
+
+    repetitions: int
+    turns: int
+    warmup: int
+    progress: Callable[[str], None] | None = print
+
+    def interleave(self, cases: Mapping[str, Callable[[], object]]) -> dict[str, list[float]]:
+        """`measure_interleaved(cases)` with these settings."""
+        return measure_interleaved(cases, repetitions=self.repetitions, turns=self.turns,
+                                   warmup=self.warmup, progress=self.progress)
 
 
 # -- what ran where --------------------------------------------------------------------

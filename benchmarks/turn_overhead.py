@@ -35,7 +35,6 @@ import itertools
 import os
 import sqlite3
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,7 +47,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from benchmarks._runner import Comparison, measure_interleaved, median_ms, report
+from benchmarks._runner import Comparison, Timing, median_ms, report
 from graph_durable import (
     AsyncDurableSqliteSaver,
     DurableSqliteSaver,
@@ -62,6 +61,7 @@ from graph_durable.testing.models import ScriptedChatModel
 __all__ = [
     "REPETITIONS",
     "SCENARIOS",
+    "TIMING",
     "TURNS",
     "WARMUP",
     "Agent",
@@ -92,6 +92,9 @@ TURNS = int(os.environ.get("BENCH_TURNS", "150"))
 
 WARMUP = int(os.environ.get("BENCH_WARMUP", "10"))
 """Untimed turns per variant before timing starts."""
+
+TIMING = Timing(REPETITIONS, TURNS, WARMUP)
+"""The timing of every comparison here, unless one is given."""
 
 USER_MESSAGE = "Please record these notes."
 
@@ -224,10 +227,11 @@ class Agent:
         """Run one turn (model -> tools -> model) on a fresh thread_id."""
         return self.graph.invoke(self.inputs, self._next_config(), durability="sync")
 
-    def applied(self) -> int:
-        """How many effects the last turn's thread holds as applied (a durable saver)."""
+    def applied(self, thread_id: str | None = None) -> int:
+        """How many effects `thread_id` (by default the last turn's thread) holds as
+        applied (a durable saver)."""
         assert isinstance(self.saver, DurableSaverMixin)
-        return len(self.saver.effects(self.last_thread_id, status="applied"))
+        return len(self.saver.effects(thread_id or self.last_thread_id, status="applied"))
 
     def close(self) -> None:
         """Close the database connection."""
@@ -271,10 +275,11 @@ class AsyncAgent(Agent):
             self.turn()
         return (self.round_trips.count - before) / turns
 
-    def applied(self) -> int:
+    def applied(self, thread_id: str | None = None) -> int:
+        """`Agent.applied`, read on the agent's loop (not running between turns)."""
         assert self.loop is not None and isinstance(self.saver, AsyncDurableSqliteSaver)
         return len(self.loop.run_until_complete(
-            self.saver.aeffects(self.last_thread_id, status="applied")))
+            self.saver.aeffects(thread_id or self.last_thread_id, status="applied")))
 
     def close(self) -> None:
         assert self.loop is not None
@@ -386,10 +391,7 @@ def compare(
     *,
     scenario: str,
     target: float | None,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
     note: str = "",
 ) -> Comparison:
     """Check both agents, time their turns interleaved, then close them."""
@@ -400,10 +402,7 @@ def compare(
             note = (f"aiosqlite round trips per turn: stock "
                     f"{stock.round_trips_per_turn():.1f}, guarded "
                     f"{guarded.round_trips_per_turn():.1f}")
-        samples = measure_interleaved(
-            {"stock": stock.turn, "guarded": guarded.turn},
-            repetitions=repetitions, turns=turns, warmup=warmup, progress=progress,
-        )
+        samples = timing.interleave({"stock": stock.turn, "guarded": guarded.turn})
     finally:
         stock.close()
         guarded.close()
@@ -425,10 +424,7 @@ def measure_scenario(
     n_calls: int,
     *,
     target: float | None,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
     encrypted: bool = False,
 ) -> Comparison:
     """Time stock and guarded turns with `n_calls` tool calls each, interleaved (both
@@ -439,8 +435,7 @@ def measure_scenario(
                             serde)
     suffix = ", encrypted" if encrypted else ""
     return compare(stock, guarded, n_calls, scenario=f"turn, {_tool_calls(n_calls)}{suffix}",
-                   target=target, repetitions=repetitions, turns=turns, warmup=warmup,
-                   progress=progress)
+                   target=target, timing=timing)
 
 
 def measure_saver_alone(
@@ -448,10 +443,7 @@ def measure_saver_alone(
     n_calls: int,
     *,
     floor: bool = False,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> Comparison:
     """Time stock turns against the same `ToolNode` on `DurableSqliteSaver`: what the
     saver alone costs (fence, flow pin, group commit), apart from the guard's ledger.
@@ -468,8 +460,7 @@ def measure_saver_alone(
             else "durable saver + ToolNode (no guard)")
     return compare(stock, _compile(tag, node, saver, conn, n_calls), n_calls,
                    scenario=f"turn, {_tool_calls(n_calls)}, {what}",
-                   target=None, repetitions=repetitions, turns=turns, warmup=warmup,
-                   progress=progress)
+                   target=None, timing=timing)
 
 
 def measure_async_scenario(
@@ -477,10 +468,7 @@ def measure_async_scenario(
     n_calls: int,
     *,
     target: float | None,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> Comparison:
     """Time stock and guarded `ainvoke` turns with `n_calls` tool calls each, interleaved,
     both on one event loop."""
@@ -492,8 +480,7 @@ def measure_async_scenario(
             os.path.join(workdir, f"guarded-{n_calls}-async.sqlite"), n_calls, loop)
         return compare(stock, guarded, n_calls,
                        scenario=f"turn, {_tool_calls(n_calls)}, async", target=target,
-                       repetitions=repetitions, turns=turns, warmup=warmup,
-                       progress=progress)
+                       timing=timing)
     finally:
         loop.close()
 

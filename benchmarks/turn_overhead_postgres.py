@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -58,17 +58,17 @@ from langgraph.prebuilt import ToolNode
 from benchmarks._runner import (
     BenchmarkSkipped,
     Comparison,
+    Timing,
     missing_packages,
     package_version,
     report,
     run_main,
 )
 from benchmarks.turn_overhead import (
-    REPETITIONS,
-    TURNS,
-    WARMUP,
+    TIMING,
     Agent,
     _announce,
+    _builder,
     _compile,
     _guarded_node,
     _stock_node,
@@ -167,10 +167,7 @@ def measure_scenario(
     n_calls: int,
     *,
     target: float | None,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> Comparison:
     """Time stock and guarded turns with `n_calls` tool calls each, interleaved.
 
@@ -179,8 +176,7 @@ def measure_scenario(
     stock = build_stock(server.create_database(f"stock_{n_calls}"), n_calls)
     guarded = build_guarded(server.create_database(f"guarded_{n_calls}"), n_calls)
     return compare(stock, guarded, n_calls, scenario=f"postgres turn, {_tool_calls(n_calls)}",
-                   target=target, repetitions=repetitions, turns=turns, warmup=warmup,
-                   progress=progress)
+                   target=target, timing=timing)
 
 
 class _PostgresFloorNode(ToolNode):
@@ -214,10 +210,7 @@ def measure_floor(
     server: PostgresServer,
     n_calls: int,
     *,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> Comparison:
     """Time stock turns against `_PostgresFloorNode` on `DurablePostgresSaver`: the
     saver's fenced writes and one durable commit of intents, without the guard."""
@@ -231,8 +224,7 @@ def measure_floor(
     return compare(stock, floor, n_calls,
                    scenario=f"postgres turn, {_tool_calls(n_calls)}, floor: durable saver "
                             "+ ToolNode + one durable commit per tools step",
-                   target=None, repetitions=repetitions, turns=turns, warmup=warmup,
-                   progress=progress)
+                   target=None, timing=timing)
 
 
 # -- the async savers ----------------------------------------------------------------------
@@ -276,45 +268,12 @@ class AsyncAgent(Agent):
         self.runner.run(self.conn.close())  # type: ignore[arg-type]
 
 
-def _async_tool(guarded: bool) -> Any:
-    from langchain_core.tools import tool
-
-    from graph_durable import current_effect
-    from benchmarks.turn_overhead import TOOL_NAME, _provider_write
-
-    @tool(TOOL_NAME)
-    async def record_note(note: str) -> str:
-        """Record a note (a trivial external write; keyed for the provider when guarded)."""
-        return _provider_write(note, current_effect().key if guarded else None)
-
-    return record_note
-
-
 def compile_async(name: str, saver: Any, conn: Any, n_calls: int, runner: _Loop) -> AsyncAgent:
     """The turn of `turn_overhead` with an async model node and an async tool: stock
     (`ToolNode`) or guarded (`EffectGuardNode`, the tool idempotent), by `name`."""
-    from langgraph.graph import START, MessagesState, StateGraph
-    from langgraph.prebuilt import ToolNode, tools_condition
-
-    from graph_durable import Effect, EffectGuardNode
-    from graph_durable.testing.models import ScriptedChatModel
-    from benchmarks.turn_overhead import TOOL_NAME, _script
-
-    model = ScriptedChatModel(script=_script(n_calls))
-
-    async def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [await model.ainvoke(state["messages"])]}
-
-    tools = (EffectGuardNode([_async_tool(True)], effects={TOOL_NAME: Effect(idempotent=True)})
-             if name == "guarded" else ToolNode([_async_tool(False)]))
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", tools)
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return AsyncAgent(name=name, graph=builder.compile(checkpointer=saver), conn=conn,
-                      saver=saver, runner=runner)
+    node = _guarded_node(True) if name == "guarded" else _stock_node(True)
+    graph = _builder(node, n_calls, asynchronous=True).compile(checkpointer=saver)
+    return AsyncAgent(name=name, graph=graph, conn=conn, saver=saver, runner=runner)
 
 
 async def _aconnect(conninfo: str) -> Any:
@@ -325,30 +284,29 @@ async def _aconnect(conninfo: str) -> Any:
                                          row_factory=dict_row)
 
 
+def _build_async(name: str, saver_type: Any, conninfo: str, n_calls: int, runner: _Loop
+                 ) -> AsyncAgent:
+    async def build() -> AsyncAgent:
+        conn = await _aconnect(conninfo)
+        saver = saver_type(conn)
+        await saver.setup()
+        return compile_async(name, saver, conn, n_calls, runner)
+
+    return runner.run(build())
+
+
 def build_stock_async(conninfo: str, n_calls: int, runner: _Loop) -> AsyncAgent:
     """`ToolNode` with LangGraph's `AsyncPostgresSaver` on database `conninfo`."""
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-    async def build() -> AsyncAgent:
-        conn = await _aconnect(conninfo)
-        saver = AsyncPostgresSaver(conn)
-        await saver.setup()
-        return compile_async("stock", saver, conn, n_calls, runner)
-
-    return runner.run(build())
+    return _build_async("stock", AsyncPostgresSaver, conninfo, n_calls, runner)
 
 
 def build_guarded_async(conninfo: str, n_calls: int, runner: _Loop) -> AsyncAgent:
     """`EffectGuardNode` with `AsyncDurablePostgresSaver` on database `conninfo`."""
     from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
 
-    async def build() -> AsyncAgent:
-        conn = await _aconnect(conninfo)
-        saver = AsyncDurablePostgresSaver(conn)
-        await saver.setup()
-        return compile_async("guarded", saver, conn, n_calls, runner)
-
-    return runner.run(build())
+    return _build_async("guarded", AsyncDurablePostgresSaver, conninfo, n_calls, runner)
 
 
 def measure_async_scenario(
@@ -357,10 +315,7 @@ def measure_async_scenario(
     runner: _Loop,
     *,
     target: float | None,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> Comparison:
     """`measure_scenario` with the async savers and `ainvoke`."""
     stock = build_stock_async(server.create_database(f"astock_{n_calls}"), n_calls, runner)
@@ -368,7 +323,7 @@ def measure_async_scenario(
                                   runner)
     return compare(stock, guarded, n_calls,
                    scenario=f"postgres async turn, {_tool_calls(n_calls)}", target=target,
-                   repetitions=repetitions, turns=turns, warmup=warmup, progress=progress)
+                   timing=timing)
 
 
 def _server_version(server: PostgresServer) -> str:
