@@ -174,13 +174,9 @@ def measure_parallel(
     rate = {name: total / statistics.median(runs) for name, runs in samples.items()}
     throughput_ratio = rate["guarded"] / rate["stock"]
     verdict = "PASS" if throughput_ratio >= target_throughput else "BELOW TARGET"
-    return Comparison(
-        scenario=scenario,
-        stock_ms=statistics.median(per_turn["stock"]),
-        guarded_ms=statistics.median(per_turn["guarded"]),
+    return Comparison.of_samples(
+        scenario, per_turn["stock"], per_turn["guarded"],
         target=round(1 / target_throughput, 2),
-        stock_samples_ms=per_turn["stock"],
-        guarded_samples_ms=per_turn["guarded"],
         note=(f"throughput: stock {rate['stock']:.1f} turns/s, guarded "
               f"{rate['guarded']:.1f} turns/s, guarded/stock {throughput_ratio:.3f} "
               f"(target >= {target_throughput:.2f}: {verdict}); {total} turns per run"),

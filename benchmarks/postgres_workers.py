@@ -74,7 +74,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 
@@ -88,15 +87,7 @@ from benchmarks._parallel import (
     run_tasks,
     run_threads,
 )
-from benchmarks._runner import (
-    BenchmarkSkipped,
-    Comparison,
-    Timing,
-    missing_packages,
-    package_version,
-    report,
-    run_main,
-)
+from benchmarks._runner import ROOT, Comparison, Timing, package_version, report, run_main
 from benchmarks.turn_overhead import Agent, _compile, _guarded_node, _stock_node
 from benchmarks.turn_overhead_postgres import (
     _Loop,
@@ -142,7 +133,6 @@ LEASE_TTL = 10.0
 WORKER_TIMEOUT = 180.0
 """A worker that has not finished the sweep after this many seconds gives up."""
 
-ROOT = Path(__file__).resolve().parents[1]
 
 _POOL_MODULES = ("psycopg_pool",)
 
@@ -422,11 +412,7 @@ def measure_recovery(
 
 def main() -> list[Comparison]:
     """Run both parts on one throwaway server, print the table, append the rows."""
-    _require_postgres()
-    missing = missing_packages(*_POOL_MODULES)
-    if missing:
-        raise BenchmarkSkipped(f"{', '.join(missing)} not installed: install graph_durable's "
-                               "postgres extra, `pip install 'graph-durable[postgres]'`")
+    _require_postgres(*_POOL_MODULES)
     comparisons: list[Comparison] = []
     with _postgres_server() as server:
         versions = {

@@ -35,6 +35,7 @@ import itertools
 import os
 import sqlite3
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,7 +48,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from benchmarks._runner import Comparison, Timing, median_ms, report
+from benchmarks._runner import Comparison, Timing, report
 from graph_durable import (
     AsyncDurableSqliteSaver,
     DurableSqliteSaver,
@@ -73,6 +74,7 @@ __all__ = [
     "build_sqlite",
     "build_stock",
     "compare",
+    "each_scenario",
     "main",
     "measure_async_scenario",
     "measure_saver_alone",
@@ -406,17 +408,8 @@ def compare(
     finally:
         stock.close()
         guarded.close()
-    stock_ms = [s * 1000 for s in samples["stock"]]
-    guarded_ms = [s * 1000 for s in samples["guarded"]]
-    return Comparison(
-        scenario=scenario,
-        stock_ms=median_ms(samples["stock"]),
-        guarded_ms=median_ms(samples["guarded"]),
-        target=target,
-        stock_samples_ms=stock_ms,
-        guarded_samples_ms=guarded_ms,
-        note=note,
-    )
+    stock_ms, guarded_ms = ([s * 1000 for s in samples[side]] for side in ("stock", "guarded"))
+    return Comparison.of_samples(scenario, stock_ms, guarded_ms, target=target, note=note)
 
 
 def measure_scenario(
@@ -492,31 +485,37 @@ def _announce(n_calls: int) -> None:
           flush=True)
 
 
+def each_scenario(scenarios: Mapping[int, float | None],
+                  measure: Callable[[int, float | None], Comparison], *,
+                  what: str = "") -> list[Comparison]:
+    """`measure(n_calls, target)` of every scenario, each announced first (after `what`)."""
+    comparisons = []
+    for n_calls, target in scenarios.items():
+        print(what, end=" " if what else "")
+        _announce(n_calls)
+        comparisons.append(measure(n_calls, target))
+    return comparisons
+
+
 def main() -> list[Comparison]:
     """Run every scenario, print the table and append the rows to `results.md`."""
-    comparisons: list[Comparison] = []
     with tempfile.TemporaryDirectory(prefix="graph-durable-bench-") as workdir:
-        for n_calls, target in SCENARIOS.items():
-            _announce(n_calls)
-            comparisons.append(measure_scenario(workdir, n_calls, target=target))
-        for n_calls in SCENARIOS:
-            _announce(n_calls)
-            comparisons.append(measure_saver_alone(workdir, n_calls))
-        for n_calls in SCENARIOS:
-            _announce(n_calls)
-            comparisons.append(measure_saver_alone(workdir, n_calls, floor=True))
-        for n_calls, target in SCENARIOS.items():
-            _announce(n_calls)
-            comparisons.append(measure_async_scenario(workdir, n_calls, target=target))
+        comparisons = [
+            *each_scenario(SCENARIOS, lambda n_calls, target: measure_scenario(
+                workdir, n_calls, target=target)),
+            *each_scenario(SCENARIOS, lambda n_calls, _: measure_saver_alone(workdir, n_calls)),
+            *each_scenario(SCENARIOS, lambda n_calls, _: measure_saver_alone(
+                workdir, n_calls, floor=True)),
+            *each_scenario(SCENARIOS, lambda n_calls, target: measure_async_scenario(
+                workdir, n_calls, target=target)),
+        ]
         try:
             import Crypto  # noqa: F401  (pycryptodome, for LangGraph's AES serializer)
         except ImportError:
             print("encrypted rows skipped: pip install 'graph-durable[encryption]'")
         else:
-            for n_calls, target in SCENARIOS.items():
-                _announce(n_calls)
-                comparisons.append(measure_scenario(workdir, n_calls, target=target,
-                                                    encrypted=True))
+            comparisons += each_scenario(SCENARIOS, lambda n_calls, target: measure_scenario(
+                workdir, n_calls, target=target, encrypted=True))
     report("turn overhead: guarded (EffectGuardNode + DurableSqliteSaver, or "
            "AsyncDurableSqliteSaver) vs stock (ToolNode + SqliteSaver, or AsyncSqliteSaver), "
            "durability='sync'", comparisons,

@@ -67,7 +67,6 @@ from benchmarks._runner import (
 from benchmarks.turn_overhead import (
     TIMING,
     Agent,
-    _announce,
     _builder,
     _compile,
     _guarded_node,
@@ -75,6 +74,7 @@ from benchmarks.turn_overhead import (
     _stock_tool,
     _tool_calls,
     compare,
+    each_scenario,
 )
 from graph_durable.testing.postgres import ENV_BIN, PostgresServer, find_postgres_bin
 
@@ -104,9 +104,10 @@ _MODULES = ("psycopg", "langgraph.checkpoint.postgres")
 """What the PostgreSQL path imports (graph_durable's `postgres` extra)."""
 
 
-def _require_postgres() -> None:
-    """Raise `BenchmarkSkipped` unless the PostgreSQL packages and binaries are here."""
-    missing = missing_packages(*_MODULES)
+def _require_postgres(*modules: str) -> None:
+    """Raise `BenchmarkSkipped` unless the PostgreSQL packages (and `modules`) and
+    binaries are here."""
+    missing = missing_packages(*_MODULES, *modules)
     if missing:
         raise BenchmarkSkipped(
             f"{', '.join(missing)} not installed (the PostgreSQL checkpointers need them): "
@@ -338,26 +339,23 @@ def _server_version(server: PostgresServer) -> str:
 def main() -> list[Comparison]:
     """Run every scenario, print the table and append the rows to `results.md`."""
     _require_postgres()
-    comparisons: list[Comparison] = []
     with _postgres_server() as server:
         versions = {
             "postgres": _server_version(server),
             "psycopg": package_version("psycopg"),
             "langgraph-checkpoint-postgres": package_version("langgraph-checkpoint-postgres"),
         }
-        for n_calls, target in SCENARIOS.items():
-            _announce(n_calls)
-            comparisons.append(measure_scenario(server, n_calls, target=target))
-        for n_calls in SCENARIOS:
-            _announce(n_calls)
-            comparisons.append(measure_floor(server, n_calls))
+        comparisons = [
+            *each_scenario(SCENARIOS, lambda n_calls, target: measure_scenario(
+                server, n_calls, target=target)),
+            *each_scenario(SCENARIOS, lambda n_calls, _: measure_floor(server, n_calls)),
+        ]
         runner = _Loop()
         try:
-            for n_calls, target in ASYNC_SCENARIOS.items():
-                print("async savers, ainvoke:", end=" ")
-                _announce(n_calls)
-                comparisons.append(measure_async_scenario(server, n_calls, runner,
-                                                          target=target))
+            comparisons += each_scenario(
+                ASYNC_SCENARIOS, lambda n_calls, target: measure_async_scenario(
+                    server, n_calls, runner, target=target),
+                what="async savers, ainvoke:")
         finally:
             runner.stop()
     report("turn overhead on PostgreSQL: guarded (EffectGuardNode + DurablePostgresSaver, "
