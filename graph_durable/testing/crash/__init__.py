@@ -4,6 +4,8 @@
   `run_schedule`, `reference_run`, the default pause resolver.
 - `child`: `run_child`, one child process running a scenario's graph, optionally armed
   to crash at a fault point; `load_factory` resolves a `"module:function"` factory.
+- `reads`: what a run left, read between and after its processes (its database
+  read-only, ledger, provider effects, resume costs).
 - `report`: what a sweep reports (`CrashPoint`, `CrashRow`, `CrashReport`).
 - `forkserver`: `ForkServer`, children forked from a pre-imported server.
 
