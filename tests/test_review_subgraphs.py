@@ -36,8 +36,7 @@ from graph_durable.nodes.guard import interrupt_id_for
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
 from tests.fakes import send_tool
-
-CONFIG = {"configurable": {"thread_id": "t"}}
+from tests.nodes.test_guard import CONFIG
 
 
 class Parent(TypedDict, total=False):

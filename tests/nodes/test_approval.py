@@ -27,9 +27,8 @@ from graph_durable import (
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
 from tests.fakes import send_tool
-from tests.nodes.test_guard import ledger_serde
+from tests.nodes.test_guard import CONFIG, ledger_serde
 
-CONFIG = {"configurable": {"thread_id": "t"}}
 CALL_IDS = ["c0", "c1", "c2"]
 
 
