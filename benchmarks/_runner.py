@@ -23,6 +23,7 @@ import os
 import platform
 import sqlite3
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,12 +39,14 @@ __all__ = [
     "BenchmarkSkipped",
     "Comparison",
     "MachineInfo",
+    "Timing",
     "append_results",
     "commit_latency_ms",
     "missing_packages",
     "record_latest",
     "require",
     "run_main",
+    "spawn_child",
     "machine_info",
     "measure_interleaved",
     "median_ms",
@@ -54,6 +57,8 @@ __all__ = [
     "time_per_call",
 ]
 
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository's root, where a child benchmark process starts."""
 RESULTS_PATH = Path(__file__).with_name("results.md")
 LATEST_PATH = Path(__file__).with_name("latest.json")
 REQUIREMENTS_PATH = Path(__file__).with_name("requirements.txt")
@@ -158,6 +163,22 @@ def measure_interleaved(
             done = ", ".join(f"{name} {samples[name][-1] * 1000:.2f} ms" for name in names)
             progress(f"  rep {rep + 1}/{repetitions}: {done}")
     return samples
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How a comparison is timed (`measure_interleaved`): warm-up calls, then repetitions
+    of rounds, reported through `progress` (None: silent)."""
+
+    repetitions: int
+    turns: int
+    warmup: int
+    progress: Callable[[str], None] | None = print
+
+    def interleave(self, cases: Mapping[str, Callable[[], object]]) -> dict[str, list[float]]:
+        """`measure_interleaved(cases)` with these settings."""
+        return measure_interleaved(cases, repetitions=self.repetitions, turns=self.turns,
+                                   warmup=self.warmup, progress=self.progress)
 
 
 # -- what ran where --------------------------------------------------------------------
@@ -294,6 +315,15 @@ class Comparison:
     """One line printed under the table (not written to results.md)."""
     details: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Anything else worth keeping in `latest.json` (per-phase times, sizes, ...)."""
+
+    @classmethod
+    def of_samples(cls, scenario: str, stock_samples_ms: Sequence[float],
+                   guarded_samples_ms: Sequence[float], **fields: Any) -> Comparison:
+        """The comparison of two sides' samples by their medians (other fields as given)."""
+        return cls(scenario=scenario, stock_ms=statistics.median(stock_samples_ms),
+                   guarded_ms=statistics.median(guarded_samples_ms),
+                   stock_samples_ms=stock_samples_ms, guarded_samples_ms=guarded_samples_ms,
+                   **fields)
 
     @property
     def ratio(self) -> float:
@@ -489,8 +519,26 @@ def run_modules(names: Sequence[str]) -> dict[str, list[Comparison]]:
     return results
 
 
-def run_main(main: Callable[[], object]) -> int:
-    """Run one benchmark's `main()` as a script: a skip is printed, exit status 0."""
+def spawn_child(module: str, spec: Mapping[str, Any], *, env: Mapping[str, str],
+                stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
+    """Start `python -m module child SPEC` from the repository root (with the root on
+    `PYTHONPATH` besides `env`'s), its output read as text."""
+    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                               env.get("PYTHONPATH")]))}
+    return subprocess.Popen(
+        [sys.executable, "-m", module, "child", json.dumps(spec)],
+        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=stderr, text=True,
+    )
+
+
+def run_main(main: Callable[[], object],
+             child: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """Run one benchmark's `main()` as a script: a skip is printed, exit status 0. With
+    `child`, the command line `child SPEC` (`spawn_child`) runs `child(SPEC)` instead."""
+    if child is not None and len(sys.argv) == 3 and sys.argv[1] == "child":
+        child(json.loads(sys.argv[2]))
+        return 0
     try:
         main()
     except BenchmarkSkipped as exc:

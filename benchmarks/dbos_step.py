@@ -320,13 +320,9 @@ def main() -> list[Comparison]:
                 finally:
                     app.close()
                 sync = "synchronous=OFF" if mode == "nosync" else f"synchronous={default_sync}"
-                comparisons.append(Comparison(
-                    scenario=f"DBOS step ({mode}) vs ledger effect",
-                    stock_ms=statistics.median(samples["per_step"]),
-                    guarded_ms=statistics.median(samples["per_effect"]),
-                    target=target,
-                    stock_samples_ms=samples["per_step"],
-                    guarded_samples_ms=samples["per_effect"],
+                comparisons.append(Comparison.of_samples(
+                    f"DBOS step ({mode}) vs ledger effect", samples["per_step"],
+                    samples["per_effect"], target=target,
                     labels=("DBOS step", "intent+receipt"),
                     note=(f"DBOS workflow with 0 steps "
                           f"{statistics.median(samples['workflow_0']):.2f} ms, with {STEPS} "
@@ -337,13 +333,9 @@ def main() -> list[Comparison]:
                              "commit_ms_before": commit_before},
                 ))
                 if deferred is not None:
-                    comparisons.append(Comparison(
-                        scenario=f"DBOS step ({mode}) vs effect, deferred receipt",
-                        stock_ms=statistics.median(samples["per_step"]),
-                        guarded_ms=statistics.median(samples["per_effect_deferred"]),
-                        target=target,
-                        stock_samples_ms=samples["per_step"],
-                        guarded_samples_ms=samples["per_effect_deferred"],
+                    comparisons.append(Comparison.of_samples(
+                        f"DBOS step ({mode}) vs effect, deferred receipt",
+                        samples["per_step"], samples["per_effect_deferred"], target=target,
                         labels=("DBOS step", "intent+deferred receipt"),
                         note=("the receipt with defer=True (what the guard writes for "
                               "idempotent and looked-up tools), committed with the next "

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -234,12 +233,8 @@ def main() -> list[Comparison]:
                 # per read, in microseconds
                 per = {n: [s * 1e6 / BATCH[name] for s in samples[str(n)]]
                        for n in (SMALL, LARGE)}
-                comparisons.append(Comparison(
-                    scenario=scenario[name],
-                    stock_ms=statistics.median(per[SMALL]),
-                    guarded_ms=statistics.median(per[LARGE]),
-                    target=TARGET,
-                    stock_samples_ms=per[SMALL], guarded_samples_ms=per[LARGE],
+                comparisons.append(Comparison.of_samples(
+                    scenario[name], per[SMALL], per[LARGE], target=TARGET,
                     labels=(f"{SMALL:,} effects", f"{LARGE:,} effects"), unit="µs",
                     note=f"query plan: {plans[name]}",
                     details={"plan": plans[name], "batch": BATCH[name]},

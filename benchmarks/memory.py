@@ -35,10 +35,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks._runner import Comparison, missing_packages, report, run_main
+from benchmarks._runner import Comparison, missing_packages, report, run_main, spawn_child
 
 __all__ = ["BUDGET_S", "SAMPLE_EVERY", "TARGET", "TURNS", "main"]
 
@@ -53,7 +52,6 @@ BASE_TURNS = 1000
 
 FSYNC = os.environ.get("BENCH_MEMORY_FSYNC", "") not in ("", "0")
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _rss_bytes() -> tuple[int, str]:
@@ -110,15 +108,9 @@ def _child(spec: dict[str, Any]) -> None:
 
 
 def _spawn(variant: str, db: str) -> subprocess.Popen[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     spec = {"variant": variant, "db": db, "turns": TURNS, "every": SAMPLE_EVERY,
             "budget_s": BUDGET_S, "fsync": FSYNC}
-    return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.memory", "child", json.dumps(spec)],
-        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )
+    return spawn_child("benchmarks.memory", spec, env=os.environ)
 
 
 def _at(samples: list[dict[str, Any]], turns: int) -> dict[str, Any]:
@@ -183,7 +175,4 @@ def main() -> list[Comparison]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "child":
-        _child(json.loads(sys.argv[2]))
-    else:
-        raise SystemExit(run_main(main))
+    raise SystemExit(run_main(main, child=_child))

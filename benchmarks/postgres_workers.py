@@ -66,8 +66,6 @@ Run: `python -m benchmarks postgres_workers` (or `python -m benchmarks.postgres_
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import json
 import os
 import statistics
@@ -76,20 +74,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 
-from benchmarks._parallel import check_outputs, run_threads
-from benchmarks._runner import (
-    BenchmarkSkipped,
-    Comparison,
-    missing_packages,
-    package_version,
-    report,
-    run_main,
+from benchmarks import _parallel
+from benchmarks._parallel import (
+    PARALLEL,
+    REPETITIONS,
+    TIMING,
+    TURNS_PER_THREAD,
+    WARMUP_TURNS,
+    run_tasks,
+    run_threads,
 )
-from benchmarks.turn_overhead import Agent, _check, _compile, _guarded_node, _stock_node
+from benchmarks._runner import ROOT, Comparison, Timing, package_version, report, run_main
+from benchmarks.turn_overhead import Agent, _compile, _guarded_node, _stock_node
 from benchmarks.turn_overhead_postgres import (
     _Loop,
     _postgres_server,
@@ -116,18 +115,6 @@ __all__ = [
     "measure_recovery",
 ]
 
-PARALLEL = 8
-"""Python threads running turns at once, and the size of the pool they share."""
-
-TURNS_PER_THREAD = int(os.environ.get("BENCH_PARALLEL_TURNS", "40"))
-"""Turns each Python thread runs in one timed run (`BENCH_PARALLEL_TURNS`)."""
-
-WARMUP_TURNS = 3
-"""Turns per Python thread of the untimed warm-up run of each variant."""
-
-REPETITIONS = 5
-"""Timed runs per variant (odd, so the median is one run); the median is reported."""
-
 TARGET_THROUGHPUT = 0.8
 """The project's target: guarded/stock turns per second at least this."""
 
@@ -146,7 +133,6 @@ LEASE_TTL = 10.0
 WORKER_TIMEOUT = 180.0
 """A worker that has not finished the sweep after this many seconds gives up."""
 
-ROOT = Path(__file__).resolve().parents[1]
 
 _POOL_MODULES = ("psycopg_pool",)
 
@@ -187,28 +173,11 @@ def build_guarded(conninfo: str) -> Agent:
     return _compile("guarded", _guarded_node(), saver, pool, 1)
 
 
-def _run_parallel(agent: Agent, tag: str, turns: int) -> float:
-    """Run `turns` turns in each of `PARALLEL` Python threads at once; the wall seconds."""
-    return run_threads(agent, tag, turns, PARALLEL)
-
-
-def measure_parallel(
-    server: PostgresServer,
-    *,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS_PER_THREAD,
-    warmup: int = WARMUP_TURNS,
-    progress: Callable[[str], None] | None = print,
-) -> Comparison:
+def measure_parallel(server: PostgresServer, *, timing: Timing = TIMING) -> Comparison:
     """Time `PARALLEL` threads of turns on one pool, stock and guarded runs alternating."""
     agents = {"stock": build_stock(server.create_database("parallel_stock")),
               "guarded": build_guarded(server.create_database("parallel_guarded"))}
-    try:
-        return _measure(agents, _run_parallel, "threads", repetitions, turns, warmup,
-                        progress)
-    finally:
-        for agent in agents.values():
-            agent.close()
+    return _measure(agents, run_threads, "threads", timing)
 
 
 # -- part 1, async: parallel tasks on one AsyncConnectionPool ----------------------------
@@ -235,45 +204,7 @@ def _build_async(name: str, conninfo: str, runner: Any) -> Any:
     return runner.run(build())
 
 
-def _run_parallel_async(agent: Any, tag: str, turns: int) -> float:
-    """`_run_parallel` with `PARALLEL` asyncio tasks on the agent's event loop."""
-    outputs: dict[str, dict[str, Any]] = {}
-
-    async def run_all() -> float:
-        go = asyncio.Event()
-
-        async def work(i: int) -> None:
-            await go.wait()
-            for n in range(turns):
-                thread_id = f"{tag}-w{i}-{n}"
-                outputs[thread_id] = await agent.graph.ainvoke(
-                    agent.inputs, {"configurable": {"thread_id": thread_id}},
-                    durability="sync")
-
-        tasks = [asyncio.create_task(work(i)) for i in range(PARALLEL)]
-        await asyncio.sleep(0)  # every task is waiting for `go`
-        gc.collect()
-        start = time.perf_counter()
-        go.set()
-        await asyncio.gather(*tasks)
-        return time.perf_counter() - start
-
-    try:
-        elapsed = agent.runner.run(run_all())
-    except BaseException as exc:
-        raise RuntimeError(f"{agent.name}: a turn failed in run {tag}") from exc
-    check_outputs(agent, outputs, PARALLEL * turns)
-    return elapsed
-
-
-def measure_parallel_async(
-    server: PostgresServer,
-    *,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS_PER_THREAD,
-    warmup: int = WARMUP_TURNS,
-    progress: Callable[[str], None] | None = print,
-) -> Comparison:
+def measure_parallel_async(server: PostgresServer, *, timing: Timing = TIMING) -> Comparison:
     """Time `PARALLEL` asyncio tasks of turns on one pool, stock and guarded alternating."""
     runner = _Loop()
     try:
@@ -281,54 +212,23 @@ def measure_parallel_async(
                                         runner),
                   "guarded": _build_async("guarded",
                                           server.create_database("aparallel_guarded"), runner)}
-        try:
-            return _measure(agents, _run_parallel_async, "asyncio tasks", repetitions, turns,
-                            warmup, progress)
-        finally:
-            for agent in agents.values():
-                agent.close()
+        return _measure(agents, lambda agent, tag, turns: run_tasks(agent, tag, turns,
+                                                                      runner.run),
+                        "asyncio tasks", timing)
     finally:
         runner.stop()
 
 
 def _measure(agents: dict[str, Any], run: Callable[[Any, str, int], float], workers: str,
-             repetitions: int, turns: int, warmup: int,
-             progress: Callable[[str], None] | None) -> Comparison:
-    """Warm up, time alternating runs of `run`, and compare the medians."""
-    total = PARALLEL * turns
-    samples: dict[str, list[float]] = {name: [] for name in agents}
-    for agent in agents.values():
-        _check(agent, 1)
-    for name, agent in agents.items():
-        run(agent, f"{name}-warmup", warmup)
-    for rep in range(repetitions):
-        names = list(agents) if rep % 2 == 0 else list(reversed(agents))
-        for name in names:
-            samples[name].append(run(agents[name], f"{name}-r{rep}", turns))
-        if progress is not None:
-            progress(f"  rep {rep + 1}/{repetitions}: " + ", ".join(
-                f"{name} {total / samples[name][-1]:.0f} turns/s "
-                f"({samples[name][-1] / total * 1000:.2f} ms/turn)" for name in agents))
-    per_turn = {name: [s / total * 1000 for s in runs] for name, runs in samples.items()}
-    rate = {name: total / statistics.median(runs) for name, runs in samples.items()}
-    throughput_ratio = rate["guarded"] / rate["stock"]
-    verdict = "PASS" if throughput_ratio >= TARGET_THROUGHPUT else "BELOW TARGET"
-    return Comparison(
-        scenario=f"postgres, {PARALLEL} {workers} on a pool of {PARALLEL}: wall time per "
-                 "turn, 1 tool call",
-        stock_ms=statistics.median(per_turn["stock"]),
-        guarded_ms=statistics.median(per_turn["guarded"]),
-        target=1 / TARGET_THROUGHPUT,
-        stock_samples_ms=per_turn["stock"],
-        guarded_samples_ms=per_turn["guarded"],
-        note=(f"throughput: stock {rate['stock']:.1f} turns/s, guarded "
-              f"{rate['guarded']:.1f} turns/s, guarded/stock {throughput_ratio:.3f} "
-              f"(target >= {TARGET_THROUGHPUT:.2f}: {verdict}); {total} turns per run"),
-        details={"turns_per_s": rate, "throughput_ratio": throughput_ratio,
-                 "throughput_target": TARGET_THROUGHPUT, "workers": workers, "threads": PARALLEL,
-                 "parallel": PARALLEL, "pool_size": PARALLEL, "turns_per_thread": turns,
-                 "run_s": samples},
-    )
+             timing: Timing) -> Comparison:
+    """`measure_parallel` of `_parallel`, `workers` naming what runs the turns."""
+    return _parallel.measure_parallel(
+        agents, run,
+        f"postgres, {PARALLEL} {workers} on a pool of {PARALLEL}: wall time per turn, "
+        "1 tool call",
+        target_throughput=TARGET_THROUGHPUT, timing=timing,
+        details={"workers": workers, "threads": PARALLEL, "parallel": PARALLEL,
+                 "pool_size": PARALLEL, "turns_per_thread": timing.turns})
 
 
 # -- part 2: recovery with worker processes ----------------------------------------------
@@ -512,11 +412,7 @@ def measure_recovery(
 
 def main() -> list[Comparison]:
     """Run both parts on one throwaway server, print the table, append the rows."""
-    _require_postgres()
-    missing = missing_packages(*_POOL_MODULES)
-    if missing:
-        raise BenchmarkSkipped(f"{', '.join(missing)} not installed: install graph_durable's "
-                               "postgres extra, `pip install 'graph-durable[postgres]'`")
+    _require_postgres(*_POOL_MODULES)
     comparisons: list[Comparison] = []
     with _postgres_server() as server:
         versions = {

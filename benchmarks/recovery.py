@@ -50,22 +50,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import tools_condition
 
-from benchmarks._runner import Comparison, report, run_main
+from benchmarks._runner import Comparison, report, run_main, spawn_child
 from graph_durable import DurableSqliteSaver, Effect, EffectGuardNode, current_effect
 from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE, FaultPlan
+from graph_durable.testing.models import DeterministicChatModel
 from graph_durable.testing.providers import FakeProvider
 
 __all__ = [
@@ -91,7 +88,6 @@ TARGET = 1.5
 
 TOOL = "record_note"
 THREAD = "t"
-ROOT = Path(__file__).resolve().parents[1]
 FINISHED = "RESUMED-AND-FINISHED"
 
 
@@ -110,36 +106,25 @@ class TurnState(TypedDict):
     messages: Annotated[list[AnyMessage], current_turn]
 
 
-class LastHumanModel(BaseChatModel):
+class LastHumanModel(DeterministicChatModel):
     """Answers from the last human message `turn N`: a tool call, then the final answer."""
 
     @property
     def _llm_type(self) -> str:
         return "last-human"
 
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: Any = None,
-        **kwargs: Any,
-    ) -> ChatResult:
+    def answer(self, messages: list[BaseMessage]) -> AIMessage:
         human = next(m for m in reversed(messages) if isinstance(m, HumanMessage))
         match = re.fullmatch(r"turn (\d+)", str(human.content))
         if match is None:
             raise ValueError(f"expected 'turn N', got {human.content!r}")
         n = int(match.group(1))
         if isinstance(messages[-1], HumanMessage):
-            answer = AIMessage(content="", tool_calls=[
+            return AIMessage(content="", tool_calls=[
                 {"name": TOOL, "args": {"note": f"note {n}"}, "id": f"call_{n}",
                  "type": "tool_call"},
             ])
-        else:
-            answer = AIMessage(content=f"Turn {n} done.")
-        return ChatResult(generations=[ChatGeneration(message=answer)])
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> LastHumanModel:
-        return self
+        return AIMessage(content=f"Turn {n} done.")
 
 
 def _tool(provider: FakeProvider | None) -> BaseTool:
@@ -268,16 +253,10 @@ def _spawn(
     spec: dict[str, Any], fault: FaultPlan | None, stderr: Any
 ) -> tuple[subprocess.Popen[str], float]:
     env = {k: v for k, v in os.environ.items() if k not in (ENV_FAULTS, ENV_TRACE)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     if fault is not None:
         env.update(fault.to_env())
     start = time.time()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.recovery", "child", json.dumps(spec)],
-        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=stderr, text=True,
-    )
-    return proc, start
+    return spawn_child("benchmarks.recovery", spec, env=env, stderr=stderr), start
 
 
 def crash(db: str, provider: str, turn: int) -> None:
@@ -366,23 +345,17 @@ def main() -> list[Comparison]:
                "small": SMALL, "large": LARGE}
     labels = (f"{SMALL} turns", f"{LARGE:,} turns")
     comparisons = [
-        Comparison(
-            scenario="recovery: process start to finished",
-            stock_ms=statistics.median(total[SMALL]),
-            guarded_ms=statistics.median(total[LARGE]),
-            target=TARGET, stock_samples_ms=total[SMALL], guarded_samples_ms=total[LARGE],
-            labels=labels,
+        Comparison.of_samples(
+            "recovery: process start to finished", total[SMALL], total[LARGE],
+            target=TARGET, labels=labels,
             note=(f"a new Python process: start, imports, graph and saver built "
                   f"(median {statistics.median(build[SMALL]):.0f} / "
                   f"{statistics.median(build[LARGE]):.0f} ms), resume to the end"),
             details=details,
         ),
-        Comparison(
-            scenario="recovery: get_state + invoke(None)",
-            stock_ms=statistics.median(inner[SMALL]),
-            guarded_ms=statistics.median(inner[LARGE]),
-            target=TARGET, stock_samples_ms=inner[SMALL], guarded_samples_ms=inner[LARGE],
-            labels=labels,
+        Comparison.of_samples(
+            "recovery: get_state + invoke(None)", inner[SMALL], inner[LARGE],
+            target=TARGET, labels=labels,
             note=(f"the resume alone, inside the child; history: {history[LARGE]['checkpoints']:,} "
                   f"checkpoints, {history[LARGE]['effects']:,} effects, "
                   f"{history[LARGE]['bytes'] / 1e6:.0f} MB vs {history[SMALL]['checkpoints']} "
@@ -397,7 +370,4 @@ def main() -> list[Comparison]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "child":
-        _child(json.loads(sys.argv[2]))
-    else:
-        raise SystemExit(run_main(main))
+    raise SystemExit(run_main(main, child=_child))

@@ -35,12 +35,10 @@ from typing import Any
 from langchain_core.runnables.config import ContextThreadPoolExecutor
 from langgraph.prebuilt import tool_node
 
-from benchmarks._runner import Comparison, report
+from benchmarks._runner import Comparison, Timing, report
 from benchmarks.turn_overhead import (
-    REPETITIONS,
     SCENARIOS,
-    TURNS,
-    WARMUP,
+    TIMING,
     Agent,
     _announce,
     _tool_calls,
@@ -102,10 +100,7 @@ def measure_dispatch(
     n_calls: int,
     dispatch: _Dispatch,
     *,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> list[Comparison]:
     """The three comparisons of the module docstring for `n_calls` tool calls a turn."""
     def stock(tag: str) -> Agent:
@@ -128,8 +123,7 @@ def measure_dispatch(
         comparison = compare(
             baseline(), measured(), n_calls,
             scenario=f"turn, {_tool_calls(n_calls)}, {labels[1]} vs {labels[0]}",
-            target=None, repetitions=repetitions, turns=turns, warmup=warmup,
-            progress=progress)
+            target=None, timing=timing)
         comparisons.append(dataclasses.replace(comparison, labels=labels))
     return comparisons
 

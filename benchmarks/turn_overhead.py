@@ -35,7 +35,7 @@ import itertools
 import os
 import sqlite3
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,7 +48,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from benchmarks._runner import Comparison, measure_interleaved, median_ms, report
+from benchmarks._runner import Comparison, Timing, report
 from graph_durable import (
     AsyncDurableSqliteSaver,
     DurableSqliteSaver,
@@ -62,6 +62,7 @@ from graph_durable.testing.models import ScriptedChatModel
 __all__ = [
     "REPETITIONS",
     "SCENARIOS",
+    "TIMING",
     "TURNS",
     "WARMUP",
     "Agent",
@@ -73,6 +74,7 @@ __all__ = [
     "build_sqlite",
     "build_stock",
     "compare",
+    "each_scenario",
     "main",
     "measure_async_scenario",
     "measure_saver_alone",
@@ -92,6 +94,9 @@ TURNS = int(os.environ.get("BENCH_TURNS", "150"))
 
 WARMUP = int(os.environ.get("BENCH_WARMUP", "10"))
 """Untimed turns per variant before timing starts."""
+
+TIMING = Timing(REPETITIONS, TURNS, WARMUP)
+"""The timing of every comparison here, unless one is given."""
 
 USER_MESSAGE = "Please record these notes."
 
@@ -224,10 +229,11 @@ class Agent:
         """Run one turn (model -> tools -> model) on a fresh thread_id."""
         return self.graph.invoke(self.inputs, self._next_config(), durability="sync")
 
-    def applied(self) -> int:
-        """How many effects the last turn's thread holds as applied (a durable saver)."""
+    def applied(self, thread_id: str | None = None) -> int:
+        """How many effects `thread_id` (by default the last turn's thread) holds as
+        applied (a durable saver)."""
         assert isinstance(self.saver, DurableSaverMixin)
-        return len(self.saver.effects(self.last_thread_id, status="applied"))
+        return len(self.saver.effects(thread_id or self.last_thread_id, status="applied"))
 
     def close(self) -> None:
         """Close the database connection."""
@@ -271,10 +277,11 @@ class AsyncAgent(Agent):
             self.turn()
         return (self.round_trips.count - before) / turns
 
-    def applied(self) -> int:
+    def applied(self, thread_id: str | None = None) -> int:
+        """`Agent.applied`, read on the agent's loop (not running between turns)."""
         assert self.loop is not None and isinstance(self.saver, AsyncDurableSqliteSaver)
         return len(self.loop.run_until_complete(
-            self.saver.aeffects(self.last_thread_id, status="applied")))
+            self.saver.aeffects(thread_id or self.last_thread_id, status="applied")))
 
     def close(self) -> None:
         assert self.loop is not None
@@ -386,10 +393,7 @@ def compare(
     *,
     scenario: str,
     target: float | None,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
     note: str = "",
 ) -> Comparison:
     """Check both agents, time their turns interleaved, then close them."""
@@ -400,24 +404,12 @@ def compare(
             note = (f"aiosqlite round trips per turn: stock "
                     f"{stock.round_trips_per_turn():.1f}, guarded "
                     f"{guarded.round_trips_per_turn():.1f}")
-        samples = measure_interleaved(
-            {"stock": stock.turn, "guarded": guarded.turn},
-            repetitions=repetitions, turns=turns, warmup=warmup, progress=progress,
-        )
+        samples = timing.interleave({"stock": stock.turn, "guarded": guarded.turn})
     finally:
         stock.close()
         guarded.close()
-    stock_ms = [s * 1000 for s in samples["stock"]]
-    guarded_ms = [s * 1000 for s in samples["guarded"]]
-    return Comparison(
-        scenario=scenario,
-        stock_ms=median_ms(samples["stock"]),
-        guarded_ms=median_ms(samples["guarded"]),
-        target=target,
-        stock_samples_ms=stock_ms,
-        guarded_samples_ms=guarded_ms,
-        note=note,
-    )
+    stock_ms, guarded_ms = ([s * 1000 for s in samples[side]] for side in ("stock", "guarded"))
+    return Comparison.of_samples(scenario, stock_ms, guarded_ms, target=target, note=note)
 
 
 def measure_scenario(
@@ -425,10 +417,7 @@ def measure_scenario(
     n_calls: int,
     *,
     target: float | None,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
     encrypted: bool = False,
 ) -> Comparison:
     """Time stock and guarded turns with `n_calls` tool calls each, interleaved (both
@@ -439,8 +428,7 @@ def measure_scenario(
                             serde)
     suffix = ", encrypted" if encrypted else ""
     return compare(stock, guarded, n_calls, scenario=f"turn, {_tool_calls(n_calls)}{suffix}",
-                   target=target, repetitions=repetitions, turns=turns, warmup=warmup,
-                   progress=progress)
+                   target=target, timing=timing)
 
 
 def measure_saver_alone(
@@ -448,10 +436,7 @@ def measure_saver_alone(
     n_calls: int,
     *,
     floor: bool = False,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> Comparison:
     """Time stock turns against the same `ToolNode` on `DurableSqliteSaver`: what the
     saver alone costs (fence, flow pin, group commit), apart from the guard's ledger.
@@ -468,8 +453,7 @@ def measure_saver_alone(
             else "durable saver + ToolNode (no guard)")
     return compare(stock, _compile(tag, node, saver, conn, n_calls), n_calls,
                    scenario=f"turn, {_tool_calls(n_calls)}, {what}",
-                   target=None, repetitions=repetitions, turns=turns, warmup=warmup,
-                   progress=progress)
+                   target=None, timing=timing)
 
 
 def measure_async_scenario(
@@ -477,10 +461,7 @@ def measure_async_scenario(
     n_calls: int,
     *,
     target: float | None,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> Comparison:
     """Time stock and guarded `ainvoke` turns with `n_calls` tool calls each, interleaved,
     both on one event loop."""
@@ -492,8 +473,7 @@ def measure_async_scenario(
             os.path.join(workdir, f"guarded-{n_calls}-async.sqlite"), n_calls, loop)
         return compare(stock, guarded, n_calls,
                        scenario=f"turn, {_tool_calls(n_calls)}, async", target=target,
-                       repetitions=repetitions, turns=turns, warmup=warmup,
-                       progress=progress)
+                       timing=timing)
     finally:
         loop.close()
 
@@ -505,31 +485,37 @@ def _announce(n_calls: int) -> None:
           flush=True)
 
 
+def each_scenario(scenarios: Mapping[int, float | None],
+                  measure: Callable[[int, float | None], Comparison], *,
+                  what: str = "") -> list[Comparison]:
+    """`measure(n_calls, target)` of every scenario, each announced first (after `what`)."""
+    comparisons = []
+    for n_calls, target in scenarios.items():
+        print(what, end=" " if what else "")
+        _announce(n_calls)
+        comparisons.append(measure(n_calls, target))
+    return comparisons
+
+
 def main() -> list[Comparison]:
     """Run every scenario, print the table and append the rows to `results.md`."""
-    comparisons: list[Comparison] = []
     with tempfile.TemporaryDirectory(prefix="graph-durable-bench-") as workdir:
-        for n_calls, target in SCENARIOS.items():
-            _announce(n_calls)
-            comparisons.append(measure_scenario(workdir, n_calls, target=target))
-        for n_calls in SCENARIOS:
-            _announce(n_calls)
-            comparisons.append(measure_saver_alone(workdir, n_calls))
-        for n_calls in SCENARIOS:
-            _announce(n_calls)
-            comparisons.append(measure_saver_alone(workdir, n_calls, floor=True))
-        for n_calls, target in SCENARIOS.items():
-            _announce(n_calls)
-            comparisons.append(measure_async_scenario(workdir, n_calls, target=target))
+        comparisons = [
+            *each_scenario(SCENARIOS, lambda n_calls, target: measure_scenario(
+                workdir, n_calls, target=target)),
+            *each_scenario(SCENARIOS, lambda n_calls, _: measure_saver_alone(workdir, n_calls)),
+            *each_scenario(SCENARIOS, lambda n_calls, _: measure_saver_alone(
+                workdir, n_calls, floor=True)),
+            *each_scenario(SCENARIOS, lambda n_calls, target: measure_async_scenario(
+                workdir, n_calls, target=target)),
+        ]
         try:
             import Crypto  # noqa: F401  (pycryptodome, for LangGraph's AES serializer)
         except ImportError:
             print("encrypted rows skipped: pip install 'graph-durable[encryption]'")
         else:
-            for n_calls, target in SCENARIOS.items():
-                _announce(n_calls)
-                comparisons.append(measure_scenario(workdir, n_calls, target=target,
-                                                    encrypted=True))
+            comparisons += each_scenario(SCENARIOS, lambda n_calls, target: measure_scenario(
+                workdir, n_calls, target=target, encrypted=True))
     report("turn overhead: guarded (EffectGuardNode + DurableSqliteSaver, or "
            "AsyncDurableSqliteSaver) vs stock (ToolNode + SqliteSaver, or AsyncSqliteSaver), "
            "durability='sync'", comparisons,

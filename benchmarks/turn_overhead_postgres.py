@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -58,23 +58,23 @@ from langgraph.prebuilt import ToolNode
 from benchmarks._runner import (
     BenchmarkSkipped,
     Comparison,
+    Timing,
     missing_packages,
     package_version,
     report,
     run_main,
 )
 from benchmarks.turn_overhead import (
-    REPETITIONS,
-    TURNS,
-    WARMUP,
+    TIMING,
     Agent,
-    _announce,
+    _builder,
     _compile,
     _guarded_node,
     _stock_node,
     _stock_tool,
     _tool_calls,
     compare,
+    each_scenario,
 )
 from graph_durable.testing.postgres import ENV_BIN, PostgresServer, find_postgres_bin
 
@@ -104,9 +104,10 @@ _MODULES = ("psycopg", "langgraph.checkpoint.postgres")
 """What the PostgreSQL path imports (graph_durable's `postgres` extra)."""
 
 
-def _require_postgres() -> None:
-    """Raise `BenchmarkSkipped` unless the PostgreSQL packages and binaries are here."""
-    missing = missing_packages(*_MODULES)
+def _require_postgres(*modules: str) -> None:
+    """Raise `BenchmarkSkipped` unless the PostgreSQL packages (and `modules`) and
+    binaries are here."""
+    missing = missing_packages(*_MODULES, *modules)
     if missing:
         raise BenchmarkSkipped(
             f"{', '.join(missing)} not installed (the PostgreSQL checkpointers need them): "
@@ -167,10 +168,7 @@ def measure_scenario(
     n_calls: int,
     *,
     target: float | None,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> Comparison:
     """Time stock and guarded turns with `n_calls` tool calls each, interleaved.
 
@@ -179,8 +177,7 @@ def measure_scenario(
     stock = build_stock(server.create_database(f"stock_{n_calls}"), n_calls)
     guarded = build_guarded(server.create_database(f"guarded_{n_calls}"), n_calls)
     return compare(stock, guarded, n_calls, scenario=f"postgres turn, {_tool_calls(n_calls)}",
-                   target=target, repetitions=repetitions, turns=turns, warmup=warmup,
-                   progress=progress)
+                   target=target, timing=timing)
 
 
 class _PostgresFloorNode(ToolNode):
@@ -214,10 +211,7 @@ def measure_floor(
     server: PostgresServer,
     n_calls: int,
     *,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> Comparison:
     """Time stock turns against `_PostgresFloorNode` on `DurablePostgresSaver`: the
     saver's fenced writes and one durable commit of intents, without the guard."""
@@ -231,8 +225,7 @@ def measure_floor(
     return compare(stock, floor, n_calls,
                    scenario=f"postgres turn, {_tool_calls(n_calls)}, floor: durable saver "
                             "+ ToolNode + one durable commit per tools step",
-                   target=None, repetitions=repetitions, turns=turns, warmup=warmup,
-                   progress=progress)
+                   target=None, timing=timing)
 
 
 # -- the async savers ----------------------------------------------------------------------
@@ -276,45 +269,12 @@ class AsyncAgent(Agent):
         self.runner.run(self.conn.close())  # type: ignore[arg-type]
 
 
-def _async_tool(guarded: bool) -> Any:
-    from langchain_core.tools import tool
-
-    from graph_durable import current_effect
-    from benchmarks.turn_overhead import TOOL_NAME, _provider_write
-
-    @tool(TOOL_NAME)
-    async def record_note(note: str) -> str:
-        """Record a note (a trivial external write; keyed for the provider when guarded)."""
-        return _provider_write(note, current_effect().key if guarded else None)
-
-    return record_note
-
-
 def compile_async(name: str, saver: Any, conn: Any, n_calls: int, runner: _Loop) -> AsyncAgent:
     """The turn of `turn_overhead` with an async model node and an async tool: stock
     (`ToolNode`) or guarded (`EffectGuardNode`, the tool idempotent), by `name`."""
-    from langgraph.graph import START, MessagesState, StateGraph
-    from langgraph.prebuilt import ToolNode, tools_condition
-
-    from graph_durable import Effect, EffectGuardNode
-    from graph_durable.testing.models import ScriptedChatModel
-    from benchmarks.turn_overhead import TOOL_NAME, _script
-
-    model = ScriptedChatModel(script=_script(n_calls))
-
-    async def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [await model.ainvoke(state["messages"])]}
-
-    tools = (EffectGuardNode([_async_tool(True)], effects={TOOL_NAME: Effect(idempotent=True)})
-             if name == "guarded" else ToolNode([_async_tool(False)]))
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", tools)
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return AsyncAgent(name=name, graph=builder.compile(checkpointer=saver), conn=conn,
-                      saver=saver, runner=runner)
+    node = _guarded_node(True) if name == "guarded" else _stock_node(True)
+    graph = _builder(node, n_calls, asynchronous=True).compile(checkpointer=saver)
+    return AsyncAgent(name=name, graph=graph, conn=conn, saver=saver, runner=runner)
 
 
 async def _aconnect(conninfo: str) -> Any:
@@ -325,30 +285,29 @@ async def _aconnect(conninfo: str) -> Any:
                                          row_factory=dict_row)
 
 
+def _build_async(name: str, saver_type: Any, conninfo: str, n_calls: int, runner: _Loop
+                 ) -> AsyncAgent:
+    async def build() -> AsyncAgent:
+        conn = await _aconnect(conninfo)
+        saver = saver_type(conn)
+        await saver.setup()
+        return compile_async(name, saver, conn, n_calls, runner)
+
+    return runner.run(build())
+
+
 def build_stock_async(conninfo: str, n_calls: int, runner: _Loop) -> AsyncAgent:
     """`ToolNode` with LangGraph's `AsyncPostgresSaver` on database `conninfo`."""
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-    async def build() -> AsyncAgent:
-        conn = await _aconnect(conninfo)
-        saver = AsyncPostgresSaver(conn)
-        await saver.setup()
-        return compile_async("stock", saver, conn, n_calls, runner)
-
-    return runner.run(build())
+    return _build_async("stock", AsyncPostgresSaver, conninfo, n_calls, runner)
 
 
 def build_guarded_async(conninfo: str, n_calls: int, runner: _Loop) -> AsyncAgent:
     """`EffectGuardNode` with `AsyncDurablePostgresSaver` on database `conninfo`."""
     from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
 
-    async def build() -> AsyncAgent:
-        conn = await _aconnect(conninfo)
-        saver = AsyncDurablePostgresSaver(conn)
-        await saver.setup()
-        return compile_async("guarded", saver, conn, n_calls, runner)
-
-    return runner.run(build())
+    return _build_async("guarded", AsyncDurablePostgresSaver, conninfo, n_calls, runner)
 
 
 def measure_async_scenario(
@@ -357,10 +316,7 @@ def measure_async_scenario(
     runner: _Loop,
     *,
     target: float | None,
-    repetitions: int = REPETITIONS,
-    turns: int = TURNS,
-    warmup: int = WARMUP,
-    progress: Callable[[str], None] | None = print,
+    timing: Timing = TIMING,
 ) -> Comparison:
     """`measure_scenario` with the async savers and `ainvoke`."""
     stock = build_stock_async(server.create_database(f"astock_{n_calls}"), n_calls, runner)
@@ -368,7 +324,7 @@ def measure_async_scenario(
                                   runner)
     return compare(stock, guarded, n_calls,
                    scenario=f"postgres async turn, {_tool_calls(n_calls)}", target=target,
-                   repetitions=repetitions, turns=turns, warmup=warmup, progress=progress)
+                   timing=timing)
 
 
 def _server_version(server: PostgresServer) -> str:
@@ -383,26 +339,23 @@ def _server_version(server: PostgresServer) -> str:
 def main() -> list[Comparison]:
     """Run every scenario, print the table and append the rows to `results.md`."""
     _require_postgres()
-    comparisons: list[Comparison] = []
     with _postgres_server() as server:
         versions = {
             "postgres": _server_version(server),
             "psycopg": package_version("psycopg"),
             "langgraph-checkpoint-postgres": package_version("langgraph-checkpoint-postgres"),
         }
-        for n_calls, target in SCENARIOS.items():
-            _announce(n_calls)
-            comparisons.append(measure_scenario(server, n_calls, target=target))
-        for n_calls in SCENARIOS:
-            _announce(n_calls)
-            comparisons.append(measure_floor(server, n_calls))
+        comparisons = [
+            *each_scenario(SCENARIOS, lambda n_calls, target: measure_scenario(
+                server, n_calls, target=target)),
+            *each_scenario(SCENARIOS, lambda n_calls, _: measure_floor(server, n_calls)),
+        ]
         runner = _Loop()
         try:
-            for n_calls, target in ASYNC_SCENARIOS.items():
-                print("async savers, ainvoke:", end=" ")
-                _announce(n_calls)
-                comparisons.append(measure_async_scenario(server, n_calls, runner,
-                                                          target=target))
+            comparisons += each_scenario(
+                ASYNC_SCENARIOS, lambda n_calls, target: measure_async_scenario(
+                    server, n_calls, runner, target=target),
+                what="async savers, ainvoke:")
         finally:
             runner.stop()
     report("turn overhead on PostgreSQL: guarded (EffectGuardNode + DurablePostgresSaver, "

@@ -231,7 +231,7 @@ def test_an_encrypted_database_is_read_with_the_key_and_never_shown_as_garbage(
         sqlite3.connect(db, check_same_thread=False),
         serde=EncryptedSerializer.from_pycryptodome_aes(key=key.encode()))
     agent = _assemble(saver, str(tmp_path), [[["mail", "secret-item"]]], {"mail": "dedupe"},
-                      None, None, None)
+                      {})
     agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": "t"}}, durability="sync")
     saver.conn.close()
     before = _bytes_of(tmp_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +104,12 @@ def test_cancel_without_compensate_leaves_effects_in_place_and_rejects_unsent_ca
     assert review(graph, CONFIG).pending == []
 
 
+def _saver(tmp_path: Path) -> DurableSqliteSaver:
+    return DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite", check_same_thread=False))
+
+
 def _graph(tmp_path: Path, model: Any, tools: list[Any], effects: dict[str, Effect]) -> Any:
-    saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "agent.sqlite", check_same_thread=False))
-    return react_graph(model, tools, effects, saver)
+    return react_graph(model, tools, effects, _saver(tmp_path))
 
 
 def _unknown_graph(tmp_path: Path, *, lookup: bool = True,
@@ -132,13 +136,20 @@ def _unknown_parts(tmp_path: Path, *, lookup: bool, can_tell: threading.Event | 
         can_tell = threading.Event()
         can_tell.set()
 
-    def charge(cents: int) -> dict[str, Any]:
-        raise ConnectionError("connection reset")
-
     def find(key: str) -> Any:
         if not can_tell.is_set():
             raise TimeoutError("the provider's search is down")
         return None
+
+    return unknown_charge_graph(_saver(tmp_path), refunds, find if lookup else None), refunds
+
+
+def unknown_charge_graph(saver: Any, refunds: FakeProvider,
+                         find: Callable[[str], Any] | None = None) -> Any:
+    """A graph on `saver` whose one `charge` (call `c1`) raises, so its outcome is
+    unknown (`find` its lookup, if any); its compensation refunds through `refunds`."""
+    def charge(cents: int) -> dict[str, Any]:
+        raise ConnectionError("connection reset")
 
     undo = Compensation(lambda record, receipt: refunds.apply(current_effect().key, {}),
                         effect=Effect(idempotent=True), name="refund")
@@ -146,9 +157,7 @@ def _unknown_parts(tmp_path: Path, *, lookup: bool, can_tell: threading.Event | 
         AIMessage(content="", tool_calls=[{"name": "charge", "id": "c1", "args": {"cents": 5}}]),
         AIMessage(content="done")])
     tool = StructuredTool.from_function(charge, name="charge", description="Charge.")
-    graph = _graph(tmp_path, model, [tool], {"charge": Effect(
-        lookup=find if lookup else None, compensate=undo)})
-    return graph, refunds
+    return react_graph(model, [tool], {"charge": Effect(lookup=find, compensate=undo)}, saver)
 
 
 def test_compensating_an_unknown_effect_a_lookup_finds_absent_undoes_nothing(tmp_path) -> None:

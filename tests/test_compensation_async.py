@@ -31,6 +31,7 @@ from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
 from graph_durable.testing.scenarios.effects import react_graph
 from graph_durable.testing.scenarios.saga import SAGA_THREAD, assemble_saga_agent, saga_providers
+from tests.test_compensation import unknown_charge_graph
 
 S = EffectStatus
 CONFIG = {"configurable": {"thread_id": SAGA_THREAD}}
@@ -130,17 +131,7 @@ async def test_acancel_awaits_an_async_compensation_and_an_async_lookup(
 async def test_review_acompensates_a_pending_unknown_effect_and_the_thread_goes_on(
         saver: Any, tmp_path: Path) -> None:
     refunds = FakeProvider(str(tmp_path / "refunds.sqlite"), "dedupe", name="refund")
-
-    def charge(cents: int) -> dict[str, Any]:
-        raise ConnectionError("connection reset")
-
-    undo = Compensation(lambda record, receipt: refunds.apply(current_effect().key, {}),
-                        effect=Effect(idempotent=True), name="refund")
-    model = ScriptedChatModel(script=[
-        AIMessage(content="", tool_calls=[{"name": "charge", "id": "c1", "args": {"cents": 5}}]),
-        AIMessage(content="done")])
-    tool = StructuredTool.from_function(charge, name="charge", description="Charge.")
-    graph = react_graph(model, [tool], {"charge": Effect(compensate=undo)}, saver)
+    graph = unknown_charge_graph(saver, refunds)
     await graph.ainvoke({"messages": [HumanMessage("pay")]}, CONFIG, durability="sync")
     pending = await areview(graph, CONFIG)
     assert [(i.tool_call_id, i.kind) for i in pending.pending] == [("c1", "unknown")]

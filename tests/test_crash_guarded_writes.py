@@ -97,13 +97,21 @@ FORKS = [("node", "resume_at_checkpoint"), ("node", "time_travel"), ("node", "up
          ("functional", "resume_at_checkpoint"), ("functional", "time_travel")]
 
 
+def killed_after_the_invoice(tmp_path: Path, mode: str, shape: str
+                             ) -> tuple[dict[str, Any], FakeProvider, FakeProvider, Any]:
+    """The write graph's thread `t`, its child killed after the invoice was created: the
+    graph's kwargs, the invoice and mail providers, and the killed child."""
+    kwargs = kwargs_for(tmp_path, mode, shape)
+    invoices, mail = providers(tmp_path, mode)
+    crashed = run_fork_child(WRITES, kwargs, thread_id="t",
+                             fault=FaultPlan("after_effect", tool="create_invoice"))
+    return kwargs, invoices, mail, crashed
+
+
 @pytest.mark.parametrize(("shape", "action"), FORKS)
 def test_a_fork_after_a_blind_write_asks_and_never_sends_again(tmp_path: Path, shape: str,
                                                               action: str) -> None:
-    kwargs = kwargs_for(tmp_path, "blind", shape)
-    invoices, mail = providers(tmp_path, "blind")
-    crashed = run_fork_child(WRITES, kwargs, thread_id="t",
-                             fault=FaultPlan("after_effect", tool="create_invoice"))
+    kwargs, invoices, mail, crashed = killed_after_the_invoice(tmp_path, "blind", shape)
     assert crashed.killed and invoices.count() == 1
     resumed = run_fork_child(WRITES, kwargs, thread_id="t", action=action)  # type: ignore[arg-type]
     assert not resumed.killed, resumed.stderr[-2000:]
@@ -128,10 +136,7 @@ def test_a_fork_after_a_blind_write_asks_and_never_sends_again(tmp_path: Path, s
 @pytest.mark.parametrize(("shape", "action"), FORKS)
 def test_a_fork_after_a_looked_up_write_reconciles_it(tmp_path: Path, shape: str,
                                                       action: str) -> None:
-    kwargs = kwargs_for(tmp_path, "lookup", shape)
-    invoices, mail = providers(tmp_path, "lookup")
-    crashed = run_fork_child(WRITES, kwargs, thread_id="t",
-                             fault=FaultPlan("after_effect", tool="create_invoice"))
+    kwargs, invoices, mail, crashed = killed_after_the_invoice(tmp_path, "lookup", shape)
     assert crashed.killed
     resumed = run_fork_child(WRITES, kwargs, thread_id="t", action=action)  # type: ignore[arg-type]
     assert not resumed.killed, resumed.stderr[-2000:]

@@ -4,14 +4,13 @@ here; `make docs` builds the site strictly."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.test_readme import run_first_block
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -66,12 +65,4 @@ def test_the_build_is_strict() -> None:
 @pytest.mark.parametrize("page", [
     "getting-started.md", "how-to/create-agent.md", "how-to/guarded-writes.md"])
 def test_the_first_example_of_a_page_runs_as_written(page: str, tmp_path: Path) -> None:
-    block = re.search(r"```python\n(.*?)```", (DOCS / page).read_text(), re.S)
-    assert block, f"{page} has no Python example"
-    code = block.group(1)
-    (tmp_path / "example.py").write_text(code)
-    result = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    promised = re.findall(r"print\(.*\)\s+# (.+)", code)
-    assert promised and result.stdout.strip().splitlines()[-1] == promised[-1].strip()
+    run_first_block((DOCS / page).read_text(), tmp_path, page)

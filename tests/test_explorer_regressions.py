@@ -24,6 +24,7 @@ from graph_durable import (
     thread_status,
 )
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
+from tests.fakes import charge_tool
 from tests.nodes.test_guard import CONFIG, build, call
 
 
@@ -37,14 +38,30 @@ def _setup(tmp_path: Path, effects: dict[str, Effect], *faults: str):
     provider = FakeProvider(str(tmp_path / "p.sqlite"), "blind")
     provider.script_faults(*faults)
     saver = DurableSqliteSaver(sqlite3.connect(tmp_path / "a.sqlite", check_same_thread=False))
-
-    @tool
-    def charge(cents: int) -> str:
-        """Charge."""
-        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
-
-    graph = build(saver, [charge], effects, call("charge", {"cents": 5}))
+    graph = build(saver, [charge_tool(provider)], effects, call("charge", {"cents": 5}))
     return provider, saver, graph
+
+
+def _copied(graph, saver, crash: str | None = None, value=None) -> dict:
+    """Run thread `t` (on `value`, by default its first message), crashing in this process
+    at fault point `crash` if given; then copy `t` to `fork`. Returns the fork's config."""
+    value = {"messages": [HumanMessage("go")]} if value is None else value
+    if crash is None:
+        graph.invoke(value, CONFIG, durability="sync")
+    else:
+        arm(FaultPlan(crash, action="raise"))
+        with pytest.raises(InjectedCrash):
+            graph.invoke(value, CONFIG, durability="sync")
+        disarm()
+    saver.copy_thread("t", "fork")
+    return {"configurable": {"thread_id": "fork"}}
+
+
+def _copied_while_asking(tmp_path: Path):
+    """`_setup` of a charge that needs approval, run until it asks, then `_copied`.
+    Returns the provider, saver, graph and the fork's config."""
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
+    return provider, saver, graph, _copied(graph, saver)
 
 
 def test_decided_before_a_crash_is_orphaned_not_waiting_and_recover_finishes_it(tmp_path) -> None:
@@ -112,10 +129,7 @@ def test_two_different_calls_under_one_tool_call_id_are_answered_by_key(tmp_path
 def test_a_call_approved_in_a_copy_and_in_its_source_is_sent_once(tmp_path) -> None:
     """Seeds 14004, 14085 (`copy_both`): a copy taken while a blind call awaited approval;
     approving it in both threads sent it twice."""
-    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
-    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
-    saver.copy_thread("t", "fork")
-    fork = {"configurable": {"thread_id": "fork"}}
+    provider, saver, graph, fork = _copied_while_asking(tmp_path)
     for config in (fork, CONFIG):
         result = graph.invoke(Command(resume={"type": "approve"}), config, durability="sync")
         assert result["messages"][-1].content == "done"
@@ -170,12 +184,7 @@ def test_a_retry_in_a_copy_of_a_thread_that_crashed_in_flight_is_sent(tmp_path) 
     """Seed 30066: the source still held the call in flight, so every `retry` in the copy
     was turned back into the same question."""
     provider, saver, graph = _setup(tmp_path, {})
-    arm(FaultPlan("after_intent", action="raise"))
-    with pytest.raises(InjectedCrash):
-        graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
-    disarm()
-    saver.copy_thread("t", "fork")
-    fork = {"configurable": {"thread_id": "fork"}}
+    fork = _copied(graph, saver, crash="after_intent")
     [question] = graph.invoke(None, fork, durability="sync")["__interrupt__"]
     assert question.value["type"] == "effect_unknown"
     result = graph.invoke(Command(resume={"type": "retry"}), fork, durability="sync")
@@ -185,10 +194,7 @@ def test_a_retry_in_a_copy_of_a_thread_that_crashed_in_flight_is_sent(tmp_path) 
 def test_an_edit_in_the_source_of_a_copy_that_sent_the_call_sends_nothing(tmp_path) -> None:
     """Seed 30188: the copy approved and sent the call; an edit of the same call in the
     source sent it again under the edited arguments."""
-    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
-    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
-    saver.copy_thread("t", "fork")
-    fork = {"configurable": {"thread_id": "fork"}}
+    provider, saver, graph, fork = _copied_while_asking(tmp_path)
     graph.invoke(Command(resume={"type": "approve"}), fork, durability="sync")
     edit = {"type": "edit", "edited_action": {"name": "charge", "args": {"cents": 9}}}
     result = graph.invoke(Command(resume=edit), CONFIG, durability="sync")
@@ -204,10 +210,7 @@ def test_a_rejection_in_the_source_of_a_copy_that_sent_the_call_says_what_happen
     the source recorded `rejected` (not sent) while the provider had applied it. The
     rejection comes too late: the source records the family's receipt, and the model
     sees the effect, not a "Rejected" that is no longer true."""
-    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
-    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
-    saver.copy_thread("t", "fork")
-    fork = {"configurable": {"thread_id": "fork"}}
+    provider, saver, graph, fork = _copied_while_asking(tmp_path)
     graph.invoke(Command(resume={"type": "approve"}), fork, durability="sync")
     result = graph.invoke(Command(resume=answer), CONFIG, durability="sync")
     assert result["messages"][2].content == "charged effect-1"
@@ -264,10 +267,7 @@ def review_key(saver: DurableSqliteSaver, tool_call_id: str) -> str:
 def test_an_approval_in_the_source_of_a_copy_that_sent_an_edit_sends_nothing(tmp_path) -> None:
     """Seed 40694: the copy sent the call as a reviewer edited it; approving the call as
     asked in the source sent it a second time."""
-    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
-    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
-    saver.copy_thread("t", "fork")
-    fork = {"configurable": {"thread_id": "fork"}}
+    provider, saver, graph, fork = _copied_while_asking(tmp_path)
     edit = {"type": "edit", "edited_action": {"name": "charge", "args": {"cents": 9}}}
     graph.invoke(Command(resume=edit), fork, durability="sync")
     result = graph.invoke(Command(resume={"type": "approve"}), CONFIG, durability="sync")
@@ -281,13 +281,7 @@ def test_a_call_edited_in_a_copy_is_asked_again_not_replayed_empty_in_the_source
     """Seeds 40272, 40415: the source took over the copy's `skipped` record of an edited
     call, had no result to replay, and answered the call with `None`."""
     provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
-    crash_before_intent = FaultPlan("before_intent", action="raise")
-    arm(crash_before_intent)
-    with pytest.raises(InjectedCrash):
-        graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
-    disarm()
-    saver.copy_thread("t", "fork")
-    fork = {"configurable": {"thread_id": "fork"}}
+    fork = _copied(graph, saver, crash="before_intent")
     graph.invoke(None, fork, durability="sync")
     edit = {"type": "edit", "edited_action": {"name": "charge", "args": {"cents": 9}}}
     graph.invoke(Command(resume=edit), fork, durability="sync")
@@ -323,12 +317,7 @@ def test_a_call_a_copy_skipped_with_an_unknown_outcome_is_unknown_in_the_source(
     """Seed 132: the copy sent the call first, lost the answer and skipped it; the
     source claimed the key afresh and sent the call again."""
     provider, saver, graph = _setup(tmp_path, {}, "lost")
-    arm(FaultPlan("before_intent", action="raise"))
-    with pytest.raises(InjectedCrash):
-        graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
-    disarm()
-    saver.copy_thread("t", "fork")
-    fork = {"configurable": {"thread_id": "fork"}}
+    fork = _copied(graph, saver, crash="before_intent")
     [question] = graph.invoke(None, fork, durability="sync")["__interrupt__"]
     assert question.value["type"] == "effect_unknown" and provider.count() == 1
     graph.invoke(Command(resume={"type": "skip", "message": "leave it"}), fork,
@@ -343,12 +332,8 @@ def test_an_approval_in_the_source_after_the_copy_skipped_the_unknown_send(tmp_p
     the answer and skipped it; the source then sent it again."""
     provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)}, "lost")
     graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
-    arm(FaultPlan("after_decision", action="raise"))
-    with pytest.raises(InjectedCrash):
-        graph.invoke(Command(resume={"type": "approve"}), CONFIG, durability="sync")
-    disarm()
-    saver.copy_thread("t", "fork")
-    fork = {"configurable": {"thread_id": "fork"}}
+    fork = _copied(graph, saver, crash="after_decision",
+                   value=Command(resume={"type": "approve"}))
     [question] = graph.invoke(None, fork, durability="sync")["__interrupt__"]
     assert question.value["type"] == "effect_unknown" and provider.count() == 1
     graph.invoke(Command(resume={"type": "skip"}), fork, durability="sync")
@@ -427,10 +412,7 @@ def test_a_call_answered_in_place_in_a_copy_is_asked_anew_in_its_source(tmp_path
     others), sent once; the explorer's check had read the copy's answer as "never send"."""
     from graph_durable.testing.explorer import explore
 
-    provider, saver, graph = _setup(tmp_path, {"charge": Effect(approval=True)})
-    graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
-    saver.copy_thread("t", "fork")
-    fork = {"configurable": {"thread_id": "fork"}}
+    provider, saver, graph, fork = _copied_while_asking(tmp_path)
     graph.invoke(Command(resume={"type": "respond", "message": "done by hand"}), fork,
                  durability="sync")
     assert provider.count() == 0 and saver.effects("fork")[0].status is EffectStatus.REJECTED

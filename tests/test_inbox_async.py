@@ -8,17 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from langchain_core.tools import tool
 
 from graph_durable import (
     Effect,
     InvalidDecision,
     ainbox,
     arecord_decisions,
-    current_effect,
     inbox,
 )
 from graph_durable.testing import FakeProvider
+from tests.fakes import apay_tool
 from tests.nodes.test_guard_async import build, run
 
 CONFIG = {"configurable": {"thread_id": "t"}}
@@ -29,17 +28,18 @@ async def saver(amake_saver: Callable[..., Any]) -> Any:
     return await amake_saver()
 
 
+def payment_needing_approval(saver: Any, tmp_path: Any) -> tuple[FakeProvider, Any]:
+    """A graph on `saver` whose one call `c1`, an idempotent async `pay` of 5 cents,
+    needs approval; and its (deduping) provider."""
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "dedupe")
+    return provider, build(saver, [apay_tool(provider)],
+                           {"pay": Effect(idempotent=True, approval=True)},
+                           {"name": "pay", "args": {"cents": 5}, "id": "c1"})
+
+
 async def test_a_pending_approval_is_listed_decided_and_sent_once_from_async_code(
         saver: Any, tmp_path: Any) -> None:
-    provider = FakeProvider(str(tmp_path / "p.sqlite"), "dedupe")
-
-    @tool
-    async def pay(cents: int) -> str:
-        """Pay."""
-        return f"paid {provider.apply(current_effect().key, {'cents': cents})['id']}"
-
-    graph = build(saver, [pay], {"pay": Effect(idempotent=True, approval=True)},
-                  {"name": "pay", "args": {"cents": 5}, "id": "c1"})
+    provider, graph = payment_needing_approval(saver, tmp_path)
     result = await run(graph)
     assert result["__interrupt__"] and provider.count() == 0
     [item] = await ainbox(saver)
@@ -67,15 +67,7 @@ async def test_the_notebook_inbox_lists_decides_and_resumes_from_async_code(
     pytest.importorskip("ipywidgets")
     from graph_durable.operators import notebook
 
-    provider = FakeProvider(str(tmp_path / "p.sqlite"), "dedupe")
-
-    @tool
-    async def pay(cents: int) -> str:
-        """Pay."""
-        return f"paid {provider.apply(current_effect().key, {'cents': cents})['id']}"
-
-    graph = build(saver, [pay], {"pay": Effect(idempotent=True, approval=True)},
-                  {"name": "pay", "args": {"cents": 5}, "id": "c1"})
+    provider, graph = payment_needing_approval(saver, tmp_path)
     assert (await run(graph))["__interrupt__"]
     if getattr(saver, "loop", None) is asyncio.get_running_loop():
         with pytest.raises(asyncio.InvalidStateError, match="await the `a`-prefixed"):

@@ -82,20 +82,26 @@ def orphan(tmp_path: Path, kwargs: dict[str, Any], thread_id: str, point: str) -
                      fault=FaultPlan(point, tool="pay")).killed
 
 
+def crash_in_process(agent: EffectsAgent, thread_id: str, plan: FaultPlan) -> None:
+    """Run a turn of `thread_id`, which `plan` makes raise `InjectedCrash` (in this
+    process: the thread is left as a crash would leave it, but no process dies)."""
+    from graph_durable.testing import InjectedCrash, arm, disarm
+
+    arm(plan)
+    try:
+        with pytest.raises(InjectedCrash):
+            agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": thread_id}},
+                               durability="sync")
+    finally:
+        disarm()
+
+
 def orphan_in_process(build: Callable[..., EffectsAgent], kwargs: dict[str, Any],
                       thread_ids: list[str], plans: list[FaultPlan]) -> None:
     """Leave threads orphaned as a crash would (setup only; the races use real processes)."""
-    from graph_durable.testing import InjectedCrash, arm, disarm
-
     agent = build(**kwargs)
     for n, thread_id in enumerate(thread_ids):
-        arm(plans[n % len(plans)])
-        try:
-            with pytest.raises(InjectedCrash):
-                agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": thread_id}},
-                                   durability="sync")
-        finally:
-            disarm()
+        crash_in_process(agent, thread_id, plans[n % len(plans)])
     assert {thread_status(agent.saver, t).status for t in thread_ids} == {"orphaned"}
 
 
@@ -235,17 +241,10 @@ def test_a_slow_but_alive_tool_keeps_its_lease(tmp_path: Path, scenario) -> None
 
 
 def test_flow_version_mismatch_writes_nothing(scenario, build, saver_spec, db_path) -> None:
-    from graph_durable.testing import InjectedCrash, arm, disarm
-
     version = flow_version_of(build(**scenario()).graph)
     agent = build(**scenario(), flow_version=version)
     config = {"configurable": {"thread_id": "t"}}
-    arm(FaultPlan("after_intent", action="raise"))
-    try:
-        with pytest.raises(InjectedCrash):
-            agent.graph.invoke(agent.inputs, config, durability="sync")
-    finally:
-        disarm()
+    crash_in_process(agent, "t", FaultPlan("after_intent", action="raise"))
 
     def dump() -> list[Any]:
         return dump_tables(saver_spec, db_path, ["checkpoints", "writes", "effects",
@@ -292,17 +291,11 @@ def test_lease_tokens_increase_and_stale_tokens_are_refused(scenario, build, mak
 
 
 def test_thread_status_names_each_state(scenario, build) -> None:
-    from graph_durable.testing import InjectedCrash, arm, disarm
     from langgraph.types import Command
 
     agent = build(**scenario("blind"))
     config = {"configurable": {"thread_id": "t"}}
-    arm(FaultPlan("after_effect", action="raise"))
-    try:
-        with pytest.raises(InjectedCrash):
-            agent.graph.invoke(agent.inputs, config, durability="sync")
-    finally:
-        disarm()
+    crash_in_process(agent, "t", FaultPlan("after_effect", action="raise"))
     assert thread_status(agent.saver, "t").status == "orphaned"
     with agent.saver.lease("t", "me", ttl=5):
         assert thread_status(agent.saver, "t").status == "running"

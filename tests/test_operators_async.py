@@ -6,14 +6,12 @@ functions raise `InvalidStateError`."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.messages import HumanMessage
-from langchain_core.tools import tool
 
 from graph_durable import (
     Effect,
@@ -24,11 +22,11 @@ from graph_durable import (
     aresolve_orphan,
     areview,
     athread_status,
-    current_effect,
     find_orphans,
     thread_status,
 )
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
+from tests.fakes import apay_tool
 from tests.nodes.test_guard_async import build, run
 from tests.test_orphans import agent
 
@@ -49,13 +47,7 @@ async def test_a_review_from_areview_refuses_a_decision_for_a_call_not_pending(
         saver: Any, tmp_path: Path) -> None:
     """The refusal is `InvalidDecision`, not a sync read of the saver on its loop."""
     provider = FakeProvider(str(tmp_path / "p.sqlite"), "dedupe")
-
-    @tool
-    async def pay(cents: int) -> str:
-        """Pay."""
-        return json.dumps(provider.apply(current_effect().key, {"cents": cents}))
-
-    graph = build(saver, [pay], {"pay": Effect(idempotent=True, approval=True)},
+    graph = build(saver, [apay_tool(provider)], {"pay": Effect(idempotent=True, approval=True)},
                   {"name": "pay", "args": {"cents": 5}, "id": "c1"})
     await run(graph)
     pending = await areview(graph, CONFIG)
@@ -69,13 +61,7 @@ async def test_a_review_from_areview_refuses_a_decision_for_a_call_not_pending(
 async def test_athread_status_and_arecover_resume_a_crashed_thread_once(
         saver: Any, tmp_path: Path) -> None:
     provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup")
-
-    @tool
-    async def pay(cents: int) -> str:
-        """Pay."""
-        return json.dumps(provider.apply(current_effect().key, {"cents": cents}))
-
-    graph = build(saver, [pay], {"pay": Effect(lookup=provider.find)},
+    graph = build(saver, [apay_tool(provider)], {"pay": Effect(lookup=provider.find)},
                   {"name": "pay", "args": {"cents": 5}, "id": "c1"})
     arm(FaultPlan("after_effect", action="raise"))  # the worker dies after the payment
     try:

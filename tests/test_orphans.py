@@ -88,12 +88,12 @@ def nested(provider: FakeProvider, policy: Effect, to: str = "ana") -> StateGrap
     return builder
 
 
-def crash_after_the_effect(graph: Any) -> None:
+def crash_after_the_effect(graph: Any, config: dict[str, Any] = CONFIG) -> None:
     """Run until the call reached the provider, then die before its receipt."""
     arm(FaultPlan("after_effect", action="raise"))
     try:
         with pytest.raises(InjectedCrash):
-            graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+            graph.invoke({"messages": [HumanMessage("go")]}, config, durability="sync")
     finally:
         disarm()
 
@@ -116,12 +116,7 @@ def test_a_thread_crashed_mid_call_is_resumable_not_an_orphan(saver, tmp_path) -
                           (nested(provider, Effect(lookup=provider.find)), "nested")):
         config = {"configurable": {"thread_id": thread}}
         compiled = graph.compile(checkpointer=saver)
-        arm(FaultPlan("after_effect", action="raise"))
-        try:
-            with pytest.raises(InjectedCrash):
-                compiled.invoke({"messages": [HumanMessage("go")]}, config, durability="sync")
-        finally:
-            disarm()
+        crash_after_the_effect(compiled, config)
         [record] = saver.effects(thread)
         assert record.status is S.IN_FLIGHT
         assert find_orphans(saver, thread) == []

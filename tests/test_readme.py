@@ -18,18 +18,18 @@ README_LINES = 100
 """The README stays a short page; the rest belongs in docs/."""
 
 
-def run_first_block(text: str, folder: Path) -> None:
-    """Run the first Python block of `text` in `folder`; its last line printed must be
-    what the comment after its `print(...)` says."""
+def run_first_block(text: str, folder: Path, page: str = "the page") -> None:
+    """Run the first Python block of `text` (from `page`) in `folder`; its last line
+    printed must be what the comment after its last `print(...)` says."""
     block = re.search(r"```python\n(.*?)```", text, re.S)
-    assert block, "no Python example"
+    assert block, f"{page} has no Python example"
     code = block.group(1)
     (folder / "example.py").write_text(code)
     result = subprocess.run([sys.executable, "example.py"], cwd=folder, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    promised = re.search(r"print\(.*\)\s+# (.+)", code)
-    assert promised and result.stdout.strip().splitlines()[-1] == promised.group(1).strip()
+    promised = re.findall(r"print\(.*\)\s+# (.+)", code)
+    assert promised and result.stdout.strip().splitlines()[-1] == promised[-1].strip()
 
 
 def payments_count(folder: Path) -> str:

@@ -16,7 +16,6 @@ from typing import Annotated, Any
 
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
-from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from typing_extensions import TypedDict
@@ -27,7 +26,6 @@ from graph_durable import (
     Effect,
     EffectGuardNode,
     InvalidDecision,
-    current_effect,
     review,
 )
 
@@ -37,8 +35,8 @@ from graph_durable import areview  # noqa: I001
 from graph_durable.nodes.guard import interrupt_id_for
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
-
-CONFIG = {"configurable": {"thread_id": "t"}}
+from tests.fakes import send_tool
+from tests.nodes.test_guard import CONFIG
 
 
 class Parent(TypedDict, total=False):
@@ -63,16 +61,6 @@ def provider(tmp_path: Path) -> FakeProvider:
     return FakeProvider(str(tmp_path / "mail.sqlite"), "blind", name="mail")
 
 
-def make_send(provider: FakeProvider):
-    @tool
-    def send(to: str) -> str:
-        """Send an email."""
-        receipt = provider.apply(current_effect().key, {"to": to})
-        return f"sent {receipt['id']} to {to}"
-
-    return send
-
-
 def agent(provider: FakeProvider, *targets: str, key: str = "messages", prefix: str = "c",
           run_async: bool = False) -> StateGraph:
     """A model + guarded `tools` loop over `state[key]`; the model asks to email `targets`."""
@@ -93,7 +81,7 @@ def agent(provider: FakeProvider, *targets: str, key: str = "messages", prefix: 
     builder = StateGraph(Parent)
     builder.add_node("agent", athink if run_async else think)
     builder.add_node("tools", EffectGuardNode(
-        [make_send(provider)], effects={"send": Effect(approval=True, description="email")},
+        [send_tool(provider)], effects={"send": Effect(approval=True, description="email")},
         messages_key=key))
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", route, ["tools", END])

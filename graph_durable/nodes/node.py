@@ -221,8 +221,6 @@ class EffectGuardNode(ToolNode):
             if self._guard.policy_for(req.tool_call["name"]).read_only:
                 try:
                     return await execute(req)
-                except GraphBubbleUp:
-                    raise
                 except Exception as exc:
                     return self._read_only_error(req, exc)
             state = _TASK.get()
@@ -244,14 +242,15 @@ class EffectGuardNode(ToolNode):
     def _run_read_only(self, request: ToolCallRequest, execute: Callable) -> Any:
         try:
             return execute(request)
-        except GraphBubbleUp:
-            raise
         except Exception as exc:
             return self._read_only_error(request, exc)
 
     def _read_only_error(self, request: ToolCallRequest, exc: Exception) -> ToolMessage:
+        """A read-only tool's exception as `handle_tool_errors` asks (the ToolNode's own
+        rule); re-raised when it is not handled, and always for a `GraphBubbleUp` (an
+        interrupt, a parent command), which is LangGraph's control flow, not an error."""
         flag = self._read_only_errors
-        if flag is _default_handle_tool_errors or not flag:
+        if isinstance(exc, GraphBubbleUp) or flag is _default_handle_tool_errors or not flag:
             raise exc
         if isinstance(flag, tuple):
             handled: tuple[type[Exception], ...] = flag

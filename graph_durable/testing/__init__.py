@@ -10,7 +10,7 @@ The building blocks sit at the top; the three machines built on them are subpack
   trips a PostgreSQL saver makes); `plugin`, the pytest plugin (the `crash_matrix`
   fixture and the `crash` marker).
 - `crash/`: `matrix` (`crash_matrix`), `child` (`run_child`: one child process, armed to
-  crash at a fault point), `report`, `forkserver`.
+  crash at a fault point), `reads` (what a run left), `report`, `forkserver`.
 - `explorer/`: `explore`, the randomized explorer (`python -m graph_durable.testing.explorer`).
 - `scenarios/`: ready-made scenario factories for child processes, named as
   `"graph_durable.testing.scenarios.<module>:<factory>"`.

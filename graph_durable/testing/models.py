@@ -4,6 +4,9 @@ It answers by turn: the n-th answer of the script is given when the conversation
 n AI messages. Unlike an iterator-driven fake, a new process resuming a thread gets the
 same answer the crashed one would have, which is what a crash test needs. Swap in a real
 model (e.g. `init_chat_model("openai:gpt-4.1")`) without changing the graph.
+
+`DeterministicChatModel` is its base: a model whose answer is a function of the
+conversation alone (`answer(messages)`), for fakes that answer by another rule.
 """
 
 from __future__ import annotations
@@ -15,10 +18,32 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
-__all__ = ["ScriptedChatModel"]
+__all__ = ["DeterministicChatModel", "ScriptedChatModel"]
 
 
-class ScriptedChatModel(BaseChatModel):
+class DeterministicChatModel(BaseChatModel):
+    """A chat model whose answer depends on the conversation alone: a process resuming a
+    thread gets the answer the crashed one would have had. Subclasses write `answer`."""
+
+    def answer(self, messages: list[BaseMessage]) -> AIMessage:
+        """The answer to `messages` (a new message: the caller may keep it)."""
+        raise NotImplementedError
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=self.answer(messages))])
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> DeterministicChatModel:
+        """Tools are ignored: the answers already name the calls."""
+        return self
+
+
+class ScriptedChatModel(DeterministicChatModel):
     """Answers the n-th model call of a conversation with `script[n]`."""
 
     script: list[AIMessage]
@@ -28,17 +53,7 @@ class ScriptedChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "scripted"
 
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: Any = None,
-        **kwargs: Any,
-    ) -> ChatResult:
+    def answer(self, messages: list[BaseMessage]) -> AIMessage:
+        """`script[n]` (a copy), n the AI messages of the conversation so far."""
         turn = sum(1 for message in messages if isinstance(message, AIMessage))
-        answer = self.script[min(turn, len(self.script) - 1)]
-        return ChatResult(generations=[ChatGeneration(message=answer.model_copy(deep=True))])
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:
-        """Tools are ignored: the script already names the calls."""
-        return self
+        return self.script[min(turn, len(self.script) - 1)].model_copy(deep=True)

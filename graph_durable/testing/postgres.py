@@ -33,6 +33,11 @@ stops. No running server, Docker or network access is needed:
 
 psycopg is imported only when a server starts, so importing this module costs nothing
 in projects without the ``postgres`` extra.
+
+Size: this module is longer than the ~400 lines modules aim for, on purpose: it is one
+class, `PostgresServer`, and the helpers only it uses (finding the binaries, running
+them as the `postgres` user, sweeping servers whose owner died), each short; split, a
+reader would have to follow one server's start across modules.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import dataclasses
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
@@ -219,6 +220,13 @@ def test_a_deferred_receipt_the_lifecycle_no_longer_allows_is_dropped(
     # Meanwhile another process settles the effect (say, a reviewer says it failed).
     open_saver(tmp_path / "a.sqlite").apply(TransitionWrite(
         thread_id="t", key="k1", to=S.FAILED, kind="failure", error="declined"))
+    assert_the_deferred_receipt_is_dropped(saver, put_checkpoint, caplog)
+
+
+def assert_the_deferred_receipt_is_dropped(saver: Any, put_checkpoint: Any,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """The next checkpoint of thread `t` stores, and drops with a warning the deferred
+    receipt of effect `k1` (settled meanwhile): the ledger stays as it was."""
     before = (saver.effects(), saver.events())
     with caplog.at_level("WARNING", logger="graph_durable"):
         put_checkpoint(saver, "t")

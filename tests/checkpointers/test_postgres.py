@@ -24,6 +24,7 @@ from graph_durable.ledger import EffectStatus, IntentWrite, TransitionWrite
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
 from graph_durable.testing.models import ScriptedChatModel
 from tests.checkpointers.test_conformance import _assert_all_passed
+from tests.checkpointers.test_ledger_sqlite import assert_the_deferred_receipt_is_dropped
 
 S = EffectStatus
 
@@ -327,12 +328,7 @@ def test_a_deferred_receipt_the_lifecycle_no_longer_allows_is_dropped(
     with DurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
         other.apply(TransitionWrite(thread_id="t", key="k1", to=S.FAILED, kind="failure",
                                     error="declined"))
-    before = (saver.effects(), saver.events())
-    with caplog.at_level("WARNING", logger="graph_durable"):
-        put_checkpoint(saver, "t")
-    assert (saver.effects(), saver.events()) == before
-    assert len(list(saver.list({"configurable": {"thread_id": "t"}}))) == 1
-    assert "Deferred receipt of effect 'k1' in thread 't' dropped" in caplog.text
+    assert_the_deferred_receipt_is_dropped(saver, put_checkpoint, caplog)
     assert "failed; it cannot become applied" in caplog.text
 
 

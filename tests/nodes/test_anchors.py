@@ -21,13 +21,13 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
-from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
-from graph_durable import Effect, EffectGuardNode, current_effect
+from graph_durable import Effect, EffectGuardNode
 from graph_durable.errors import UnkeyableToolCall
 from graph_durable.testing import FakeProvider
+from tests.fakes import charge_tool
 
 POLICIES = {"claimed_ahead": {"charge": Effect(idempotent=True)}, "on_its_own": {}}
 
@@ -40,15 +40,6 @@ def policy(request: pytest.FixtureRequest) -> dict[str, Effect]:
 @pytest.fixture
 def provider(tmp_path: Path) -> FakeProvider:
     return FakeProvider(str(tmp_path / "p.sqlite"), "blind", name="charge")
-
-
-def charge_tool(provider: FakeProvider):
-    @tool
-    def charge(cents: int) -> str:
-        """Charge."""
-        return f"charged {provider.apply(current_effect().key, {'cents': cents})['id']}"
-
-    return charge
 
 
 def config(thread: str) -> dict[str, Any]:

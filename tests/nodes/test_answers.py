@@ -17,18 +17,10 @@ from graph_durable.nodes.answers import peek_resume, read_decisions, stale_ids
 from graph_durable.nodes.interrupts import interrupt_id_for
 from graph_durable.nodes.protocol import Read
 from graph_durable.nodes.task import Task
+from tests.fakes import Scratchpad
 
 NS = "tools:task-1"
 APPROVE = {"type": "approve"}
-
-
-class Scratchpad:
-    def __init__(self, bare=None):
-        self.bare = bare
-        self.resume = []
-
-    def get_null_resume(self, consume=False):
-        return self.bare
 
 
 def record(key, ns=NS, asked=True, call="call-1"):

@@ -13,7 +13,6 @@ import pytest
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage
-from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import create_react_agent, tools_condition
 from langgraph.types import Command
@@ -23,14 +22,13 @@ from graph_durable import (
     EffectGuardMiddleware,
     EffectGuardNode,
     InvalidDecision,
-    current_effect,
     review,
 )
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
-from tests.nodes.test_guard import ledger_serde
+from tests.fakes import send_tool
+from tests.nodes.test_guard import CONFIG, ledger_serde
 
-CONFIG = {"configurable": {"thread_id": "t"}}
 CALL_IDS = ["c0", "c1", "c2"]
 
 
@@ -46,16 +44,6 @@ def provider(tmp_path: Path) -> FakeProvider:
     return FakeProvider(str(tmp_path / "mail.sqlite"), "blind", name="mail")
 
 
-def make_send(provider: FakeProvider):
-    @tool
-    def send(to: str) -> str:
-        """Send an email."""
-        receipt = provider.apply(current_effect().key, {"to": to})
-        return f"sent {receipt['id']} to {to}"
-
-    return send
-
-
 def script(*targets: str) -> list[AIMessage]:
     calls = [{"name": "send", "args": {"to": t}, "id": f"c{i}"} for i, t in enumerate(targets)]
     return [AIMessage(content="", tool_calls=calls), AIMessage(content="done")]
@@ -67,7 +55,7 @@ def tool_node_graph(saver, provider, *targets: str, approval: Any = True,
     builder = StateGraph(MessagesState)
     builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
     builder.add_node("tools", EffectGuardNode(
-        [make_send(provider)],
+        [send_tool(provider)],
         effects={"send": Effect(approval=approval, approval_ttl=approval_ttl,
                                 description="email")}))
     builder.add_edge(START, "agent")
@@ -78,12 +66,12 @@ def tool_node_graph(saver, provider, *targets: str, approval: Any = True,
 
 def create_agent_graph(saver, provider, *targets: str):
     return create_agent(
-        ScriptedChatModel(script=script(*targets)), tools=[make_send(provider)],
+        ScriptedChatModel(script=script(*targets)), tools=[send_tool(provider)],
         middleware=[EffectGuardMiddleware({"send": Effect(approval=True)})], checkpointer=saver)
 
 
 def react_agent_graph(saver, provider, *targets: str):
-    node = EffectGuardNode([make_send(provider)], effects={"send": Effect(approval=True)})
+    node = EffectGuardNode([send_tool(provider)], effects={"send": Effect(approval=True)})
     return create_react_agent(ScriptedChatModel(script=script(*targets)), tools=node,
                               checkpointer=saver)
 

@@ -30,6 +30,7 @@ from graph_durable import (
 from graph_durable.errors import UnkeyableToolCall
 from graph_durable.ledger import key_of_encoded
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
+from tests.fakes import charge_tool
 from tests.nodes.test_guard import CONFIG, build, call, ledger_serde, run
 
 
@@ -57,16 +58,6 @@ def open_saver(db: Path) -> DurableSqliteSaver:
 def _disarm():
     yield
     disarm()
-
-
-def charge_tool(provider: FakeProvider):
-    @tool
-    def charge(cents: int) -> str:
-        """Charge."""
-        receipt = provider.apply(current_effect().key, {"cents": cents})
-        return f"charged {receipt['id']}"
-
-    return charge
 
 
 def crash_at(point: str, graph: Any, value: Any = None, config: dict = CONFIG) -> None:

@@ -141,15 +141,21 @@ def test_a_copied_thread_replays_or_reconciles_under_its_sources_keys(
     assert record.key == saver.effects("t")[0].key  # the key the provider saw
 
 
-def test_key_is_stable_and_visible_to_the_tool(saver, provider) -> None:
-    seen: list[str] = []
-
+def lost_send(keys: list[str], error: str) -> Any:
+    """A `send` tool that notes the key it is given in `keys`, then loses the connection
+    (`error`): its outcome is unknown."""
     @tool
     def send(to: str) -> str:
         """Send."""
-        seen.append(current_effect().key)
-        raise ConnectionError("reset by peer")
+        keys.append(current_effect().key)
+        raise ConnectionError(error)
 
+    return send
+
+
+def test_key_is_stable_and_visible_to_the_tool(saver, provider) -> None:
+    seen: list[str] = []
+    send = lost_send(seen, "reset by peer")
     graph = build(saver, [send], {"send": Effect(idempotent=True)}, call("send", {"to": "x"}))
     result = run(graph)
     # Live unknown outcome + idempotent provider: one re-send with the same key, then ask.
@@ -479,14 +485,7 @@ def test_retry_decision_resends_with_the_same_key(saver, unknown_graph) -> None:
 
 def test_a_used_decision_is_never_applied_twice(saver, provider) -> None:
     calls: list[str] = []
-
-    @tool
-    def send(to: str) -> dict:
-        """Send."""
-        calls.append(current_effect().key)
-        raise ConnectionError("lost")
-
-    graph = build(saver, [send], {}, call("send", {"to": "x"}))
+    graph = build(saver, [lost_send(calls, "lost")], {}, call("send", {"to": "x"}))
     run(graph)
     again = run(graph, Command(resume={"type": "retry"}))
     assert len(calls) == 2 and again["__interrupt__"]

@@ -26,6 +26,7 @@ from graph_durable.nodes.interrupts import (
 )
 from graph_durable.nodes.protocol import Ask
 from graph_durable.nodes.task import Task, refused_by_fence, task_with_resume
+from tests.fakes import Scratchpad
 
 CALL = {"id": "call-1", "name": "charge"}
 
@@ -39,15 +40,6 @@ def config(saver, ns="tools:task-1", durability="sync", **extra):
     return {"configurable": {"thread_id": "t1", "checkpoint_ns": ns,
                              CONFIG_KEY_CHECKPOINTER: saver, CONFIG_KEY_DURABILITY: durability,
                              **extra}}
-
-
-class Scratchpad:
-    def __init__(self, bare=None):
-        self.bare = bare
-        self.resume = []
-
-    def get_null_resume(self, consume=False):
-        return self.bare
 
 
 def record(key="k1", ns="tools:task-1", status=EffectStatus.AWAITING_APPROVAL, asked=True):

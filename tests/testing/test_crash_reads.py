@@ -18,11 +18,9 @@ from graph_durable.testing.crash.matrix import (
     CrashPoint,
     _case,
     _next_after_crash,
-    _reader,
-    _resume_costs,
-    _snapshot,
     default_resolver,
 )
+from graph_durable.testing.crash.reads import read_only, resume_costs, snapshot_of
 from graph_durable.testing.faults import FaultPlan
 
 pytestmark = pytest.mark.crash
@@ -50,9 +48,9 @@ def test_reads_after_a_kill_leave_the_files_as_the_killed_process_left_them(
     assert "agent.sqlite-wal" in before
 
     assert _next_after_crash(case) == "resume"
-    with _reader(case.kwargs) as saver:
-        snapshot = _snapshot(case, {}, saver)
-        costs = _resume_costs(case, saver)
+    with read_only(case.kwargs) as saver:
+        snapshot = snapshot_of(case.kwargs, "t", {}, saver)
+        costs = resume_costs(case.kwargs, "t", saver)
     assert snapshot.ledger == {"call_ticket": "in_flight"}
     assert costs == {"models": 0, "nodes": 0, "replayed": 0, "reconciled": 0, "resent": 0}
     assert files(tmp_path) == before
@@ -62,7 +60,7 @@ def test_a_crash_before_any_database_starts_again_and_creates_nothing(
         tmp_path: Path) -> None:
     case = _case(TICKET, {}, str(tmp_path), "t", default_resolver, 60.0, 12)
     assert _next_after_crash(case) == "start"
-    assert _resume_costs(case, None) == {}
+    assert resume_costs(case.kwargs, "t", None) == {}
     assert not Path(case.kwargs["db_path"]).exists()
 
 

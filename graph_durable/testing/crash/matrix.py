@@ -60,11 +60,17 @@ each row is a test in `tests/testing/test_provider_faults.py`:
 
 A slow answer, a permanent failure and a timeout thus end `applied`, `failed` and
 `unknown`: only the first surely happened, only the second surely did not.
+
+Size: this module is longer than the ~400 lines modules aim for, on purpose. It is one
+algorithm, the sweep: running one schedule (its children, the fork servers they come
+from, the files a first crash leaves for its pairs) and the sweep over points and pairs
+share the private `_Case` and `_Run` records and are read together; what stands apart
+lives apart (`reads` for what a run left, `report` for what a sweep reports, `child`
+for what a child does).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
@@ -81,15 +87,22 @@ from typing import Any
 from graph_durable.faults import FaultPlan
 from graph_durable.testing.crash.child import PRELOAD, ChildResult, child_spec, run_child
 from graph_durable.testing.crash.forkserver import ForkServer
+from graph_durable.testing.crash.reads import (
+    provider_effects,
+    providers_in,
+    read_only,
+    resume_costs,
+    snapshot_of,
+    thread_started,
+    trace_points,
+)
 from graph_durable.testing.crash.report import (
     CrashPoint,
     CrashReport,
     CrashRow,
     Progress,
     Reference,
-    Snapshot,
     compare,
-    normalize,
 )
 from graph_durable.testing.faults import FAULT_POINTS
 from graph_durable.testing.providers import FakeProvider
@@ -184,33 +197,6 @@ def _case(scenario: str, kwargs: Mapping[str, Any] | None, directory: str, threa
     os.makedirs(directory, exist_ok=True)
     return _Case(scenario, {**(kwargs or {}), **_paths(directory)}, directory, thread_id,
                  resolver, timeout, max_runs)
-
-
-def _providers(provider_dir: str) -> dict[str, FakeProvider]:
-    if not os.path.isdir(provider_dir):
-        return {}
-    stems = sorted(n.removesuffix(".sqlite") for n in os.listdir(provider_dir)
-                   if n.endswith(".sqlite"))
-    # Opened to read; "lookup" lets a resolver call find() whatever the scenario's mode.
-    return {stem: FakeProvider(os.path.join(provider_dir, f"{stem}.sqlite"), "lookup",
-                               name=stem) for stem in stems}
-
-
-def _trace_points(path: str, phase: int) -> list[CrashPoint]:
-    """Points of a trace file, with occurrences counted as `FaultPlan` counts them."""
-    if not os.path.exists(path):
-        return []
-    seen: dict[tuple[str, str | None], int] = {}
-    points = []
-    with open(path, encoding="utf-8") as trace:
-        for line in trace:
-            entry = json.loads(line)
-            point, tool = entry["point"], entry["tool"]
-            # A plan without a tool counts every tool's visits; a plan with one, its own.
-            for counter in {(point, None), (point, tool)}:
-                seen[counter] = seen.get(counter, 0) + 1
-            points.append(CrashPoint(point, tool, seen[(point, tool)], phase))
-    return points
 
 
 _LOCAL = threading.local()
@@ -312,7 +298,7 @@ def _drive(case: _Case, schedule: Sequence[CrashPoint], run: _Run, *,
         armed = pending[0] if pending and phase >= pending[0].phase else None
         trace = os.path.join(case.directory, f"trace-{n}.jsonl")
         result = _run_child(case, action, decisions, armed.plan() if armed else None, trace)
-        run.processes.append((result.killed, _trace_points(trace, phase)))
+        run.processes.append((result.killed, trace_points(trace, phase)))
         if result.killed:
             if armed is None:
                 raise RuntimeError(f"child {n} was SIGKILLed, but no crash was armed")
@@ -322,7 +308,7 @@ def _drive(case: _Case, schedule: Sequence[CrashPoint], run: _Run, *,
                 run.first_crash = _keep_first_crash(case, run, phase)
             action, decisions = _next_after_crash(case), None
         elif result.interrupts:
-            providers = _providers(case.provider_dir)
+            providers = providers_in(case.provider_dir)
             decisions = {q["tool_call_id"]: case.resolver(q, providers)
                          for q in result.interrupts}
             run.questions.extend(result.interrupts)
@@ -364,89 +350,13 @@ def _keep_first_crash(case: _Case, run: _Run, phase: int) -> _FirstCrash:
                        tuple((killed, tuple(points)) for killed, points in run.processes))
 
 
-@contextmanager
-def _reader(kwargs: Mapping[str, Any]) -> Iterator[Any]:
-    """The run's database, opened to read only (`None` if no process created it yet):
-    the SQLite file at `db_path`, or the PostgreSQL database of a `saver` spec.
-
-    Between two processes the parent only looks: it never creates, migrates or writes
-    the database, so the next process finds the files as the last one left them.
-    """
-    # Imported here: the saver module imports graph_durable.testing.faults, which loads
-    # this package, so a module-level import would be circular.
-    from graph_durable.checkpointers.sqlite import DurableSqliteSaver
-
-    spec = kwargs.get("saver") or {}
-    if spec.get("backend", "sqlite") != "sqlite":
-        with _postgres_reader(spec["conninfo"]) as saver:
-            yield saver
-        return
-    db_path = kwargs["db_path"]
-    if not os.path.exists(db_path):
-        yield None
-        return
-    saver = DurableSqliteSaver.open_read_only(db_path)
-    try:
-        yield saver
-    finally:
-        saver.conn.close()
-
-
-@contextmanager
-def _postgres_reader(conninfo: str) -> Iterator[Any]:
-    """`DurablePostgresSaver` on `conninfo`, or `None` while no process set it up."""
-    import psycopg
-
-    from graph_durable.checkpointers.postgres import DurablePostgresSaver
-
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        found = conn.execute("SELECT to_regclass('checkpoints') IS NOT NULL "
-                             "AND to_regclass('effects') IS NOT NULL").fetchone()
-    if not found or not found[0]:
-        yield None
-        return
-    with DurablePostgresSaver.from_conn_string(conninfo) as saver:
-        yield saver
-
-
 def _next_after_crash(case: _Case) -> str:
     """`resume`, or `start` again if the crash came before the input was checkpointed.
 
     A client whose request was never acknowledged sends it again; resuming a thread
     with no checkpoint has nothing to resume.
     """
-    with _reader(case.kwargs) as saver:
-        config = {"configurable": {"thread_id": case.thread_id}}
-        found = saver is not None and saver.get_tuple(config) is not None
-    return "resume" if found else "start"
-
-
-def _ledger(saver: Any, thread_id: str) -> dict[str, str]:
-    statuses: dict[str, list[str]] = {}
-    for record in saver.effects(thread_id) if saver is not None else ():
-        statuses.setdefault(record.tool_call_id, []).append(record.status.value)
-    return {call: "/".join(found) for call, found in sorted(statuses.items())}
-
-
-def _effects(provider_dir: str) -> tuple[dict[str, dict[str, dict[str, int]]], list[str]]:
-    """Effects per provider, operation and key; and every receipt id handed out."""
-    counts: dict[str, dict[str, dict[str, int]]] = {}
-    receipt_ids: list[str] = []
-    for name, provider in _providers(provider_dir).items():
-        ops = counts.setdefault(name, {})
-        for effect in provider.effects():
-            keys = ops.setdefault(effect["operation"], {})
-            keys[effect["key"]] = keys.get(effect["key"], 0) + 1
-            receipt = effect["receipt"]
-            if isinstance(receipt, dict) and isinstance(receipt.get("id"), str):
-                receipt_ids.append(receipt["id"])
-    return counts, receipt_ids
-
-
-def _snapshot(case: _Case, summary: Mapping[str, Any], saver: Any) -> Snapshot:
-    counts, receipt_ids = _effects(case.provider_dir)
-    state = {k: summary.get(k) for k in ("messages", "next", "interrupts")}
-    return Snapshot(normalize(state, receipt_ids), _ledger(saver, case.thread_id), counts)
+    return "resume" if thread_started(case.kwargs, case.thread_id) else "start"
 
 
 def reference_run(scenario: str, kwargs: Mapping[str, Any] | None = None, *, directory: str,
@@ -463,8 +373,8 @@ def reference_run(scenario: str, kwargs: Mapping[str, Any] | None = None, *, dir
     _drive(case, (), run)
     points = tuple(p for _, reached in run.processes for p in reached)
     pauses = tuple(q.get("type", "?") if isinstance(q, dict) else "?" for q in run.questions)
-    with _reader(case.kwargs) as saver:
-        snapshot = _snapshot(case, run.summary, saver)
+    with read_only(case.kwargs) as saver:
+        snapshot = snapshot_of(case.kwargs, case.thread_id, run.summary, saver)
     return Reference(snapshot, points, pauses, time.monotonic() - started)
 
 
@@ -500,13 +410,13 @@ def _run_schedule(case: _Case, schedule: Sequence[CrashPoint], reference: Refere
             _drive(case, schedule, run, keep=keep, after=after)
             # One reader for the ledger and the audit: a sweep opens one per run, and
             # opening a database costs more than these reads.
-            saver = stack.enter_context(_reader(case.kwargs))
-            snapshot = _snapshot(case, run.summary, saver)
+            saver = stack.enter_context(read_only(case.kwargs))
+            snapshot = snapshot_of(case.kwargs, case.thread_id, run.summary, saver)
         except Exception as exc:  # a failing run is a row of the report, not an abort
             row.outcome, row.diff = "error", f"{type(exc).__name__}: {exc}"
             # Still count duplicates: a run may fail after having repeated an effect.
-            snapshot = replace(reference.snapshot, counts=_effects(case.provider_dir)[0])
-        row.audit = _resume_costs(case, saver)
+            snapshot = replace(reference.snapshot, counts=provider_effects(case.provider_dir)[0])
+        row.audit = resume_costs(case.kwargs, case.thread_id, saver)
     lines, row.duplicates = compare(reference.snapshot, snapshot)
     if row.outcome == "ok" and lines:
         row.outcome, row.diff = "mismatch", "\n".join(lines)
@@ -519,25 +429,6 @@ def _run_schedule(case: _Case, schedule: Sequence[CrashPoint], reference: Refere
     row.questions, row.runs, row.fired = run.questions, len(run.processes), run.fired
     row.duration = time.monotonic() - started
     return _Ran(row, run.first_crash)
-
-
-def _resume_costs(case: _Case, saver: Any) -> dict[str, int]:
-    """What the resumes of the row's thread cost (`saver.audit`, as `CrashRow.audit`),
-    read through `saver`, or a reader of its own if the run failed before it had one."""
-    try:
-        with ExitStack() as stack:
-            if saver is None:
-                saver = stack.enter_context(_reader(case.kwargs))
-            if saver is None:
-                return {}
-            runs = saver.audit(case.thread_id).runs
-    except Exception:  # a database the failed run left unreadable: no costs to show
-        return {}
-    return {"models": sum(r.model_calls_repeated or 0 for r in runs),
-            "nodes": sum(len(r.nodes_rerun) for r in runs),
-            "replayed": sum(len(r.replayed) for r in runs),
-            "reconciled": sum(len(r.reconciled) for r in runs),
-            "resent": sum(len(r.resent) for r in runs)}
 
 
 # -- the sweep -----------------------------------------------------------------------------

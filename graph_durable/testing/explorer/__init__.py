@@ -19,6 +19,7 @@ holds the command line). The other modules, in the order an episode meets them:
 `runner`'s names are re-exported here.
 """
 
+from graph_durable.testing.explorer import runner
 from graph_durable.testing.explorer.runner import (
     ALL_PATHS,
     KNOWN_BUGS,
@@ -33,16 +34,4 @@ from graph_durable.testing.explorer.runner import (
     shrink,
 )
 
-__all__ = [
-    "ALL_PATHS",
-    "KNOWN_BUGS",
-    "STABLE_PATHS",
-    "Episode",
-    "ExplorerReport",
-    "Failure",
-    "explore",
-    "generate",
-    "main",
-    "replay",
-    "shrink",
-]
+__all__ = list(runner.__all__)

@@ -8,6 +8,11 @@ that, like a person with the provider's dashboard, approves, edits or rejects ap
 and settles unknown outcomes from the provider's records, sometimes after first trying
 a malformed decision (which must raise `InvalidDecision` and change nothing). Once every
 thread has finished (or cannot), `checks.check_episode` checks the invariants.
+
+Size: this module is longer than the ~400 lines modules aim for, on purpose: it is one
+loop, an episode's invocations with the crash, resume way and answer of each, and the
+helpers that loop alone calls; the reviewer's answers (`reviewer`), the children
+(`child`) and the invariants (`checks`) already live apart.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@
 - `secrets`: tool calls carrying secrets, for what the ledger keeps at rest.
 """
 
+from graph_durable.testing.scenarios import effects
 from graph_durable.testing.scenarios.effects import (
+    AgentOptions,
     EffectsAgent,
     build_effects_agent,
     build_effects_agent_async,
@@ -21,11 +23,4 @@ from graph_durable.testing.scenarios.effects import (
     script_of,
 )
 
-__all__ = [
-    "EffectsAgent",
-    "build_effects_agent",
-    "build_effects_agent_async",
-    "policy_for_mode",
-    "react_graph",
-    "script_of",
-]
+__all__ = list(effects.__all__)

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import aiosqlite
 from langchain_core.messages import AIMessage, HumanMessage
@@ -31,6 +31,7 @@ from graph_durable.testing.providers import FakeProvider
 from graph_durable.testing.savers import SaverSpec, aopen_saver, open_saver
 
 __all__ = [
+    "AgentOptions",
     "EffectsAgent",
     "build_effects_agent",
     "build_effects_agent_async",
@@ -108,17 +109,26 @@ def _write_tool(provider: FakeProvider, delay: float) -> StructuredTool:
     )
 
 
+class AgentOptions(TypedDict, total=False):
+    """What a scenario agent's tools do beyond writing to their providers."""
+
+    delays: dict[str, float]
+    """Seconds a tool sleeps before calling its provider, by tool name."""
+    approvals: list[str]
+    """Tools that need a human's approval before sending."""
+    fencing: list[str]
+    """Tools whose provider rejects stale fencing tokens."""
+
+
 def build_effects_agent(
     db_path: str,
     provider_dir: str,
     turns: list[list[list[str]]],
     modes: dict[str, str],
-    delays: dict[str, float] | None = None,
-    approvals: list[str] | None = None,
-    fencing: list[str] | None = None,
     flow_version: str | None = None,
     compatible_flow_versions: list[str] | None = None,
     saver: SaverSpec | None = None,
+    **options: Unpack[AgentOptions],
 ) -> EffectsAgent:
     """Build the scenario agent on a `DurableSqliteSaver` (or the saver `saver` names).
 
@@ -127,16 +137,14 @@ def build_effects_agent(
         provider_dir: Folder of the providers' own databases.
         turns: Per model turn, the `[tool, item]` calls of its AIMessage.
         modes: Provider mode per tool name (`dedupe`, `lookup`, `blind`).
-        delays: Seconds a tool sleeps before calling its provider.
-        approvals: Tools that need a human's approval before sending.
-        fencing: Tools whose provider rejects stale fencing tokens.
         flow_version, compatible_flow_versions: As for `DurableSqliteSaver`.
         saver: Another durable saver to run on (`graph_durable.testing.savers`), for
             sync use; `db_path` is then unused.
+        **options: `delays`, `approvals`, `fencing` (`AgentOptions`).
     """
     durable = open_saver(saver, db_path, flow_version=flow_version,
                          compatible_flow_versions=compatible_flow_versions or ())
-    return _assemble(durable, provider_dir, turns, modes, delays, approvals, fencing)
+    return _assemble(durable, provider_dir, turns, modes, options)
 
 
 async def build_effects_agent_async(
@@ -144,16 +152,14 @@ async def build_effects_agent_async(
     provider_dir: str,
     turns: list[list[list[str]]],
     modes: dict[str, str],
-    delays: dict[str, float] | None = None,
-    approvals: list[str] | None = None,
-    fencing: list[str] | None = None,
     saver: SaverSpec | None = None,
+    **options: Unpack[AgentOptions],
 ) -> EffectsAgent:
     """`build_effects_agent` on an `AsyncDurableSqliteSaver` (or the async saver `saver`
     names), for `ainvoke` (same args)."""
     durable = (AsyncDurableSqliteSaver(aiosqlite.connect(db_path)) if saver is None
                else await aopen_saver(saver, db_path))
-    return _assemble(durable, provider_dir, turns, modes, delays, approvals, fencing)
+    return _assemble(durable, provider_dir, turns, modes, options)
 
 
 def _assemble(
@@ -161,18 +167,16 @@ def _assemble(
     provider_dir: str,
     turns: list[list[list[str]]],
     modes: dict[str, str],
-    delays: dict[str, float] | None,
-    approvals: list[str] | None,
-    fencing: list[str] | None,
+    options: AgentOptions,
 ) -> EffectsAgent:
     os.makedirs(provider_dir, exist_ok=True)
     providers = {
         name: FakeProvider(os.path.join(provider_dir, f"{name}.sqlite"), mode,  # type: ignore[arg-type]
-                           name=name, fencing=name in (fencing or []))
+                           name=name, fencing=name in (options.get("fencing") or ()))
         for name, mode in modes.items()
     }
-    delays = delays or {}
-    approvals = approvals or []
+    delays = options.get("delays") or {}
+    approvals = options.get("approvals") or ()
     tools = [_write_tool(p, delays.get(name, 0.0)) for name, p in providers.items()]
     effects = {
         name: policy_for_mode(p, approval=name in approvals) for name, p in providers.items()
