@@ -140,6 +140,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
             kept in the database. See `graph_durable.secrets`.
     """
 
+    _SELECT_CALLED_TASKS = _pg.SELECT_CALLED_TASKS
+
     def __init__(
         self,
         conn: _ainternal.Conn,

@@ -75,6 +75,7 @@ from graph_durable.checkpointers.postgres._sql import (
     FENCE_REFUSED,
     LANGGRAPH_APPLIED,
     LOCK_THREAD_READ_LEASE,
+    SELECT_CALLED_TASKS,
     SELECT_LEASE_WITH_CLOCK,
     SCHEMA_TABLES,
     SELECT_RUN_CHECKPOINTS,
@@ -188,6 +189,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             first to rotate); default `GRAPH_DURABLE_KEY_SECRET`, else a random secret
             kept in the database. See `graph_durable.secrets`.
     """
+
+    _SELECT_CALLED_TASKS = SELECT_CALLED_TASKS
 
     def __init__(
         self,

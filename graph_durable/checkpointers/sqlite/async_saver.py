@@ -475,6 +475,13 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncSqlite
         )
         return bool(rows)
 
+    async def acalled_tasks(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+                            ) -> set[str]:
+        """Async `DurableSqliteSaver.called_tasks`."""
+        rows = await self._fetchall(_sql.SELECT_CALLED_TASKS,
+                                    (str(thread_id), checkpoint_ns, checkpoint_id))
+        return {row[0] for row in rows}
+
     async def aapply(
         self, write: LedgerWrite, config: RunnableConfig | None = None
     ) -> list[EffectRecord]:
@@ -562,6 +569,10 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncSqlite
     def checkpoint_exists(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
         """Sync `acheckpoint_exists`."""
         return self._sync(self.acheckpoint_exists(thread_id, checkpoint_ns, checkpoint_id))
+
+    def called_tasks(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> set[str]:
+        """Sync `acalled_tasks`."""
+        return self._sync(self.acalled_tasks(thread_id, checkpoint_ns, checkpoint_id))
 
     def apply(self, write: LedgerWrite, config: RunnableConfig | None = None) -> list[EffectRecord]:
         """Sync `aapply`."""
