@@ -1007,14 +1007,14 @@ def test_a_call_answered_in_place_in_a_copy_then_sent_and_skipped_in_its_source(
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: thread_status reads a "
-                   "functional-API task's question its entrypoint never saved")
 def test_a_question_saved_by_a_task_but_not_its_entrypoint_is_asked_by_recover(
         tmp_path) -> None:
     """Seed 7056 (`functional_hidden_question`): a worker killed after a functional-API
     `@task` saved its question and before its `@entrypoint` saved it. `get_state()` lists
-    no interrupt, so there is nothing to answer, yet `thread_status` says the thread
-    waits for a person, and `recover()` passes it by: no one is ever asked."""
+    no interrupt, so there is nothing to answer; `thread_status` said the thread waited
+    for a person, and `recover()` passed it by: no one was ever asked. It now tells the
+    question only the task saved (by the path saved with its writes) and calls the
+    thread orphaned: `recover()` resumes it and the question is asked again."""
     from graph_durable.testing.crash.child import run_child
     from graph_durable.testing.scenarios.writes import build_write_graph
 
