@@ -1032,6 +1032,27 @@ def test_a_question_saved_by_a_task_but_not_its_entrypoint_is_asked_by_recover(
 
 
 @pytest.mark.crash
+def test_the_explorer_recovers_a_functional_question_its_entrypoint_never_saved(
+        tmp_path) -> None:
+    """Seed 7056's situation as an explorer episode (the seed draws another one since):
+    a functional-API agent's approval, killed at the second saved write (the `@task`'s
+    question, before its `@entrypoint`'s), recovered. `recover()` resumes the thread and
+    the question is answered; it used to pass the thread by (`STATUS ... waiting`)."""
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"charge": {"approval": True, "mode": "blind", "policy": "blind", "retries": 0,
+                       "timeout": None}},
+        [[Call("charge", "call_0_0", "x00")]],
+        crashes=[Crash("after_put_writes", None, 2, 0, Resume("recover"))],
+        topology="functional")
+    result = _replay(tmp_path, episode)
+    assert result.ok, result.problems
+    assert result.log[:2] == ["start on t: SIGKILL at after_put_writes #2",
+                              "recover on t: next=['workflow'] pending=['charge#0']"]
+
+
+@pytest.mark.crash
 def test_a_stale_approval_in_a_send_branch_is_not_answered_after_recover(tmp_path) -> None:
     """Seed 106 (two `Send` branches, `recover`): in one branch an approval edit sent the
     first email, which timed out (`unknown`, asked anew); the worker was killed after the
