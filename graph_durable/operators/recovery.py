@@ -6,9 +6,10 @@
 A thread is *orphaned* when it has steps to run, no pending interrupt and no live
 lease: its worker crashed. So is one whose only unanswered questions were saved by a task
 another task called (a functional-API `@task`) and not by its caller (the worker died
-between the two writes): `get_state()` shows none of them, and resuming asks them again. `recover` takes a lease on each orphaned thread before
-resuming it and checks again once it holds the lease, so any number of processes can
-sweep the same database at once and each thread is resumed by exactly one of them.
+between the two writes): `get_state()` shows none of them, and resuming asks them again.
+`recover` takes a lease on each orphaned thread before resuming it and checks again once
+it holds the lease, so any number of processes can sweep the same database at once and
+each thread is resumed by exactly one of them.
 From async code (an async saver on its own loop), await `arecover` and `athread_status`.
 
 An *orphaned intent* is another thing: an open effect no pending task of its thread will
