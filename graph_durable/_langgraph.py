@@ -22,6 +22,10 @@ where no public API carries the load:
 - `interrupt_id`: LangGraph's id of a task's n-th interrupt (earlier releases' ids).
 - Checkpoint channel names (`INTERRUPT`, `ERROR`, `RESUME`, `TASKS`): what
   `thread_status` reads in a checkpoint's pending writes.
+- `CALLED_TASK_PATH`: how the task path a saver stores with a task's writes begins when
+  another task called it (a functional-API `@task`): `get_state()` shows such a task's
+  question only through its caller's own interrupt write, so `thread_status` tells the
+  two apart by the path (`CheckpointTuple.pending_writes` carries no path).
 - `ToolNode` private methods (`_func`, `_afunc`, `_parse_input`, `_extract_state`) and
   ToolNode's error handling helpers (`_default_handle_tool_errors`, `_handle_tool_error`,
   `_infer_handled_types`): `EffectGuardNode` claims a step's calls together before
@@ -39,6 +43,7 @@ from langgraph.prebuilt.tool_node import (
 from langgraph.types import _interrupt_id as interrupt_id
 
 __all__ = [
+    "CALLED_TASK_PATH",
     "CONFIG_KEY_CHECKPOINTER",
     "CONFIG_KEY_CHECKPOINT_MAP",
     "CONFIG_KEY_DURABILITY",
@@ -68,6 +73,10 @@ INTERRUPT = "__interrupt__"
 ERROR = "__error__"
 RESUME = "__resume__"
 TASKS = "__pregel_tasks"
+
+CALLED_TASK_PATH = "~__pregel_push, ~"
+"""The start of `task_path_str(task.path)` for a task another task called: a `PUSH`
+whose parent is a task path (a `Send`'s `PUSH` is followed by a number)."""
 
 TOOL_NODE_METHODS = ("_func", "_afunc", "_parse_input", "_extract_state")
 

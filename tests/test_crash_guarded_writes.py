@@ -10,6 +10,7 @@ each write's key.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,82 @@ def test_a_fork_after_a_crashed_write_reconciles_or_asks_on_every_saver(
                             resume={"type": "applied", "receipt": receipt})
     assert resumed.done, resumed.summary
     assert (invoices.count(), mail.count()) == (1, 1)
+
+
+# -- a question a task saved and its entrypoint did not --------------------------------
+
+
+def views(factory: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Thread `t` as each view shows it: the ids of the questions `get_state()`, `review`
+    and the inbox list, and `thread_status`, read by the factory's own graph (async
+    ones with `aget_state`, `areview`, `ainbox`, `athread_status`)."""
+    from graph_durable.operators.inbox import ainbox, inbox
+    from graph_durable.operators.recovery import athread_status, thread_status
+    from graph_durable.operators.review import areview, review
+    from graph_durable.testing.savers import aclose_saver, close_saver
+    from graph_durable.testing.scenarios.writes import build_write_graph_async
+
+    config = {"configurable": {"thread_id": "t"}}
+
+    def seen(state: Any, reviewed: Any, items: Any, status: Any) -> dict[str, Any]:
+        return {"state": [i.id for i in state.interrupts],
+                "types": [i.value["type"] for i in state.interrupts],
+                "review": [i.interrupt_id for i in reviewed.pending],
+                "inbox": [i.interrupt_id for i in items], "status": status}
+
+    async def aread() -> dict[str, Any]:
+        agent = await build_write_graph_async(**kwargs)
+        try:
+            return seen(await agent.graph.aget_state(config),
+                        await areview(agent.graph, config), await ainbox(agent.saver),
+                        await athread_status(agent.saver, "t"))
+        finally:
+            await aclose_saver(agent.saver)
+
+    if factory == AWRITES:
+        return asyncio.run(aread())
+    agent = build_write_graph(**kwargs)
+    try:
+        return seen(agent.graph.get_state(config), review(agent.graph, config),
+                    inbox(agent.saver), thread_status(agent.saver, "t"))
+    finally:
+        close_saver(agent.saver)
+
+
+HIDDEN_SAVERS = [pytest.param(AWRITES, "sqlite", id="async-sqlite"),
+                 pytest.param(WRITES, "postgres", marks=pytest.mark.backends, id="postgres")]
+"""Where a kill after the task's write always comes before its entrypoint's: the async
+PostgreSQL saver sends the two at once on two connections of its pool, so the server
+saves both, or (killed before the second) the first may not have been sent yet."""
+
+
+@pytest.mark.parametrize(("factory", "backend"), HIDDEN_SAVERS)
+def test_a_question_a_task_saved_without_its_entrypoint_is_asked_by_recover(
+        tmp_path: Path, request: pytest.FixtureRequest, factory: str, backend: str) -> None:
+    """Killed after the `@task` saved its approval question and before its `@entrypoint`
+    saved it: no view shows the question, and `thread_status` says the thread is
+    orphaned (its worker died before its step saved the question), so `recover()`
+    (`arecover` for an async saver) resumes it in a new process. The question is asked
+    again and listed once by `get_state()`, `review`, the inbox and `thread_status`;
+    nothing is sent."""
+    kwargs = {**kwargs_for(tmp_path, "blind", "functional"), "approval": True}
+    if backend != "sqlite":
+        kwargs["saver"] = {"backend": backend,
+                           "conninfo": request.getfixturevalue("postgres_conninfo")}
+    invoices, mail = providers(tmp_path, "blind")
+    crashed = run_child(factory, kwargs, thread_id="t",
+                        fault=FaultPlan("after_put_writes", occurrence=1))
+    assert crashed.killed
+    hidden = views(factory, kwargs)
+    assert (hidden["state"], hidden["review"], hidden["inbox"]) == ([], [], []), hidden
+    assert hidden["status"].status == "orphaned", hidden["status"]
+    assert "create_invoice#0" in hidden["status"].reason
+
+    recovered = run_child(factory, kwargs, thread_id="t", action="recover", owner="worker-2")
+    assert [o["outcome"] for o in recovered.summary["recovered"]] == ["resumed"]
+    asked = views(factory, kwargs)
+    assert asked["types"] == ["tool_approval"], asked
+    assert asked["review"] == asked["inbox"] == asked["state"], asked
+    assert (asked["status"].status, asked["status"].pending) == ("waiting",
+                                                                 ("create_invoice#0",))
+    assert (invoices.count(), mail.count()) == (0, 0)

@@ -989,14 +989,14 @@ def test_a_call_answered_in_place_in_a_copy_then_sent_and_skipped_in_its_source(
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: thread_status reads a "
-                   "functional-API task's question its entrypoint never saved")
 def test_a_question_saved_by_a_task_but_not_its_entrypoint_is_asked_by_recover(
         tmp_path) -> None:
     """Seed 7056 (`functional_hidden_question`): a worker killed after a functional-API
     `@task` saved its question and before its `@entrypoint` saved it. `get_state()` lists
-    no interrupt, so there is nothing to answer, yet `thread_status` says the thread
-    waits for a person, and `recover()` passes it by: no one is ever asked."""
+    no interrupt, so there is nothing to answer; `thread_status` said the thread waited
+    for a person, and `recover()` passed it by: no one was ever asked. It now tells the
+    question only the task saved (by the path saved with its writes) and calls the
+    thread orphaned: `recover()` resumes it and the question is asked again."""
     from graph_durable.testing.crash.child import run_child
     from graph_durable.testing.scenarios.writes import build_write_graph
 
@@ -1011,6 +1011,27 @@ def test_a_question_saved_by_a_task_but_not_its_entrypoint_is_asked_by_recover(
     questions = agent.graph.get_state(CONFIG).interrupts
     agent.saver.conn.close()
     assert [q.value["type"] for q in questions] == ["tool_approval"], "no one was asked"
+
+
+@pytest.mark.crash
+def test_the_explorer_recovers_a_functional_question_its_entrypoint_never_saved(
+        tmp_path) -> None:
+    """Seed 7056's situation as an explorer episode (the seed draws another one since):
+    a functional-API agent's approval, killed at the second saved write (the `@task`'s
+    question, before its `@entrypoint`'s), recovered. `recover()` resumes the thread and
+    the question is answered; it used to pass the thread by (`STATUS ... waiting`)."""
+    from graph_durable.testing.explorer.model import Call, Crash, Episode, Resume
+
+    episode = Episode(
+        0, {"charge": {"approval": True, "mode": "blind", "policy": "blind", "retries": 0,
+                       "timeout": None}},
+        [[Call("charge", "call_0_0", "x00")]],
+        crashes=[Crash("after_put_writes", None, 2, 0, Resume("recover"))],
+        topology="functional")
+    result = _replay(tmp_path, episode)
+    assert result.ok, result.problems
+    assert result.log[:2] == ["start on t: SIGKILL at after_put_writes #2",
+                              "recover on t: next=['workflow'] pending=['charge#0']"]
 
 
 @pytest.mark.crash

@@ -28,6 +28,9 @@ class SyncLedgerReads:
     every row as a tuple, plus the `DurableSaverMixin` caches and `claim_many`.
     """
 
+    _SELECT_CALLED_TASKS = _sql.SELECT_CALLED_TASKS
+    """`_sql.SELECT_CALLED_TASKS` on this database's table of writes."""
+
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
 
@@ -122,6 +125,15 @@ class SyncLedgerReads:
         return bool(self._query(_sql.SELECT_CHECKPOINT_EXISTS,
                                 (str(thread_id), checkpoint_ns, checkpoint_id)))
 
+    def called_tasks(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> set[str]:
+        """Ids of the tasks with writes under this checkpoint that another task called
+        (a functional-API `@task`): `get_state()` shows their questions only through
+        their caller's own interrupt write (graph_durable's savers keep the path LangGraph
+        gives each write, `_langgraph.CALLED_TASK_PATH`)."""
+        rows = self._query(self._SELECT_CALLED_TASKS,
+                           (str(thread_id), checkpoint_ns, checkpoint_id))
+        return {row[0] for row in rows}
+
     def claim(
         self, intent: IntentWrite, config: RunnableConfig | None = None
     ) -> tuple[EffectRecord, bool]:
@@ -140,6 +152,8 @@ class AsyncLedgerReads:
     Needs `_aquery` (SQL as written in `_sql`, `?` placeholders) returning every row as a
     tuple, plus the `DurableSaverMixin` caches and `aclaim_many`.
     """
+
+    _SELECT_CALLED_TASKS = _sql.SELECT_CALLED_TASKS
 
     async def _aquery(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
@@ -220,6 +234,13 @@ class AsyncLedgerReads:
             return True
         return bool(await self._aquery(_sql.SELECT_CHECKPOINT_EXISTS,
                                        (str(thread_id), checkpoint_ns, checkpoint_id)))
+
+    async def acalled_tasks(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+                            ) -> set[str]:
+        """Async `called_tasks`."""
+        rows = await self._aquery(self._SELECT_CALLED_TASKS,
+                                  (str(thread_id), checkpoint_ns, checkpoint_id))
+        return {row[0] for row in rows}
 
     async def aclaim(
         self, intent: IntentWrite, config: RunnableConfig | None = None

@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from graph_durable._langgraph import CALLED_TASK_PATH
 from graph_durable.errors import IllegalTransition
 from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
 from graph_durable.secrets import LedgerCodec
@@ -61,6 +62,12 @@ SELECT_ASKED_IN_TASK = (
 )
 SELECT_CHECKPOINT_EXISTS = (
     "SELECT 1 FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+)
+# Tasks another task called (`CALLED_TASK_PATH`), by the path saved with their writes.
+SELECT_CALLED_TASKS = (
+    "SELECT DISTINCT task_id FROM writes WHERE thread_id = ? AND checkpoint_ns = ? "
+    f"AND checkpoint_id = ? AND substr(task_path, 1, {len(CALLED_TASK_PATH)}) = "
+    f"'{CALLED_TASK_PATH}'"
 )
 DELETE_NULL_RESUME = (
     "DELETE FROM writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? "

@@ -300,6 +300,11 @@ class AsyncFromSync:
         """Async `asked_in_task`."""
         return self.asked_in_task(thread_id, checkpoint_ns)
 
+    async def acalled_tasks(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
+                            ) -> set[str]:
+        """Async `called_tasks`."""
+        return self.called_tasks(thread_id, checkpoint_ns, checkpoint_id)  # type: ignore[attr-defined,no-any-return]
+
     async def acheckpoint_exists(
         self, thread_id: str, checkpoint_ns: str, checkpoint_id: str
     ) -> bool:
@@ -422,6 +427,11 @@ class SyncFromAsync:
     def checkpoint_exists(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
         """Sync `acheckpoint_exists`."""
         return self._sync(self.acheckpoint_exists(  # type: ignore[attr-defined]
+            thread_id, checkpoint_ns, checkpoint_id))
+
+    def called_tasks(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> set[str]:
+        """Sync `acalled_tasks`."""
+        return self._sync(self.acalled_tasks(  # type: ignore[attr-defined]
             thread_id, checkpoint_ns, checkpoint_id))
 
     def apply(self, write: LedgerWrite, config: RunnableConfig | None = None) -> list[EffectRecord]:

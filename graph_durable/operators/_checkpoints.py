@@ -2,7 +2,8 @@
 
 `thread_status`, the inbox and the orphan finder classify threads from the database
 alone (no graph): the latest checkpoint of a namespace, the steps it would run next, the
-tasks that already wrote their results, and the interrupts still open.
+tasks that already wrote their results, and the interrupts still open (those
+`get_state()` shows, and a functional-API task's that its caller never saved).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 
 from graph_durable._langgraph import ERROR, INTERRUPT, RESUME, TASKS
 
-__all__ = ["SENT_TASKS", "finished_tasks", "latest", "next_nodes", "open_interrupts",
-           "written_at"]
+__all__ = ["SENT_TASKS", "asked_interrupts", "finished_tasks", "latest", "next_nodes",
+           "open_interrupts", "questions", "written_at"]
 
 START = "__start__"
 SENT_TASKS = "(sent tasks)"
@@ -43,13 +44,54 @@ def finished_tasks(checkpoint: Any) -> set[str]:
 
 
 def open_interrupts(checkpoint: Any) -> list[Any]:
-    """The interrupts a checkpoint tuple holds that no task has answered since."""
+    """The interrupts a checkpoint tuple holds that no task has answered since, each once
+    (a functional-API `@task`'s question is saved by the task and again by its caller)."""
+    shown, _ = asked_interrupts(checkpoint, set())
+    return shown
+
+
+def asked_interrupts(checkpoint: Any, called: set[str]) -> tuple[list[Any], list[Any]]:
+    """The open interrupts of a checkpoint tuple that `get_state()` shows, and those it
+    does not, each once.
+
+    `called` are the tasks another task called (`saver.called_tasks`: functional-API
+    `@task`s). LangGraph shows the questions of the checkpoint's own tasks; a called
+    task's question only through its caller, which saves it again when the interrupt
+    reaches it. One a called task saved and its caller did not (its worker stopped
+    between the two writes) is not shown: resuming the thread asks it again. A question
+    a task that has since finished asked was answered, whoever saved it too.
+    """
     finished = finished_tasks(checkpoint)
-    found: list[Any] = []
+    answered = {_id(i) for task_id, channel, value in checkpoint.pending_writes
+                if channel == INTERRUPT and task_id in finished for i in _each(value)}
+    shown: dict[Any, Any] = {}
+    hidden: dict[Any, Any] = {}
     for task_id, channel, value in checkpoint.pending_writes:
-        if channel == INTERRUPT and task_id not in finished:
-            found.extend(value if isinstance(value, list | tuple) else [value])
-    return found
+        if channel != INTERRUPT or task_id in finished:
+            continue
+        for interrupt in _each(value):
+            if _id(interrupt) not in answered:
+                (hidden if task_id in called else shown).setdefault(_id(interrupt), interrupt)
+    return list(shown.values()), [i for key, i in hidden.items() if key not in shown]
+
+
+def questions(saver: Any, checkpoint: Any) -> tuple[list[Any], list[Any]]:
+    """`asked_interrupts` of a checkpoint tuple, with the tasks it calls `called` read from
+    `saver` (only when a task of it saved a question)."""
+    if not any(w[1] == INTERRUPT for w in checkpoint.pending_writes):
+        return [], []
+    conf = checkpoint.config["configurable"]
+    return asked_interrupts(checkpoint, saver.called_tasks(
+        conf["thread_id"], conf.get("checkpoint_ns", ""), conf["checkpoint_id"]))
+
+
+def _each(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _id(interrupt: Any) -> Any:
+    """An interrupt's id, which its caller's write repeats (one without: itself)."""
+    return getattr(interrupt, "id", None) or id(interrupt)
 
 
 def written_at(checkpoint: Any) -> float:

@@ -36,7 +36,7 @@ from graph_durable.operators.orphans import (
     resolve_orphan,
 )
 from graph_durable.operators._checkpoints import latest as latest_checkpoint
-from graph_durable.operators._checkpoints import open_interrupts, written_at
+from graph_durable.operators._checkpoints import questions, written_at
 from graph_durable.operators.pending import QUESTION_KINDS, PendingItem, hitl_items
 from graph_durable.operators._worker_thread import twin_of
 
@@ -105,7 +105,9 @@ def inbox(saver: Any, thread_id: str | None = None) -> list[InboxItem]:
         if saver.cancelled_by(thread) is not None:
             continue
         latest = latest_checkpoint(saver, thread)
-        for interrupt in open_interrupts(latest) if latest is not None else ():
+        # As `get_state()` shows them: a question a functional-API task saved and its
+        # caller never did is asked again when the thread is resumed (`recover`).
+        for interrupt in questions(saver, latest)[0] if latest is not None else ():
             value = getattr(interrupt, "value", None)
             asked_by_hitl = hitl_items(
                 interrupt, (latest.checkpoint.get("channel_values") or {}).get("messages"))

@@ -4,9 +4,12 @@
         print(outcome.thread_id, outcome.outcome, outcome.status)
 
 A thread is *orphaned* when it has steps to run, no pending interrupt and no live
-lease: its worker crashed. `recover` takes a lease on each orphaned thread before
-resuming it and checks again once it holds the lease, so any number of processes can
-sweep the same database at once and each thread is resumed by exactly one of them.
+lease: its worker crashed. So is one whose only unanswered questions were saved by a task
+another task called (a functional-API `@task`) and not by its caller (the worker died
+between the two writes): `get_state()` shows none of them, and resuming asks them again.
+`recover` takes a lease on each orphaned thread before resuming it and checks again once
+it holds the lease, so any number of processes can sweep the same database at once and
+each thread is resumed by exactly one of them.
 From async code (an async saver on its own loop), await `arecover` and `athread_status`.
 
 An *orphaned intent* is another thing: an open effect no pending task of its thread will
@@ -23,8 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from graph_durable.operators._checkpoints import finished_tasks, next_nodes, open_interrupts
-from graph_durable._langgraph import ERROR, INTERRUPT
+from graph_durable.operators._checkpoints import (
+    finished_tasks,
+    next_nodes,
+    open_interrupts,
+    questions,
+)
+from graph_durable._langgraph import ERROR
 from graph_durable.operators.compensation import policies_of
 from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld
 from graph_durable.ledger import EffectStatus, answered
@@ -91,13 +99,14 @@ def _settled_status(saver: Any, thread_id: str, latest: Any, nxt: tuple[str, ...
     # (ledger) and interrupting (checkpoint) left an orphan that must be resumed to ask.
     # An interrupt whose task has since written its results was answered: the worker
     # stopped before the next checkpoint.
-    finished = finished_tasks(latest)
-    interrupts = [w for w in latest.pending_writes if w[1] == INTERRUPT and w[0] not in finished]
-    if interrupts and _all_answered(saver, thread_id, interrupts):
+    shown, hidden = questions(saver, latest)
+    if hidden and (not shown or _all_answered(saver, thread_id, shown)):
+        return ThreadStatus(thread_id, "orphaned", _hidden_reason(hidden), nxt)
+    if shown and _all_answered(saver, thread_id, shown):
         return ThreadStatus(thread_id, "orphaned",
                             "its questions were answered and the decisions journaled, but its "
                             "worker stopped before acting on them: resume it (recover)", nxt)
-    asked = [r for r in saver.effects(thread_id) if r.asked] if interrupts else []
+    asked = [r for r in saver.effects(thread_id) if r.asked] if shown else []
     unknown = tuple(r.tool_call_id for r in asked if r.status is EffectStatus.UNKNOWN)
     approvals = tuple(r.tool_call_id for r in asked if r.status is not EffectStatus.UNKNOWN)
     if unknown:
@@ -105,12 +114,13 @@ def _settled_status(saver: Any, thread_id: str, latest: Any, nxt: tuple[str, ...
         return ThreadStatus(thread_id, "needs_human",
                             f"outcome unknown for tool calls {list(unknown)}: decide applied, "
                             f"retry or skip{also}", nxt, unknown + approvals)
-    if interrupts:
+    if shown:
         return ThreadStatus(thread_id, "waiting",
                             f"waiting for approval of {list(approvals)}" if approvals
                             else "waiting for input to an interrupt", nxt, approvals)
     # An error of a task that has since written its results is stale: a refused answer
     # raised, and a later run of the same task succeeded before the worker stopped.
+    finished = finished_tasks(latest)
     errors = [w[2] for w in latest.pending_writes if w[1] == ERROR and w[0] not in finished]
     if errors:
         return ThreadStatus(thread_id, "failed", f"a step raised: {errors[-1]!r}", nxt)
@@ -119,6 +129,16 @@ def _settled_status(saver: Any, thread_id: str, latest: Any, nxt: tuple[str, ...
                             f"has next steps {list(nxt)}, no pending interrupt and no live "
                             "lease: its worker stopped; resume it (recover)", nxt)
     return ThreadStatus(thread_id, "done", "ran to its end")
+
+
+def _hidden_reason(hidden: list[Any]) -> str:
+    """Why a thread whose questions only called tasks saved is orphaned."""
+    calls = [v["tool_call_id"] for v in (getattr(i, "value", None) for i in hidden)
+             if isinstance(v, dict) and isinstance(v.get("tool_call_id"), str)]
+    what = f"about tool calls {calls}" if calls else "a question"
+    return (f"a task another task called (a functional-API @task) asked {what}, but its "
+            "worker stopped before the calling task saved the question, so get_state() "
+            "shows none and no one can answer it: resume it to ask again (recover)")
 
 
 def _with_orphans(found: ThreadStatus, lost: list[Orphan]) -> ThreadStatus:
@@ -159,15 +179,13 @@ _OPEN_AFTER_CANCEL = frozenset({EffectStatus.COMPENSATION_FAILED,
 def _all_answered(saver: Any, thread_id: str, interrupts: list[Any]) -> bool:
     """Whether every pending interrupt is the guard's and each of its questions has a
     journaled decision (any other interrupt waits for its own answer)."""
-    for write in interrupts:
-        values = write[2] if isinstance(write[2], list | tuple) else [write[2]]
-        for interrupt in values:
-            value = getattr(interrupt, "value", None)
-            if not isinstance(value, dict) or "key" not in value:
-                return False
-            asks = "unknown" if value.get("type") == "effect_unknown" else "approval"
-            if not answered(saver.effect(value["key"], thread_id), asks):
-                return False
+    for interrupt in interrupts:
+        value = getattr(interrupt, "value", None)
+        if not isinstance(value, dict) or "key" not in value:
+            return False
+        asks = "unknown" if value.get("type") == "effect_unknown" else "approval"
+        if not answered(saver.effect(value["key"], thread_id), asks):
+            return False
     return True
 
 

@@ -69,3 +69,44 @@ def test_the_agent_servers_saver_adapter_keeps_the_saver_where_the_guard_looks()
         assert durable_saver(Adapter(saver)) is saver
         assert durable_saver(Adapter(Adapter(saver))) is saver
     assert durable_saver(Adapter(object())) is None and durable_saver(None) is None
+
+
+def test_the_path_saved_with_a_called_tasks_writes_begins_as_thread_status_reads_it() -> None:
+    """A functional-API `@task`'s writes are saved with a path that begins with
+    `CALLED_TASK_PATH`; its `@entrypoint`'s (a task of the checkpoint) and a `Send`
+    branch's do not."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.func import entrypoint, task
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Send, interrupt
+
+    paths: dict[str, str] = {}
+
+    class Recording(InMemorySaver):
+        def put_writes(self, config, writes, task_id, task_path=""):  # type: ignore[no-untyped-def]
+            for channel, _ in writes:
+                paths.setdefault(f"{task_path}|{channel}", task_path)
+            super().put_writes(config, writes, task_id, task_path)
+
+    @task
+    def ask(question: str) -> str:
+        return str(interrupt(question))
+
+    @entrypoint(checkpointer=Recording())
+    def agent(question: str) -> str:
+        return ask(question).result()
+
+    agent.invoke("ok?", {"configurable": {"thread_id": "f"}})
+    called = {p for p in paths.values() if p.startswith(internals.CALLED_TASK_PATH)}
+    assert called and len(called) < len(set(paths.values())), paths
+
+    builder = StateGraph(dict)
+    builder.add_node("fan", lambda state: {})
+    builder.add_node("branch", lambda state: {})
+    builder.add_edge(START, "fan")
+    builder.add_conditional_edges("fan", lambda state: [Send("branch", {})], ["branch"])
+    builder.add_edge("branch", END)
+    paths.clear()
+    builder.compile(checkpointer=Recording()).invoke({}, {"configurable": {"thread_id": "s"}})
+    assert any(p.startswith("~__pregel_push") for p in paths.values()), paths  # the branch
+    assert not any(p.startswith(internals.CALLED_TASK_PATH) for p in paths.values()), paths

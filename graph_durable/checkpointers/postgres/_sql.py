@@ -141,6 +141,7 @@ DELETE_CHECKPOINT_WRITES = (
     "AND checkpoint_id = %s"
 )
 DELETE_NULL_RESUME = _sql.DELETE_NULL_RESUME.replace("FROM writes", "FROM checkpoint_writes")
+SELECT_CALLED_TASKS = _sql.SELECT_CALLED_TASKS.replace("FROM writes", "FROM checkpoint_writes")
 
 
 @functools.lru_cache(maxsize=256)

@@ -138,6 +138,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
             `AsyncConnectionPool` of them.
     """
 
+    _SELECT_CALLED_TASKS = _pg.SELECT_CALLED_TASKS
+
     def _init_engine(self) -> None:
         self.is_setup = False
         self._setup_lock = asyncio.Lock()

@@ -74,6 +74,7 @@ from graph_durable.checkpointers.postgres._sql import (
     FENCE_REFUSED,
     LANGGRAPH_APPLIED,
     LOCK_THREAD_READ_LEASE,
+    SELECT_CALLED_TASKS,
     SELECT_LEASE_WITH_CLOCK,
     SCHEMA_TABLES,
     SELECT_RUN_CHECKPOINTS,
@@ -177,6 +178,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     Args:
         conn: A psycopg `Connection` (autocommit, `dict_row`) or a `ConnectionPool`.
     """
+
+    _SELECT_CALLED_TASKS = SELECT_CALLED_TASKS
 
     def _init_engine(self) -> None:
         self.is_setup = False

@@ -134,7 +134,8 @@ def start_child(
             crash), `decide` (invoke `Command(resume=resume)`), `review` (load
             `review(graph, config)` as a reviewer would, take the decisions in `resume`,
             a mapping `{tool_call_id: decision}`, and resume through it), or `recover`
-            (sweep with `recover(graph, saver, owner)`, reported as `recovered`).
+            (sweep with `recover(graph, saver, owner)`, or `arecover` for an async
+            factory, reported as `recovered`).
         resume: The resume value for `decide`, the decisions for `review`.
         fault: A plan that crashes (or freezes) the child at a fault point.
         trace_path: File to which the child appends every fault point it reaches.
@@ -279,19 +280,25 @@ def _run_sync(spec: dict[str, Any], factory: Any, config: dict[str, Any]) -> dic
 
 async def _run_async(spec: dict[str, Any], factory: Any, config: dict[str, Any]
                      ) -> dict[str, Any]:
+    from graph_durable.operators.recovery import arecover
     from graph_durable.operators.review import areview
 
     scenario = await factory(**spec["kwargs"])
-    pending = await areview(scenario.graph, config) if spec["action"] == "review" else None
-    await scenario.graph.ainvoke(_graph_input(spec, scenario, pending), config,
-                                 durability="sync")
-    reviewed = [item.tool_call_id for item in pending.pending] if pending else []
-    state = await scenario.graph.aget_state(config)
+    if spec["action"] == "recover":
+        outcomes = await arecover(scenario.graph, scenario.saver, spec["owner"],
+                                  ttl=spec["ttl"])
+        summary = {"recovered": [o.__dict__ for o in outcomes]}
+    else:
+        pending = await areview(scenario.graph, config) if spec["action"] == "review" else None
+        await scenario.graph.ainvoke(_graph_input(spec, scenario, pending), config,
+                                     durability="sync")
+        reviewed = [item.tool_call_id for item in pending.pending] if pending else []
+        summary = {**summarize(await scenario.graph.aget_state(config)), "reviewed": reviewed}
     # aiosqlite runs a non-daemon thread per connection: close it or the process lingers.
     conn = getattr(getattr(scenario, "saver", None), "conn", None)
     if conn is not None:
         await conn.close()
-    return {**summarize(state), "reviewed": reviewed}
+    return summary
 
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:

@@ -80,20 +80,12 @@ RESULT_PATHS = {"artifact_result": "artifact", "non_json_result": "non_json",
 """What a write tool returns, by path class."""
 FOLLOWUP_TOOL = "audit"
 RUNTIME_PATHS = ("recover_after_decision", "recover_misjudged", "retry_swallows_refusal",
-                 "functional_hidden_question",
                  "malformed_across_tasks", "hitl_review", "hitl_asked_again")
 """Situations that arise, rather than being generated: known bugs the driver reports
 when enabled, or steps around."""
 ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
 
 KNOWN_BUGS: dict[str, str] = {
-    "functional_hidden_question": "a worker killed after a functional-API @task saved "
-    "its question (approval or unknown outcome) and before its @entrypoint saved it "
-    "leaves a thread whose get_state() lists no interrupt, while thread_status says "
-    "waiting or needs_human from the task's saved question, so recover() never resumes "
-    "it and review() has nothing to answer (seed 7056: a looked-up charge past its "
-    "timeout, killed at after_put_writes #2, recovered). A plain resume asks again. The "
-    "driver resumes it plainly unless this class is enabled.",
     "send_refork": "LangGraph's, not graph_durable's: a run from a named checkpoint of the "
     "parent whose step sends two `Send` branches into one subgraph, run again from the "
     "fork an earlier such run made (seed 4192: killed in both runs), restores the checkpoint "
@@ -138,7 +130,12 @@ interrupt id now answers the guard only if the guard asked under that id);
 run as tasks of their own, the tasks holding valid answers recorded and sent them) since
 each task checks the whole set first; `retry_swallows_refusal` (seed 219:
 `ToolRetryMiddleware` listed before the guard answered a malformed decision's call with
-an error message) since the refusal is a `GraphBubbleUp`, which middleware lets through."""
+an error message) since the refusal is a `GraphBubbleUp`, which middleware lets through;
+`functional_hidden_question` (seed 7056: a worker killed after a functional-API `@task`
+saved its question and before its `@entrypoint` did left a thread `get_state()` showed
+no question of, which `thread_status` called waiting, so `recover()` passed it by) since
+`thread_status` tells such a question from one `get_state()` shows and calls the thread
+orphaned."""
 STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
 SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
 GUARDED = ("guarded_node", "functional")

@@ -383,11 +383,7 @@ class _Run:
                 and "UnkeyableToolCall" in (status.reason or "")):
             # recover() leaves a thread refused as documented alone: it is failed.
             raise _Refused(f"recover: {status.reason[:300]}", thread_id)
-        # A functional-API task's question saved without its entrypoint's (the worker
-        # killed between the two writes) is one case, open on its own.
-        hidden = (self.episode.topology == "functional"
-                  and status.status in ("waiting", "needs_human"))
-        self.known_bug("functional_hidden_question" if hidden else "recover_misjudged", (
+        self.known_bug("recover_misjudged", (
             f"STATUS {thread_id} has not finished and nothing is pending (next="
             f"{report['next']}), but thread_status says {status.status} ({status.reason}), "
             "so recover() never resumes it"))
