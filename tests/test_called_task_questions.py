@@ -78,18 +78,18 @@ def test_a_functional_question_is_listed_once_and_answered_by_its_call(
     [shown] = graph.get_state(CONFIG).interrupts
     assert [i.interrupt_id for i in inbox(saver)] == [shown.id]
     assert thread_status(saver, "t").status == "waiting"
-    [record] = record_decisions(saver, "t", {"create_invoice#0": {"type": "approve"}})
+    [record] = record_decisions(saver, "t", {"issue_invoice#0": {"type": "approve"}})
     assert record.decision["type"] == "approve"
 
 
 def _functional(saver: Any) -> Any:
     @guarded(Effect(idempotent=True, approval=True))
-    def create_invoice(customer: str, cents: int) -> dict[str, Any]:
+    def issue_invoice(customer: str, cents: int) -> dict[str, Any]:
         return {"id": f"inv-{current_effect().key[-6:]}", "customer": customer, "cents": cents}
 
     @task(name="bill")
     def bill(customer: str, cents: int) -> dict[str, Any]:
-        return create_invoice(customer, cents)
+        return issue_invoice(customer, cents)
 
     @entrypoint(checkpointer=saver, name="billing")
     def billing(order: dict[str, Any]) -> dict[str, Any]:
