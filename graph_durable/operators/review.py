@@ -28,6 +28,10 @@ are answered as it expects: a per-call question by its interrupt id, a batched o
 What the interrupts ask is read in `graph_durable.operators.pending` (`PendingItem`, the
 guard's and the middleware's questions); the names it shares with this module
 (`PendingItem`, `hitl_items`, `is_hitl_question`, ...) are importable from here too.
+
+The module is a little over 400 lines because `Review` is one object: its reading of the
+thread, its decisions (approve, edit, reject, respond, compensate) and the command that
+answers them share its state, and their sync and async forms sit side by side.
 """
 
 from __future__ import annotations
