@@ -279,6 +279,9 @@ HIDDEN_SAVERS = [pytest.param(AWRITES, "sqlite", id="async-sqlite"),
 """Where a kill after the task's write always comes before its entrypoint's: the async
 PostgreSQL saver sends the two at once on two connections of its pool, so the server
 saves both, or (killed before the second) the first may not have been sent yet."""
+HIDDEN_ATTEMPTS = 5
+"""How many times the async SQLite worker is killed, each on a new database, for a kill
+that lands between the two writes (it may have sent both already)."""
 
 
 @pytest.mark.parametrize(("factory", "backend"), HIDDEN_SAVERS)
@@ -290,15 +293,22 @@ def test_a_question_a_task_saved_without_its_entrypoint_is_asked_by_recover(
     (`arecover` for an async saver) resumes it in a new process. The question is asked
     again and listed once by `get_state()`, `review`, the inbox and `thread_status`;
     nothing is sent."""
-    kwargs = {**kwargs_for(tmp_path, "blind", "functional"), "approval": True}
-    if backend != "sqlite":
-        kwargs["saver"] = {"backend": backend,
-                           "conninfo": request.getfixturevalue("postgres_conninfo")}
-    invoices, mail = providers(tmp_path, "blind")
-    crashed = run_child(factory, kwargs, thread_id="t",
-                        fault=FaultPlan("after_put_writes", occurrence=1))
-    assert crashed.killed
-    hidden = views(factory, kwargs)
+    for attempt in range(HIDDEN_ATTEMPTS):
+        # The async saver may have both writes in flight when the first one's fault point
+        # kills the worker: then both are saved and nothing is hidden; kill it again.
+        folder = tmp_path / f"attempt-{attempt}"
+        folder.mkdir()
+        kwargs = {**kwargs_for(folder, "blind", "functional"), "approval": True}
+        if backend != "sqlite":
+            kwargs["saver"] = {"backend": backend,
+                               "conninfo": request.getfixturevalue("postgres_conninfo")}
+        invoices, mail = providers(folder, "blind")
+        crashed = run_child(factory, kwargs, thread_id="t",
+                            fault=FaultPlan("after_put_writes", occurrence=1))
+        assert crashed.killed
+        hidden = views(factory, kwargs)
+        if factory == WRITES or hidden["state"] == []:
+            break
     assert (hidden["state"], hidden["review"], hidden["inbox"]) == ([], [], []), hidden
     assert hidden["status"].status == "orphaned", hidden["status"]
     assert "create_invoice#0" in hidden["status"].reason
