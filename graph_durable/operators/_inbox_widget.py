@@ -15,7 +15,7 @@ import asyncio
 import json
 from collections.abc import Coroutine
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from graph_durable._display import badge, esc, json_text
 from graph_durable.errors import GraphDurableError, InvalidDecision
@@ -23,10 +23,26 @@ from graph_durable.operators._inbox_thread import InboxThread, args_schema, diff
 from graph_durable.operators.recovery import thread_status
 from graph_durable.operators.review import PendingItem, describe_decision
 
-if TYPE_CHECKING:
-    from graph_durable.operators.notebook import Inbox
+__all__ = ["CallView", "InboxLike", "InboxView", "ThreadView"]
 
-__all__ = ["CallView", "InboxView", "ThreadView"]
+
+class InboxLike(Protocol):
+    """What the view reads from the `graph_durable.operators.notebook.Inbox` it shows
+    (named here so that the widget does not import the module that imports it)."""
+
+    saver: Any
+    reviewer: str | None
+    asynchronous: bool
+    threads: dict[str, InboxThread]
+
+    def refresh(self) -> Any: ...
+
+    async def arefresh(self) -> Any: ...
+
+    def load(self, thread_id: str) -> InboxThread | None: ...
+
+    async def aload(self, thread_id: str) -> InboxThread | None: ...
+
 
 _LABELS = {"approve": "Approve", "edit": "Send edited", "reject": "Reject",
            "respond": "Respond", "applied": "Mark applied", "retry": "Retry",
@@ -38,7 +54,7 @@ _STYLES = {"approve": "success", "edit": "info", "reject": "danger", "respond": 
 class InboxView:
     """The whole inbox: a reviewer name, a Refresh button, and each waiting thread."""
 
-    def __init__(self, inbox: Inbox, widgets: Any) -> None:
+    def __init__(self, inbox: InboxLike, widgets: Any) -> None:
         self.inbox, self.w = inbox, widgets
         self.reviewer = widgets.Text(value=inbox.reviewer or "", description="Reviewer")
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
