@@ -230,9 +230,16 @@ def test_recover_from_three_processes_finishes_sixty_orphans_once(
 
 @pytest.mark.crash
 def test_a_slow_but_alive_tool_keeps_its_lease(tmp_path: Path, scenario) -> None:
-    kwargs = scenario("lookup", delays={"pay": 2.5})
-    worker = start_child(EFFECTS, kwargs, thread_id="t", owner="A", ttl=1.0)
-    time.sleep(1.8)  # past one ttl: only renewal keeps the lease alive
+    # The tool outlasts the rival's start on a loaded machine, not just one ttl.
+    kwargs = scenario("lookup", delays={"pay": 8.0})
+    trace = tmp_path / "worker.trace"
+    worker = start_child(EFFECTS, kwargs, thread_id="t", owner="A", ttl=1.0,
+                         trace_path=str(trace))
+    deadline = time.monotonic() + 60
+    while "after_intent" not in (trace.read_text() if trace.exists() else ""):
+        assert time.monotonic() < deadline, "the worker never reached its tool"
+        time.sleep(0.05)
+    time.sleep(1.5)  # past one ttl since the tool started: only renewal keeps the lease
     rival = run_child(EFFECTS, kwargs, thread_id="t", action="resume", owner="B", ttl=1.0)
     assert rival.summary.get("lease_held") == "A"
     result = worker.wait()
