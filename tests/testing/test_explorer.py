@@ -1,9 +1,11 @@
 """The explorer: generated episodes, SIGKILLed in real processes, keep every invariant.
 
-The long test runs `EXPLORER_EPISODES` episodes (default 300, about two minutes on two
-cores) of the stable path classes; `GRAPH_DURABLE_EXPLORER_EPISODES` and
-`GRAPH_DURABLE_EXPLORER_SEED` change the count and the first seed. A failure prints
-each failing seed, a shrunk episode and the commands that replay them.
+The long test runs episodes of the stable path classes: `QUICK_EPISODES` (150, about a
+minute on two cores, every stable shape and way of resuming) in make test, and
+`EXPLORER_EPISODES` (default 300, marked `sweep`) in make test-sweeps, which CI runs too;
+`GRAPH_DURABLE_EXPLORER_EPISODES` and `GRAPH_DURABLE_EXPLORER_SEED` change the sweep's
+count and both runs' first seed. A failure prints each failing seed, a shrunk episode
+and the commands that replay them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from graph_durable.testing.crash.forkserver import ForkServer
 pytestmark = pytest.mark.crash
 
 EXPLORER_EPISODES = int(os.environ.get("GRAPH_DURABLE_EXPLORER_EPISODES", "300"))
+QUICK_EPISODES = 150
 EXPLORER_SEED = int(os.environ.get("GRAPH_DURABLE_EXPLORER_SEED", "1"))
 
 SHAPES_OF_THIS_ROUND = (
@@ -146,16 +149,20 @@ def test_the_command_line_replays_a_seed_and_an_episode(tmp_path: Path) -> None:
 
 
 @pytest.mark.long
-def test_stable_paths_keep_every_invariant(tmp_path: Path) -> None:
-    report = explore(EXPLORER_EPISODES, EXPLORER_SEED, workers=2, directory=str(tmp_path))
+@pytest.mark.parametrize("episodes", [
+    pytest.param(QUICK_EPISODES, id="quick"),
+    pytest.param(EXPLORER_EPISODES, marks=pytest.mark.sweep, id="ci"),
+])
+def test_stable_paths_keep_every_invariant(tmp_path: Path, episodes: int) -> None:
+    report = explore(episodes, EXPLORER_SEED, workers=2, directory=str(tmp_path))
     print(report.render())
     assert report.ok, report.render()
-    assert report.episodes == EXPLORER_EPISODES
+    assert report.episodes == episodes
     # The run did what it claims: crashes, pauses, refused malformed decisions, and
     # every stable way of resuming.
-    assert report.crashes >= EXPLORER_EPISODES // 2
-    assert report.pauses >= EXPLORER_EPISODES // 2
-    assert report.malformed >= EXPLORER_EPISODES // 20
+    assert report.crashes >= episodes // 2
+    assert report.pauses >= episodes // 2
+    assert report.malformed >= episodes // 20
     stable_resumes = set(RESUME_PATHS) & STABLE_PATHS
     assert stable_resumes <= set(report.vias), report.vias
     # ... and every stable shape: subgraphs, create_agent stacks, tools' answers.
