@@ -161,35 +161,57 @@ def _batched_items(interrupt: Any, messages: list[Any]) -> list[PendingItem]:
 def pending_items(state: Any, saver: Any, thread_id: str) -> list[PendingItem]:
     """The questions the interrupts of a thread's `state` (`graph.get_state`) ask; with
     `saver`, a guard's question the ledger already holds a decision for is left out
-    (resuming carries it out), and its attempts and error are the ledger's."""
-    items = []
-    for interrupt in state.interrupts:
-        value = interrupt.value
-        asked = hitl_items(interrupt, (getattr(state, "values", None) or {}).get("messages"))
-        if asked:
-            items.extend(asked)
-            continue
-        if not isinstance(value, dict) or value.get("type") not in QUESTION_KINDS:
-            continue
-        record = saver.effect(value["key"], thread_id) if saver is not None else None
-        if answered(record, QUESTION_KINDS[value["type"]]):
-            continue  # decided before a crash: resuming carries the decision out
-        schema = getattr(interrupt, "response_schema", None)  # a dict once surfaced
-        items.append(PendingItem(
-            kind=QUESTION_KINDS[value["type"]],
-            tool_call_id=value["tool_call_id"],
-            tool=value.get("name", value.get("tool")),
-            args=value["args"],
-            key=value["key"],
-            attempts=record.attempts if record else value.get("attempts", 0),
-            error=record.error if record else value.get("error"),
-            description=value.get("description"),
-            allowed_decisions=tuple(value.get("allowed_decisions")
-                                    or DEFAULT_ALLOWED[QUESTION_KINDS[value["type"]]]),
-            interrupt_id=interrupt.id,
-            response_schema=schema if isinstance(schema, dict) else None,
-        ))
-    return items
+    (resuming carries it out), and its attempts and error are the ledger's.
+
+    Items come in the order the thread's AIMessages asked for the calls, whatever order
+    the interrupts were saved in (the calls of one turn run in parallel, so their
+    interrupts are saved in the order they happened to be raised); an interrupt about a
+    call no message of `state` names (a subgraph's, a guarded write's) keeps its place
+    after them."""
+    messages = (getattr(state, "values", None) or {}).get("messages")
+    groups = [_interrupt_items(interrupt, saver, thread_id, messages)
+              for interrupt in state.interrupts]
+    order = _call_order(messages)
+    groups.sort(key=lambda group: min((order.get(i.tool_call_id, len(order)) for i in group),
+                                      default=len(order)))
+    return [item for group in groups for item in group]
+
+
+def _call_order(messages: Any) -> dict[str, int]:
+    """Each tool_call_id of `messages`' AIMessages, mapped to its place among them."""
+    order: dict[str, int] = {}
+    for message in messages if isinstance(messages, list) else ():
+        for call in getattr(message, "tool_calls", None) or ():
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                order[call["id"]] = len(order)
+    return order
+
+
+def _interrupt_items(interrupt: Any, saver: Any, thread_id: str,
+                     messages: Any) -> list[PendingItem]:
+    """The questions one interrupt asks (see `pending_items`)."""
+    asked = hitl_items(interrupt, messages)
+    value = interrupt.value
+    if asked or not isinstance(value, dict) or value.get("type") not in QUESTION_KINDS:
+        return asked
+    kind = QUESTION_KINDS[value["type"]]
+    record = saver.effect(value["key"], thread_id) if saver is not None else None
+    if answered(record, kind):
+        return []  # decided before a crash: resuming carries the decision out
+    schema = getattr(interrupt, "response_schema", None)  # a dict once surfaced
+    return [PendingItem(
+        kind=kind,
+        tool_call_id=value["tool_call_id"],
+        tool=value.get("name", value.get("tool")),
+        args=value["args"],
+        key=value["key"],
+        attempts=record.attempts if record else value.get("attempts", 0),
+        error=record.error if record else value.get("error"),
+        description=value.get("description"),
+        allowed_decisions=tuple(value.get("allowed_decisions") or DEFAULT_ALLOWED[kind]),
+        interrupt_id=interrupt.id,
+        response_schema=schema if isinstance(schema, dict) else None,
+    )]
 
 
 def as_record(item: PendingItem, thread_id: str) -> EffectRecord:
