@@ -154,7 +154,7 @@ class SyncDriver(GuardBase):
         ctx, call_request, execute = call
         effect = self._effect_context(task, op)
 
-        def call() -> ToolResult:
+        def run_tool() -> ToolResult:
             token = _CURRENT.set(effect)
             try:
                 return execute(call_request)
@@ -164,7 +164,7 @@ class SyncDriver(GuardBase):
         timeout = ctx.policy.timeout
         if timeout is None:
             try:
-                return gated(gate, Outcome(value=call()))
+                return gated(gate, Outcome(value=run_tool()))
             except GraphInterrupt as paused:
                 return gated(gate, Outcome(paused=self._inner_pause(task, ctx, paused)))
             except GraphBubbleUp:
@@ -175,7 +175,7 @@ class SyncDriver(GuardBase):
 
         def target() -> None:
             try:
-                box["value"] = call()
+                box["value"] = run_tool()
             except BaseException as exc:
                 box["error"] = exc
 

@@ -245,11 +245,11 @@ async def arecover(*args: Any, **kwargs: Any) -> list[RecoveryOutcome]:
     return await asyncio.to_thread(_recover, **call.arguments, resume=resume)
 
 
-async def athread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
-                         ) -> ThreadStatus:
-    """Async `thread_status`: read on a worker thread, whose saver calls an async saver
-    answers on this loop, which the await leaves free."""
-    return await asyncio.to_thread(thread_status, saver, thread_id, ignore_owner=ignore_owner)
+@twin_of(thread_status)
+async def athread_status(*args: Any, **kwargs: Any) -> ThreadStatus:
+    """Async `thread_status` (the same arguments): read on a worker thread, whose saver
+    calls an async saver answers on this loop, which the await leaves free."""
+    return await asyncio.to_thread(thread_status, *args, **kwargs)
 
 
 def _recover(graph: Any, saver: Any, owner: str, limit: int | None, ttl: float,

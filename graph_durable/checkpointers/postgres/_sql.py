@@ -257,7 +257,7 @@ def raise_refused(exc: BaseException, thread_id: str | None,
     refused = read_only_refused(exc, thread_id, what)
     if refused is not None:
         raise refused from exc
-    raise  # noqa: PLE0704 - re-raises the exception being handled
+    raise exc
 
 
 def broke_under_write(exc: BaseException, thread_id: str | None,

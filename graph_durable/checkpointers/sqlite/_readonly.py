@@ -123,4 +123,4 @@ def setup_refused(exc: sqlite3.OperationalError) -> NoReturn:
     `SqliteReadOnly` if SQLite refused a write as read-only, else `exc` itself."""
     if is_read_only(exc):
         raise SqliteReadOnly.refused(SETUP_NEEDS, exc) from exc
-    raise  # noqa: PLE0704 - re-raises the exception being handled
+    raise exc
