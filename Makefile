@@ -45,15 +45,16 @@ TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 
 # Every test on the newest releases (but the long sweeps), with 150 of the explorer's
-# episodes (the sweeps run 300) and the 4-worker PostgreSQL recovery; then the guard's own tests on the
-# oldest supported releases.
+# episodes (the sweeps run 300) and the 4-worker PostgreSQL recovery; then the guard's
+# own tests on the oldest supported releases.
 test: $(STAMP) $(FLOOR_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not sweep and not backends"
 	GRAPH_DURABLE_EXPECT_FLOOR=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		$(XDIST) -m "not backends" $(FLOOR_TESTS)
 
 # The long sweeps (marker `sweep`): races of two workers on fifty orphans, generated
-# crash schedules and the explorer's 300 episodes; and the saver-parametrised tests on PostgreSQL (marker `backends`).
+# crash schedules and the explorer's 300 episodes; and the saver-parametrised tests on
+# PostgreSQL (marker `backends`).
 # CI runs them after make test.
 test-sweeps: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "sweep or backends"

@@ -24,6 +24,7 @@ from graph_durable import (
 )
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.crash.child import run_child, start_child
+from graph_durable.testing.crash.reads import trace_points
 from graph_durable.testing.savers import SaverSpec, close_saver
 from graph_durable.testing.scenarios.effects import EffectsAgent, build_effects_agent
 
@@ -236,7 +237,7 @@ def test_a_slow_but_alive_tool_keeps_its_lease(tmp_path: Path, scenario) -> None
     worker = start_child(EFFECTS, kwargs, thread_id="t", owner="A", ttl=1.0,
                          trace_path=str(trace))
     deadline = time.monotonic() + 60
-    while "after_intent" not in (trace.read_text() if trace.exists() else ""):
+    while not any(p.point == "after_intent" for p in trace_points(str(trace), 0)):
         assert time.monotonic() < deadline, "the worker never reached its tool"
         time.sleep(0.05)
     time.sleep(1.5)  # past one ttl since the tool started: only renewal keeps the lease
