@@ -32,6 +32,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from graph_durable.checkpointers.sqlite._aiosqlite import on_connection_thread
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._reads import AsyncLedgerReads
+from graph_durable.checkpointers.sqlite._locked import aretry_locked, busy_timeout
 from graph_durable.checkpointers.sqlite._readonly import (
     check_read_only,
     read_only_uri,
@@ -110,19 +111,24 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncEagerL
         """Create LangGraph's tables and apply pending ledger migrations (safe to repeat).
 
         On a database already up to date it only reads (see `DurableSqliteSaver.setup`:
-        no write lock, works on a read-only connection).
+        no write lock, works on a read-only connection); a setup refused by another
+        connection's lock is tried again for the connection's busy timeout.
         """
         if self._migrated:
             return
         try:
-            await super().setup()
-            async with self.lock:
-                if self._migrated:
-                    return
-                await on_connection_thread(self.conn, setup_ledger, self._db_secret_params())
-                self._migrated = True
+            wait = await on_connection_thread(self.conn, busy_timeout)
+            await aretry_locked(self._setup_once, wait)
         except sqlite3.OperationalError as exc:
             setup_refused(exc)
+
+    async def _setup_once(self) -> None:
+        await super().setup()
+        async with self.lock:
+            if self._migrated:
+                return
+            await on_connection_thread(self.conn, setup_ledger, self._db_secret_params())
+            self._migrated = True
 
     async def _write(
         self, body: Callable[[sqlite3.Cursor], T], thread_id: str | None = None,

@@ -32,6 +32,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._reads import SyncLedgerReads
+from graph_durable.checkpointers.sqlite._locked import busy_timeout, retry_locked
 from graph_durable.checkpointers.sqlite._readonly import (
     connect_read_only,
     setup_ledger,
@@ -103,19 +104,24 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
 
         On a database already up to date it only reads: it takes no write lock (so it
         does not wait behind another process's write) and works on a read-only
-        connection. Creating or migrating the schema needs write access; on a read-only
+        connection. Any number of savers may set up one new file at once: a setup
+        refused by another's lock is tried again for the connection's busy timeout. Creating or migrating the schema needs write access; on a read-only
         connection that raises `ReadOnlyDatabase`.
         """
         if self.is_setup:
             return
         try:
-            super().setup()
-            self.is_setup = False
-            setup_ledger(self.conn, self._db_secret_params())
+            retry_locked(self._setup_once, busy_timeout(self.conn))
         except sqlite3.OperationalError as exc:
             self.is_setup = False
             setup_refused(exc)
         self.is_setup = True
+
+    def _setup_once(self) -> None:
+        self.is_setup = False
+        super().setup()
+        self.is_setup = False
+        setup_ledger(self.conn, self._db_secret_params())
 
     @contextmanager
     def _txn(
