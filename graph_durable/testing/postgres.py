@@ -291,12 +291,16 @@ class PostgresServer:
     `base_dir` is where the temporary folder is created (default:
     `tempfile.gettempdir()`); `bin_dir` holds the binaries (default:
     `find_postgres_bin()`); `timeout` bounds the wait for the server to accept
-    connections, in seconds. Start with `start()` or ``with``; `stop()` removes
-    everything and may be called any number of times.
+    connections, in seconds; `settings` are server settings passed on its command line
+    (``{"synchronous_commit": "off"}``), over the defaults. Start with `start()` or
+    ``with``; `stop()` removes everything and may be called any number of times.
+    `crash()` and `start_again()` stop the server as a power cut would its processes
+    and start it on the same data, for tests of what a commit survives.
     """
 
     def __init__(self, base_dir: str | None = None, *, bin_dir: str | None = None,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, settings: dict[str, str] | None = None) -> None:
+        self._settings = dict(settings or {})
         self._bin_dir = _resolve_bin_dir(bin_dir)
         self._base_dir = base_dir if base_dir is not None else tempfile.gettempdir()
         self._timeout = timeout
@@ -364,6 +368,27 @@ class PostgresServer:
         finally:
             if self._tmp is not None:
                 shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def crash(self) -> None:
+        """Stop the server's processes at once (`pg_ctl stop -m immediate`), keeping its
+        folder: what was committed survives, as after a power cut, only if it reached
+        the write-ahead log on disk. `start_again()` starts it on the same data."""
+        if not self._running:
+            raise RuntimeError("PostgresServer is not started")
+        self._shutdown()
+
+    def start_again(self) -> PostgresServer:
+        """Start a server stopped by `crash()` on its data and port (crash recovery runs
+        first), and wait until it accepts connections."""
+        if not self._running or self._postmaster_pid() is not None:
+            raise RuntimeError("start_again() starts a server stopped by crash()")
+        deadline = time.monotonic() + self._timeout
+        try:
+            self._launch(deadline)
+        except _StartFailed as failure:
+            raise RuntimeError(str(failure)) from None
+        self._wait_until_ready(deadline)
+        return self
 
     def create_database(self, name: str) -> str:
         """Create database `name` and return its libpq connection string."""
@@ -447,7 +472,7 @@ class PostgresServer:
                 f"{hint}")
 
     def _server_options(self, port: int) -> str:
-        settings = {**_SERVER_SETTINGS, "port": str(port),
+        settings = {**_SERVER_SETTINGS, **self._settings, "port": str(port),
                     "unix_socket_directories": str(self._socket_dir)}
         return " ".join(f"-c {shlex.quote(f'{key}={value}')}"
                         for key, value in settings.items())

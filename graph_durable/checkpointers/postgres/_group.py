@@ -122,7 +122,7 @@ class AsyncGroupCommit:
             return
         checked: dict[int | None, BaseException | None] = {}
         try:
-            async with self._txn(writing=thread_id, pipelined=True) as cur:
+            async with self._txn(writing=thread_id, pipelined=True, durable=True) as cur:
                 conn = cur.connection
                 for item in batch:
                     write, config = item.write, item.config
@@ -184,7 +184,8 @@ class AsyncGroupCommit:
         self, thread_id: str, planned: list[tuple[list[Any], EffectRecord]],
         config: RunnableConfig | None,
     ) -> list[tuple[EffectRecord, bool]]:
-        async with self._one_trip(thread_id, config, fenced_by_block=True) as fenced:
+        async with self._one_trip(thread_id, config, fenced_by_block=True,
+                                  durable=True) as fenced:
             cur = fenced.connection.cursor(row_factory=tuple_row, binary=True)
             await cur.execute(*_pg.claim_call(thread_id, planned, actor_of(config)))
         async with cur:

@@ -41,6 +41,7 @@ __all__ = [
     "broke_under_write",
     "carried_transition",
     "claim_call",
+    "DURABLE_COMMIT",
     "lease_and_clock",
     "lock_keys",
     "pg_sql",
@@ -48,6 +49,18 @@ __all__ = [
     "read_only_refused",
 ]
 
+DURABLE_COMMIT = (
+    "SELECT set_config('synchronous_commit', 'on', true) "
+    "WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write')"
+)
+"""Make this transaction's commit wait until it is flushed (and, with synchronous standbys,
+until they have flushed it), whatever the server, role, database or session set: the
+first statement of every ledger write. An intent lost by a crash would let the guard
+send its effect again, so `synchronous_commit` is raised to at least `on` for this
+transaction alone (`remote_apply` stays); on a server already at `on` the `WHERE`
+leaves it alone. Checkpoint writes keep what LangGraph and the application chose: a
+later durable commit flushes the log up to it, so nothing committed before an intent
+is lost with it. See `graph_durable.durability`."""
 LOCK_THREAD = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 """Serializes the writes of one thread across connections until the transaction ends."""
 LOCK_THREAD_READ_LEASE = (
@@ -366,14 +379,18 @@ class TransactionDeferred:
 
     def _one_trip_plan(
         self, autocommit: bool, thread_id: str, config: RunnableConfig | None,
-        fenced_by_block: bool,
+        fenced_by_block: bool, durable: bool = False,
     ) -> tuple[list[tuple[TransitionWrite, _sql.Statement]], list[_sql.Statement], str | None]:
         """What a one-round-trip write sends besides its block: the deferred receipts it
         carries (`_carry_deferred`), then how it opens and closes (`_fence_statements`;
-        a block that fences itself is fenced anyway when receipts go before it)."""
+        a block that fences itself is fenced anyway when receipts go before it).
+        `durable`: a ledger write, committed durably whatever the server's settings
+        (`DURABLE_COMMIT`, in the same round trip)."""
         carrying = self._carry_deferred(thread_id)
         opening, closing = self._fence_statements(
             autocommit, thread_id, config, fenced_by_block=fenced_by_block and not carrying)
+        if durable:
+            opening.append((DURABLE_COMMIT, ()))
         return carrying, opening, closing
 
     def _fence_statements(

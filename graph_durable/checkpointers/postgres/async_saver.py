@@ -254,14 +254,16 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
     @asynccontextmanager
     async def _txn(
         self, thread_id: str | None = None, config: RunnableConfig | None = None, *,
-        writing: str | None = None, pipelined: bool = False,
+        writing: str | None = None, pipelined: bool = False, durable: bool = False,
     ) -> AsyncIterator[AsyncCursor[Any]]:
         """One write transaction; with `thread_id`, locked, fenced and flow-pinned first
         (see `DurablePostgresSaver._txn`). Yields a tuple-row cursor. `writing` names
         the thread written, for errors, when the caller fences it itself.
 
         `pipelined` sends the statements in pipeline mode: the results a decision needs
-        are fetched as they are needed, the rest goes with the commit."""
+        are fetched as they are needed, the rest goes with the commit. `durable`: a
+        ledger write, committed durably whatever the server's settings
+        (`_pg.DURABLE_COMMIT`)."""
         writing = thread_id or writing
         await self.setup()
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn, \
@@ -270,6 +272,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                 try:
                     async with conn.pipeline() if pipelined else nullcontext(), \
                             conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+                        if durable:
+                            await cur.execute(_pg.DURABLE_COMMIT)
                         if thread_id is not None:
                             await self._check_write_txn(cur, thread_id, config)
                         yield cur
@@ -281,8 +285,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
 
     @asynccontextmanager
     async def _one_trip(self, thread_id: str,
-                        config: RunnableConfig | None, *,
-                        fenced_by_block: bool = False) -> AsyncIterator[AsyncCursor[Any]]:
+                        config: RunnableConfig | None, *, fenced_by_block: bool = False,
+                        durable: bool = False) -> AsyncIterator[AsyncCursor[Any]]:
         """`DurablePostgresSaver._one_trip` on an async connection: the fence, the
         thread's deferred receipts and the block's statements in one pipeline, one
         transaction; results are read after the block. Raises
@@ -293,7 +297,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                 carried: list[tuple[Any, AsyncCursor[Any]]] = []
                 try:
                     carrying, opening, closing = self._one_trip_plan(
-                        conn.autocommit, thread_id, config, fenced_by_block)
+                        conn.autocommit, thread_id, config, fenced_by_block, durable)
                     async with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
                         for statement in opening:
                             await cur.execute(*statement)

@@ -71,6 +71,7 @@ from graph_durable.checkpointers.postgres._sql import (
     DELETE_CHECKPOINT_WRITES,
     DELETE_NULL_RESUME,
     DELETE_THREAD_CHECKPOINTS,
+    DURABLE_COMMIT,
     FENCE_REFUSED,
     LANGGRAPH_APPLIED,
     LOCK_THREAD_READ_LEASE,
@@ -288,18 +289,23 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
 
     @contextmanager
     def _txn(
-        self, thread_id: str | None = None, config: RunnableConfig | None = None
+        self, thread_id: str | None = None, config: RunnableConfig | None = None, *,
+        durable: bool = False,
     ) -> Iterator[Cursor[Any]]:
         """One write transaction; with `thread_id`, locked, fenced and flow-pinned first.
 
         Yields a tuple-row cursor; a stale fencing token or another flow version raises
         before anything is written, and the whole transaction rolls back on any error.
+        `durable`: a ledger write, committed durably whatever the server's settings
+        (`_sql.DURABLE_COMMIT`).
         """
         self.setup()
         with self._own_lock(), _internal.get_connection(self.conn) as conn, \
                 _read_committed(conn), self._deferred_scope():
             try:
                 with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+                    if durable:
+                        cur.execute(DURABLE_COMMIT)
                     if thread_id is not None:
                         self._check_write_txn(cur, thread_id, config)
                     yield cur
@@ -311,7 +317,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     @contextmanager
     def _one_trip(self, thread_id: str,
                   config: RunnableConfig | None, *,
-                  fenced_by_block: bool = False) -> Iterator[Cursor[Any]]:
+                  fenced_by_block: bool = False, durable: bool = False) -> Iterator[Cursor[Any]]:
         """A fenced write of a thread whose flow pin is known, in one round trip: the
         fence checked on the server (after the thread's lock), the thread's deferred
         receipts (`carried_transition`) and the block's statements are sent together in
@@ -332,7 +338,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             carried: list[tuple[Any, Cursor[Any]]] = []
             try:
                 carrying, opening, closing = self._one_trip_plan(
-                    conn.autocommit, thread_id, config, fenced_by_block)
+                    conn.autocommit, thread_id, config, fenced_by_block, durable)
                 with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
                     for statement in opening:
                         cur.execute(*statement)
@@ -573,7 +579,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         actor = actor_of(config)
         writes = write.writes if isinstance(write, WriteBatch) else (write,)
         try:
-            with self._txn(write.thread_id, config) as cur:
+            with self._txn(write.thread_id, config, durable=True) as cur:
                 changed = [self._apply_one_txn(cur, one, actor) for one in writes]
                 if isinstance(write, WriteBatch) and write.resume_at is not None:
                     deleted = _run(cur, DELETE_NULL_RESUME,
@@ -600,7 +606,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             return self._claim_in_one_trip(thread_id, intents, config)
         actor = actor_of(config)
         claimed: list[tuple[EffectRecord, bool]] = []
-        with self._txn(thread_id, config) as cur:
+        with self._txn(thread_id, config, durable=True) as cur:
             _run(cur, *lock_keys([intent.key for intent in intents]))
             for intent in intents:
                 try:
@@ -625,7 +631,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         self, thread_id: str, planned: Sequence[tuple[list[Any], EffectRecord]],
         config: RunnableConfig | None,
     ) -> list[tuple[EffectRecord, bool]]:
-        with self._one_trip(thread_id, config, fenced_by_block=True) as fenced:
+        with self._one_trip(thread_id, config, fenced_by_block=True, durable=True) as fenced:
             cur = fenced.connection.cursor(row_factory=tuple_row, binary=True)
             cur.execute(*claim_call(thread_id, planned, actor_of(config)))
         with cur:
