@@ -390,6 +390,10 @@ class PostgresServer:
         self._wait_until_ready(deadline)
         return self
 
+    def database_conninfo(self, name: str) -> str:
+        """libpq connection string for database `name` (created or not) as superuser."""
+        return _conninfo(self.port, name)
+
     def create_database(self, name: str) -> str:
         """Create database `name` and return its libpq connection string."""
         import psycopg

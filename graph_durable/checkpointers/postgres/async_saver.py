@@ -55,6 +55,11 @@ from psycopg_pool import AsyncConnectionPool
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers.postgres import _sql as _pg
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
+from graph_durable.checkpointers._durability import (
+    POSTGRES_SETTINGS,
+    POSTGRES_STANDBYS,
+    postgres_report,
+)
 from graph_durable.checkpointers.postgres._sql import TransactionDeferred
 from graph_durable.checkpointers.postgres._sql import arun as _run
 from graph_durable.checkpointers.postgres._group import AsyncGroupCommit, _QueuedWrite
@@ -76,6 +81,7 @@ from graph_durable.checkpointers._twins import (
     AsyncLeaseScope,
     SyncFromAsync,
 )
+from graph_durable.durability import DurabilityReport
 from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseLost
 from graph_durable.leases import check_fence
 from graph_durable.ledger import EffectRecord, IntentWrite, TransitionWrite
@@ -518,6 +524,11 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
                     f"The connection to PostgreSQL broke under a read ({type(exc).__name__}: "
                     f"{' '.join(str(exc).split())}); reconnect the saver, then try again.") from exc
         return await self._read_rows(sql, params)  # the pool has dropped the broken one
+
+    async def adurability(self) -> DurabilityReport:
+        """`DurablePostgresSaver.durability`, read on this saver's connection."""
+        [settings] = await self._read_rows(POSTGRES_SETTINGS, ())
+        return postgres_report(settings, await self._read_rows(POSTGRES_STANDBYS, ()))
 
     async def _read_rows(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:

@@ -95,6 +95,11 @@ from graph_durable.checkpointers.postgres._sql import lease_and_clock as _lease_
 from graph_durable.checkpointers.postgres._sql import run as _run
 from graph_durable.checkpointers.postgres.async_saver import AsyncDurablePostgresSaver
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
+from graph_durable.checkpointers._durability import (
+    POSTGRES_SETTINGS,
+    POSTGRES_STANDBYS,
+    postgres_report,
+)
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
@@ -106,6 +111,7 @@ from graph_durable.checkpointers._schema import (
     statements,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync, EagerListing, FencedPuts
+from graph_durable.durability import DurabilityReport
 from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseLost
 from graph_durable.leases import check_fence
 from graph_durable.ledger import (
@@ -286,6 +292,17 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                         "VALUES (%s, %s)", (version, time.time()),
                     )
                 _run(cur, _sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
+
+    def durability(self) -> DurabilityReport:
+        """The settings this database's commits depend on, as the saver's own session
+        sees them, and what each risks: `fsync`, `full_page_writes`,
+        `synchronous_commit` (enforced at `on` for ledger writes),
+        `synchronous_standby_names` and each standby's `sync_state` (see
+        `graph_durable.durability`). Reads only."""
+        with self._read() as cur:
+            settings = cur.execute(POSTGRES_SETTINGS).fetchone()
+            standbys = cur.execute(POSTGRES_STANDBYS).fetchall()
+        return postgres_report(settings, standbys)
 
     @contextmanager
     def _txn(

@@ -31,6 +31,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from graph_durable.checkpointers.sqlite._aiosqlite import on_connection_thread
 from graph_durable.checkpointers._base import DurableSaverMixin
+from graph_durable.checkpointers._durability import read_sqlite
 from graph_durable.checkpointers._reads import AsyncLedgerReads
 from graph_durable.checkpointers.sqlite._locked import aretry_locked, busy_timeout
 from graph_durable.checkpointers.sqlite._readonly import (
@@ -50,6 +51,7 @@ from graph_durable.checkpointers.sqlite._txn import (
     QueuedWrite,
     SqliteTransactions,
 )
+from graph_durable.durability import DurabilityReport
 from graph_durable.leases import Lease
 from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite
 
@@ -121,6 +123,10 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncEagerL
             await aretry_locked(self._setup_once, wait)
         except sqlite3.OperationalError as exc:
             setup_refused(exc)
+
+    async def adurability(self) -> DurabilityReport:
+        """`DurableSqliteSaver.durability`, read on this saver's connection."""
+        return await on_connection_thread(self.conn, read_sqlite)
 
     async def _setup_once(self) -> None:
         await super().setup()

@@ -31,6 +31,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from graph_durable.checkpointers._base import DurableSaverMixin
+from graph_durable.checkpointers._durability import read_sqlite
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers.sqlite._locked import busy_timeout, retry_locked
 from graph_durable.checkpointers.sqlite._readonly import (
@@ -44,6 +45,7 @@ from graph_durable.checkpointers.sqlite._txn import (
     SqliteTransactions,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync, EagerListing, FencedPuts
+from graph_durable.durability import DurabilityReport
 from graph_durable.leases import Lease
 from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite
 
@@ -122,6 +124,12 @@ class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads,
         super().setup()
         self.is_setup = False
         setup_ledger(self.conn, self._db_secret_params())
+
+    def durability(self) -> DurabilityReport:
+        """The settings this database's commits depend on, and what each risks (see
+        `graph_durable.durability`); read on the saver's connection, nothing written."""
+        with self.lock:
+            return read_sqlite(self.conn)
 
     @contextmanager
     def _txn(
