@@ -33,7 +33,7 @@ from graph_durable.checkpointers.sqlite._aiosqlite import on_connection_thread
 from graph_durable.checkpointers._base import DurableSaverMixin
 from graph_durable.checkpointers._durability import read_sqlite
 from graph_durable.checkpointers._reads import AsyncLedgerReads
-from graph_durable.checkpointers.sqlite._locked import aretry_locked, busy_timeout
+from graph_durable.checkpointers.sqlite._locked import aretry_locked, busy_timeout, is_locked
 from graph_durable.checkpointers.sqlite._readonly import (
     check_read_only,
     read_only_uri,
@@ -119,8 +119,13 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncEagerL
         if self._migrated:
             return
         try:
-            wait = await on_connection_thread(self.conn, busy_timeout)
-            await aretry_locked(self._setup_once, wait)
+            try:
+                await self._setup_once()  # opens the connection first, if it is not yet
+            except sqlite3.OperationalError as exc:
+                if not is_locked(exc):
+                    raise
+                wait = await on_connection_thread(self.conn, busy_timeout)
+                await aretry_locked(self._setup_once, wait)
         except sqlite3.OperationalError as exc:
             setup_refused(exc)
 
