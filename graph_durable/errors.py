@@ -13,6 +13,8 @@ The hierarchy::
     ├── NotDurableCheckpointer   the graph was compiled without a durable saver
     ├── UnkeyableToolCall        a call with no stable key: args not canonical JSON, no id,
     │                            or a requesting AIMessage without an id
+    ├── UndeliveredKey           a tool promised to dedupe (or be looked up) by a key
+    │                            that would never reach its provider
     └── IllegalTransition        a ledger status change the lifecycle forbids
 
     LeaseLost (BaseException)    a write made with a stale fencing token
@@ -45,6 +47,7 @@ __all__ = [
     "ReadOnlyDatabase",
     "Retryable",
     "ThreadCancelled",
+    "UndeliveredKey",
     "UnkeyableToolCall",
 ]
 
@@ -169,6 +172,24 @@ class UnkeyableToolCall(GraphDurableError, TypeError):
 
     Without them there is no stable idempotency key, so nothing is claimed or sent.
     """
+
+
+class UndeliveredKey(GraphDurableError, ValueError):
+    """A tool whose policy relies on the provider knowing the call's key (`idempotent`,
+    or a `lookup`) but whose key would never reach the provider: its schema has a
+    key-like argument (`idempotency_key`, ...) that `Effect(key_arg=...)` does not name,
+    or `key_arg` names an argument the tool does not have.
+
+    Raised before anything is claimed or sent. Name the argument in the policy
+    (`Effect(idempotent=True, key_arg="idempotency_key")`) so the guard fills it.
+
+    Attributes:
+        tool: The tool's name.
+    """
+
+    def __init__(self, message: str, *, tool: str) -> None:
+        super().__init__(message)
+        self.tool = tool
 
 
 class IllegalTransition(GraphDurableError):

@@ -79,6 +79,17 @@ class Effect:
     description: str | None = None
     """Shown to the reviewer in approval interrupts."""
 
+    key_arg: str | None = None
+    """The tool's argument that carries the idempotency key to the provider, for tools
+    whose code you do not own (MCP tools, toolkits, HTTP tools) and so cannot read
+    `current_effect().key`: the guard fills it with the call's key on every send, and
+    hides it from the schema the model is given (`EffectGuardMiddleware` does so itself;
+    with `EffectGuardNode`, bind `node.model_tools`). The ledger records, and keys, the
+    args the model gave. A tool declared `idempotent` or with a `lookup` whose schema
+    has a key-like argument (`idempotency_key`, `client_token`, ...) that this does not
+    name is refused before anything is sent (`UndeliveredKey`): a deduplication promise
+    the provider never hears of is the most dangerous setting there is."""
+
     compensate: Compensation | Callable[..., Any] | Any = None
     """How an applied effect of this tool is undone (a refund for a charge, a cancel for a
     ticket): a `Compensation`, or what one wraps, a callable `undo(record, receipt)` or a
@@ -100,10 +111,12 @@ class Effect:
             raise ValueError(f"Effect.approval_ttl must be > 0 seconds, got {self.approval_ttl}")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"Effect.timeout must be > 0 seconds, got {self.timeout}")
-        if self.read_only and (self.idempotent or self.lookup or self.approval):
+        if self.key_arg is not None and (not isinstance(self.key_arg, str) or not self.key_arg):
+            raise ValueError(f"Effect.key_arg must name an argument, got {self.key_arg!r}")
+        if self.read_only and (self.idempotent or self.lookup or self.approval or self.key_arg):
             raise ValueError(
-                "Effect(read_only=True) runs without the ledger, so idempotent, lookup "
-                "and approval do not apply; drop them or drop read_only"
+                "Effect(read_only=True) runs without the ledger, so idempotent, lookup, "
+                "approval and key_arg do not apply; drop them or drop read_only"
             )
         if self.compensate is not None and not isinstance(self.compensate, Compensation):
             object.__setattr__(self, "compensate", Compensation(self.compensate))

@@ -63,6 +63,7 @@ def test_the_build_is_strict() -> None:
 
 
 @pytest.mark.parametrize("page", [
-    "getting-started.md", "how-to/create-agent.md", "how-to/guarded-writes.md"])
+    "getting-started.md", "how-to/create-agent.md", "how-to/guarded-writes.md",
+    "how-to/tools-you-do-not-own.md"])
 def test_the_first_example_of_a_page_runs_as_written(page: str, tmp_path: Path) -> None:
     run_first_block((DOCS / page).read_text(), tmp_path, page)

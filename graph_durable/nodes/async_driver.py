@@ -17,6 +17,7 @@ from langgraph.types import Command
 from graph_durable.ledger import EffectStatus
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
+from graph_durable.nodes.key_delivery import report_unread_key
 from graph_durable.nodes.core import Calling, GuardBase, Started, _same_answer
 from graph_durable.nodes.interrupts import OnAsk
 from graph_durable.nodes.operations import Outcome
@@ -132,12 +133,19 @@ class AsyncDriver(GuardBase):
                              gate: ToolGate | None) -> Outcome:
         """Call the tool (`call.request`, whose args its schema accepts): its body runs."""
         ctx, call_request, execute = call
-        token = _CURRENT.set(self._effect_context(task, op))
+        effect = self._effect_context(task, op)
+
+        async def run_tool() -> ToolResult:
+            result = await execute(call_request)
+            report_unread_key(ctx.tool_call["name"], ctx.policy, effect.asked)
+            return result
+
+        token = _CURRENT.set(effect)
         try:
             if ctx.policy.timeout is None:
-                return gated(gate, Outcome(value=await execute(call_request)))
+                return gated(gate, Outcome(value=await run_tool()))
             return gated(gate, Outcome(
-                value=await asyncio.wait_for(execute(call_request), ctx.policy.timeout)
+                value=await asyncio.wait_for(run_tool(), ctx.policy.timeout)
             ))
         except asyncio.TimeoutError:
             return gated(gate, Outcome(timed_out=True))

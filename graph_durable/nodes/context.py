@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graph_durable.ledger import canonical_json
 
@@ -27,6 +27,13 @@ class EffectContext:
     """1 for the first call with this key, 2 for the next, ..."""
     fencing_token: int | None = None
     """Fencing token of the lease the run holds, if any (for providers that fence)."""
+    _asked: list[bool] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    @property
+    def asked(self) -> bool:
+        """Whether the tool asked for this context (`current_effect()`) while it ran: a
+        tool that never did cannot have passed its key on."""
+        return bool(self._asked)
 
     def subkey(self, name: str) -> str:
         """The idempotency key of one of several provider writes this call makes.
@@ -72,4 +79,6 @@ def current_effect() -> EffectContext:
             "current_effect() is only available inside a write tool run by "
             "EffectGuardNode or EffectGuardMiddleware; read-only tools have no key."
         )
+    if not context._asked:
+        context._asked.append(True)
     return context

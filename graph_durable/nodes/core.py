@@ -39,6 +39,7 @@ from graph_durable.nodes.answers import read_decisions
 from graph_durable.nodes.context import EffectContext
 from graph_durable.nodes.decisions import RefusedDecision
 from graph_durable.nodes.interrupts import OnAsk, interrupt_id_for, with_schema
+from graph_durable.nodes.key_delivery import undelivered_key, with_key
 from graph_durable.nodes.outcomes import refused_args
 from graph_durable.nodes.operations import (
     Ask,
@@ -104,6 +105,7 @@ class GuardBase:
         self.default = default or Effect()
         self.messages_key = messages_key
         self._durable_checkpoints: set[tuple[str, str, str]] = set()
+        self._keys_delivered: set[str] = set()
         self._lock = threading.Lock()
         # Sync attempts abandoned after their timeout, by (thread_id, key).
         self._abandoned: dict[tuple[str, str], threading.Thread] = {}
@@ -124,6 +126,17 @@ class GuardBase:
     def policy_for(self, tool: str) -> Effect:
         """The policy of `tool` (the default for tools not named in `effects`)."""
         return self.effects.get(tool, self.default)
+
+    def check_key_delivery(self, name: str, tool: Any) -> None:
+        """Refuse, before anything is claimed or sent, a tool whose policy relies on its
+        key while the key would never reach its provider (`UndeliveredKey`, see
+        `nodes.key_delivery`). Each tool is judged once."""
+        if name in self._keys_delivered:
+            return
+        refused = undelivered_key(name, tool, self.policy_for(name))
+        if refused is not None:
+            raise refused
+        self._keys_delivered.add(name)
 
     def _writes(self, tool_call: Mapping[str, Any], has_tool: bool) -> bool:
         """Whether the ledger guards this call (a write to a tool the node has)."""
@@ -281,10 +294,14 @@ class GuardBase:
         check_lease(task)
 
     @staticmethod
-    def _edited(request: ToolCallRequest, op: CallTool) -> ToolCallRequest:
-        if op.args is None or op.args == request.tool_call["args"]:
+    def _as_sent(request: ToolCallRequest, op: CallTool, policy: Effect) -> ToolCallRequest:
+        """The request the tool gets: an edit's args, and the key where the policy
+        names the argument that carries it (`Effect.key_arg`)."""
+        args = request.tool_call["args"] if op.args is None else op.args
+        args = with_key(args, policy, op.record.key)
+        if args is request.tool_call["args"] or args == request.tool_call["args"]:
             return request
-        return request.override(tool_call={**request.tool_call, "args": op.args})
+        return request.override(tool_call={**request.tool_call, "args": args})
 
     refuse_reentry = False
     """Set by `EffectGuardMiddleware`: the middleware inside it may enter the tool once
@@ -433,7 +450,7 @@ class GuardBase:
             if still_running is not None:
                 return still_running
         gate = self._gate(task, call.ctx)
-        call_request = self._edited(call.request, op)
+        call_request = self._as_sent(call.request, op, call.ctx.policy)
         refused = refused_args(call_request)
         if refused is not None:
             return Outcome(error=refused, args_refused=True)

@@ -9,11 +9,16 @@ from graph_durable._extras import require
 
 require("agents", "EffectGuardMiddleware (LangChain's create_agent)", "langchain.agents.middleware")
 
-from langchain.agents.middleware import AgentMiddleware  # noqa: E402
+from langchain.agents.middleware import (  # noqa: E402
+    AgentMiddleware,
+    ModelRequest,
+    ModelResponse,
+)
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from graph_durable.nodes.guard import GuardCore
 from graph_durable.nodes.interrupts import raise_interrupts
+from graph_durable.nodes.key_delivery import hidden_key_tools
 from graph_durable.nodes.task import config_of as _config_of
 from graph_durable.nodes.protocol import Ask
 from graph_durable.policy import Effect
@@ -59,11 +64,33 @@ class EffectGuardMiddleware(AgentMiddleware):
         self.guard = GuardCore(effects, default)
         self.guard.refuse_inner_approvals = True
         self.guard.refuse_reentry = True
+        self._key_args = any(policy.key_arg for policy in (*self.guard.effects.values(),
+                                                            self.guard.default))
+
+    def _hidden_keys(self, request: ModelRequest) -> ModelRequest:
+        """The model request with each tool whose policy names a `key_arg` shown without
+        that argument: the guard fills it when it sends the call."""
+        if not self._key_args:
+            return request
+        return request.override(tools=hidden_key_tools(request.tools, self.guard.policy_for))
+
+    def wrap_model_call(self, request: ModelRequest,
+                        handler: Callable[[ModelRequest], ModelResponse]) -> ModelResponse:
+        """Give the model the tools' schemas without the arguments the guard fills."""
+        return handler(self._hidden_keys(request))
+
+    async def awrap_model_call(
+        self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
+    ) -> ModelResponse:
+        """Give the model the tools' schemas without the arguments the guard fills."""
+        return await handler(self._hidden_keys(request))
 
     def wrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Any]
     ) -> Any:
         """Run the call through the ledger (sync)."""
+        if request.tool is not None:
+            self.guard.check_key_delivery(request.tool_call["name"], request.tool)
         if not self.guard.policy_for(request.tool_call["name"]).read_only:
             self.guard.resolve_decisions(_config_of(request), _tools_of(request))
         return self.guard.run(request, handler, _interrupt_now)
@@ -72,6 +99,8 @@ class EffectGuardMiddleware(AgentMiddleware):
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[Any]]
     ) -> Any:
         """Run the call through the ledger (async)."""
+        if request.tool is not None:
+            self.guard.check_key_delivery(request.tool_call["name"], request.tool)
         if not self.guard.policy_for(request.tool_call["name"]).read_only:
             await self.guard.aresolve_decisions(_config_of(request), _tools_of(request))
         return await self.guard.arun(request, handler, _interrupt_now)

@@ -31,6 +31,7 @@ from graph_durable.nodes.guard import (
     raise_interrupts,
     withdrawal,
 )
+from graph_durable.nodes.key_delivery import hidden_key_tools
 from graph_durable.nodes.protocol import Ask
 from graph_durable.policy import Effect
 
@@ -133,6 +134,15 @@ class EffectGuardNode(ToolNode):
                 f"effects names tools this node does not have: {unknown}; "
                 f"its tools are {sorted(self.tools_by_name)}"
             )
+        for tool_name, tool in self.tools_by_name.items():
+            self._guard.check_key_delivery(tool_name, tool)
+
+    @property
+    def model_tools(self) -> list[BaseTool]:
+        """The node's tools as the model should see them: bind these
+        (`model.bind_tools(node.model_tools)`). A tool whose policy names a `key_arg` is
+        shown without that argument; the guard fills it when it sends the call."""
+        return hidden_key_tools(list(self.tools_by_name.values()), self._guard.policy_for)
 
     @property
     def guard(self) -> GuardCore:

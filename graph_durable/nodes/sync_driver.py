@@ -18,6 +18,7 @@ from langgraph.types import Command
 
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
+from graph_durable.nodes.key_delivery import report_unread_key
 from graph_durable.nodes.core import Calling, GuardBase, Started, _same_answer
 from graph_durable.nodes.interrupts import OnAsk
 from graph_durable.nodes.operations import Outcome
@@ -157,9 +158,11 @@ class SyncDriver(GuardBase):
         def run_tool() -> ToolResult:
             token = _CURRENT.set(effect)
             try:
-                return execute(call_request)
+                result = execute(call_request)
             finally:
                 _CURRENT.reset(token)
+            report_unread_key(ctx.tool_call["name"], ctx.policy, effect.asked)
+            return result
 
         timeout = ctx.policy.timeout
         if timeout is None:

@@ -17,6 +17,8 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import Field
 
 __all__ = ["DeterministicChatModel", "ScriptedChatModel"]
 
@@ -24,6 +26,10 @@ __all__ = ["DeterministicChatModel", "ScriptedChatModel"]
 class DeterministicChatModel(BaseChatModel):
     """A chat model whose answer depends on the conversation alone: a process resuming a
     thread gets the answer the crashed one would have had. Subclasses write `answer`."""
+
+    bound_tools: list[dict[str, Any]] = Field(default_factory=list)
+    """The tools last bound (`bind_tools`), as the OpenAI-format schemas a real model
+    would be sent: what the model is told it may call."""
 
     def answer(self, messages: list[BaseMessage]) -> AIMessage:
         """The answer to `messages` (a new message: the caller may keep it)."""
@@ -39,7 +45,9 @@ class DeterministicChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=self.answer(messages))])
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> DeterministicChatModel:
-        """Tools are ignored: the answers already name the calls."""
+        """The answers already name the calls; the tools' schemas are kept in
+        `bound_tools`, as a real model would be sent them."""
+        self.bound_tools[:] = [convert_to_openai_tool(tool) for tool in tools]
         return self
 
 

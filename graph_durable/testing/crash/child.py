@@ -284,21 +284,22 @@ async def _run_async(spec: dict[str, Any], factory: Any, config: dict[str, Any]
     from graph_durable.operators.review import areview
 
     scenario = await factory(**spec["kwargs"])
-    if spec["action"] == "recover":
-        outcomes = await arecover(scenario.graph, scenario.saver, spec["owner"],
-                                  ttl=spec["ttl"])
-        summary = {"recovered": [o.__dict__ for o in outcomes]}
-    else:
+    try:
+        if spec["action"] == "recover":
+            outcomes = await arecover(scenario.graph, scenario.saver, spec["owner"],
+                                      ttl=spec["ttl"])
+            return {"recovered": [o.__dict__ for o in outcomes]}
         pending = await areview(scenario.graph, config) if spec["action"] == "review" else None
         await scenario.graph.ainvoke(_graph_input(spec, scenario, pending), config,
                                      durability="sync")
         reviewed = [item.tool_call_id for item in pending.pending] if pending else []
-        summary = {**summarize(await scenario.graph.aget_state(config)), "reviewed": reviewed}
-    # aiosqlite runs a non-daemon thread per connection: close it or the process lingers.
-    conn = getattr(getattr(scenario, "saver", None), "conn", None)
-    if conn is not None:
-        await conn.close()
-    return summary
+        return {**summarize(await scenario.graph.aget_state(config)), "reviewed": reviewed}
+    finally:
+        # aiosqlite runs a non-daemon thread per connection: close it, even after an
+        # error, or the process lingers.
+        conn = getattr(getattr(scenario, "saver", None), "conn", None)
+        if conn is not None:
+            await conn.close()
 
 
 def _run(spec: dict[str, Any]) -> dict[str, Any]:
