@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                    "graph_durable.notebook")),
     ("nodes", ("graph_durable.nodes",)),
     ("checkpointers", ("graph_durable.checkpointers",)),
-    ("core model", ("graph_durable._display", "graph_durable._extras",
+    ("core model", ("graph_durable._display", "graph_durable._extras", "graph_durable.canonical",
                     "graph_durable._langgraph", "graph_durable.durability",
                     "graph_durable.errors", "graph_durable.faults", "graph_durable.flow",
                     "graph_durable.leases", "graph_durable.ledger", "graph_durable.policy",

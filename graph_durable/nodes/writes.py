@@ -46,9 +46,11 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import StructuredTool
 from langgraph.prebuilt.tool_node import ToolCallRequest
+from pydantic import BaseModel, ValidationError
 
 from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP, CONFIG_KEY_SCRATCHPAD
-from graph_durable.errors import GraphDurableError, NotApplied
+from graph_durable.canonical import NotCanonical, canonical_form
+from graph_durable.errors import GraphDurableError, NotApplied, UnkeyableToolCall
 from graph_durable.nodes.async_driver import aperform_reads as _aperform_reads
 from graph_durable.nodes.guard import GuardCore
 from graph_durable.nodes.interrupts import raise_interrupts
@@ -262,6 +264,42 @@ class GuardedWrite:
                 named[param] = value
         return named
 
+    def _keyed(self, named: dict[str, Any], where: _Where) -> dict[str, Any]:
+        """The arguments in canonical form (`graph_durable.canonical`): what keys and
+        records the call; refused, naming the argument and its type, if one has none."""
+        try:
+            return {name: canonical_form(value, name) for name, value in named.items()}
+        except NotCanonical as exc:
+            thread_id = where.config.get("configurable", {}).get("thread_id")
+            raise UnkeyableToolCall(
+                f"The guarded write {self.name!r} in thread {thread_id!r} was called with "
+                f"an argument it cannot be keyed by: {exc}; nothing was sent. Pass JSON "
+                "values, pydantic models, dataclasses, enums, datetimes, UUIDs or "
+                "Decimals (or lists, tuples, sets and dicts of them).",
+                thread_id=thread_id) from None
+
+    def _as_called(self, request: ToolCallRequest, named: dict[str, Any],
+                   keyed: dict[str, Any]) -> dict[str, Any]:
+        """What the function is called with: the objects it was given, unless a reviewer
+        edited the call (then its args, validated by the function's own schema), and the
+        key where the policy names the argument that carries it."""
+        sent = dict(request.tool_call["args"])
+        key_arg = self.effect.key_arg or ""
+        key = sent.pop(key_arg, None)
+        schema = self.tool.args_schema
+        if sent == keyed:
+            called = dict(named)
+        elif isinstance(schema, type) and issubclass(schema, BaseModel):
+            try:
+                called = dict(schema.model_validate(sent))
+            except ValidationError:  # **kwargs the schema does not name: as sent
+                called = sent
+        else:
+            called = sent
+        if key is not None:
+            called[key_arg] = key
+        return called
+
     def _call(self, args: dict[str, Any], position: int) -> dict[str, Any]:
         return {"name": self.name, "args": args, "id": f"{self.name}#{position}",
                 "type": "tool_call"}
@@ -283,21 +321,22 @@ class GuardedWrite:
             return self.fn(*args, **kwargs)
         where = _Where(_config(self.name))
         named = self._arguments(args, kwargs)
+        keyed = self._keyed(named, where)
         run = _run_of(where.conf)
         position, run.writes = run.writes, run.writes + 1
         task = _Task(where.config, {"id": f"{self.name}#{position}", "name": self.name})
         # The root checkpoint is read to find the fork it came from; a run from a
         # checkpoint id saves its fork in the background: wait for it to be stored.
         _GUARD._performed(task, _GUARD._requesting_checkpoint_stored(
-            task, self._call(named, position)))
+            task, self._call(keyed, position)))
         anchor = where.anchor(_perform_reads(task.saver, _GUARD.origin(where)))
         if not run.decided:
             run.decided = True
             _GUARD.resolve_decisions(where.config, {n: w.tool for n, w in _REGISTRY.items()})
-        request = self._request(where, named, anchor, position)
+        request = self._request(where, keyed, anchor, position)
 
         def execute(req: ToolCallRequest) -> ToolMessage:
-            return self._message(req, self.fn(**req.tool_call["args"]))
+            return self._message(req, self.fn(**self._as_called(req, named, keyed)))
 
         return _value(_GUARD.run(request, execute, _interrupt_now))
 
@@ -306,19 +345,20 @@ class GuardedWrite:
             return await self.fn(*args, **kwargs)
         where = _Where(_config(self.name))
         named = self._arguments(args, kwargs)
+        keyed = self._keyed(named, where)
         run = _run_of(where.conf)
         position, run.writes = run.writes, run.writes + 1
         task = _Task(where.config, {"id": f"{self.name}#{position}", "name": self.name})
         await _GUARD._aperformed(task, _GUARD._requesting_checkpoint_stored(
-            task, self._call(named, position)))
+            task, self._call(keyed, position)))
         anchor = where.anchor(await _aperform_reads(task.saver, _GUARD.origin(where)))
         if not run.decided:
             run.decided = True
             await _GUARD.aresolve_decisions(where.config,
                                             {n: w.tool for n, w in _REGISTRY.items()})
-        request = self._request(where, named, anchor, position)
+        request = self._request(where, keyed, anchor, position)
 
         async def execute(req: ToolCallRequest) -> ToolMessage:
-            return self._message(req, await self.fn(**req.tool_call["args"]))
+            return self._message(req, await self.fn(**self._as_called(req, named, keyed)))
 
         return _value(await _GUARD.arun(request, execute, _interrupt_now))
