@@ -53,6 +53,10 @@ class CallContext:
     """The args the model asked for, when a middleware before the guard changed them
     (`anchor.requested_args`): the key is the requested call's, and `tool_call`'s args
     are what is recorded and sent."""
+    key_call_id: str | None = None
+    """The call id the key is derived from, when it is not the call's own: a guarded
+    write's id names where it was made, so that each question has an id unique in its
+    thread, and its key stays that of `name#position`."""
     key: str = field(init=False)
     args_json: str = field(init=False)
 
@@ -71,13 +75,14 @@ class CallContext:
         requested = call["args"] if self.requested_args is None else self.requested_args
         self.args_json = encode_args(requested, thread_id=self.thread_id,
                                      tool_call_id=call["id"], tool=call["name"])
-        self.key = key_of_encoded(self.key_thread_id, self.anchor, call["id"],
-                                  call["name"], self.args_json, self.secret)
+        self.key = key_of_encoded(self.key_thread_id, self.anchor,
+                                  self.key_call_id or call["id"], call["name"], self.args_json,
+                                  self.secret)
 
     def legacy_key(self) -> str:
         """The key this call had before keys were anchored to the requesting message."""
         return key_of_encoded(self.key_thread_id or self.thread_id, self.checkpoint_ns,
-                              self.tool_call_id, self.tool, self.args_json)
+                              self.key_call_id or self.tool_call_id, self.tool, self.args_json)
 
     @property
     def tool_call_id(self) -> str:

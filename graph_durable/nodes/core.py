@@ -157,7 +157,13 @@ class GuardBase:
                            self.policy_for(tool_call["name"]), keying.key_thread, anchor,
                            secret=keying.secret, key_scheme=keying.pin,
                            requested_args=requested_args(state, tool_call, self.messages_key,
-                                                          thread_id=task.thread_id))
+                                                          thread_id=task.thread_id),
+                           key_call_id=self._key_call_id(tool_call))
+
+    @staticmethod
+    def _key_call_id(tool_call: Mapping[str, Any]) -> str | None:
+        """The id the call's key is derived from, if not its own (see `CallContext`)."""
+        return None
 
     def _anchor(self, task: Task, tool_call: Mapping[str, Any], state: Any) -> str:
         """What the call's key is anchored to: the AIMessage that requested it."""

@@ -35,6 +35,7 @@ arguments cannot be named (`*args`, positional-only) is refused when decorated.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
 import threading
@@ -129,6 +130,13 @@ class _Where:
         is placed by the root checkpoint alone: its step number moves with a fork. A
         task inside a subgraph adds the subgraph's own step, which a restarted subgraph
         counts again from the same start."""
+        return "write:" + json.dumps([origin, *self.place], default=str, separators=(",", ":"))
+
+    @property
+    def place(self) -> list[Any]:
+        """Where in the graph the task runs, the same on every run of the same request:
+        its node path, a subgraph's own step, and its task path (a `Send` or `@task`
+        call's index)."""
         metadata = self.config.get("metadata") or {}
         ns = str(self.conf.get("checkpoint_ns", ""))
         checkpoints = self.conf.get(CONFIG_KEY_CHECKPOINT_MAP, {})
@@ -137,9 +145,15 @@ class _Where:
         if enclosing is None or enclosing != checkpoints.get(""):
             scratchpad = self.conf.get(CONFIG_KEY_SCRATCHPAD)
             step = metadata.get("langgraph_step", getattr(scratchpad, "step", None))
-        path = metadata.get("langgraph_path", ())
-        return "write:" + json.dumps([origin, list(node_path(ns)), step, path], default=str,
-                                     separators=(",", ":"))
+        return [list(node_path(ns)), step, metadata.get("langgraph_path", ())]
+
+    def call_id(self, name: str, position: int) -> str:
+        """The id of a guarded write's call: `name#position@place`, `place` six hex
+        digits of a hash of `place`, so that writes of one function in two `Send`
+        branches, two parallel nodes or two subgraphs ask questions under different ids
+        (the key is derived from `name#position`, with the place in its anchor)."""
+        where = json.dumps(self.place, default=str, separators=(",", ":"))
+        return f"{name}#{position}@{hashlib.blake2b(where.encode(), digest_size=3).hexdigest()}"
 
 
 class _WriteGuard(GuardCore):
@@ -151,6 +165,10 @@ class _WriteGuard(GuardCore):
 
     def _anchor(self, task: _Task, tool_call: Mapping[str, Any], state: Any) -> str:
         return str(state)  # computed by `GuardedWrite`, handed over as the state
+
+    @staticmethod
+    def _key_call_id(tool_call: Mapping[str, Any]) -> str | None:
+        return str(tool_call["id"]).rpartition("@")[0]  # `name#position`: the key's id
 
     def _restarted(self, task: _Task, ctx: Any, state: Any) -> Generator[Read, Any, None]:
         return  # the anchor already follows forks back to where they were made
@@ -300,13 +318,12 @@ class GuardedWrite:
             called[key_arg] = key
         return called
 
-    def _call(self, args: dict[str, Any], position: int) -> dict[str, Any]:
-        return {"name": self.name, "args": args, "id": f"{self.name}#{position}",
-                "type": "tool_call"}
+    def _call(self, args: dict[str, Any], call_id: str) -> dict[str, Any]:
+        return {"name": self.name, "args": args, "id": call_id, "type": "tool_call"}
 
-    def _request(self, where: _Where, args: dict[str, Any], anchor: str, position: int
+    def _request(self, where: _Where, args: dict[str, Any], anchor: str, call_id: str
                  ) -> ToolCallRequest:
-        call = self._call(args, position)
+        call = self._call(args, call_id)
         return ToolCallRequest(tool_call=call, tool=self.tool, state=anchor,  # type: ignore[arg-type]
                                runtime=_Runtime(where.config))  # type: ignore[arg-type]
 
@@ -324,16 +341,17 @@ class GuardedWrite:
         keyed = self._keyed(named, where)
         run = _run_of(where.conf)
         position, run.writes = run.writes, run.writes + 1
-        task = _Task(where.config, {"id": f"{self.name}#{position}", "name": self.name})
+        call_id = where.call_id(self.name, position)
+        task = _Task(where.config, {"id": call_id, "name": self.name})
         # The root checkpoint is read to find the fork it came from; a run from a
         # checkpoint id saves its fork in the background: wait for it to be stored.
         _GUARD._performed(task, _GUARD._requesting_checkpoint_stored(
-            task, self._call(keyed, position)))
+            task, self._call(keyed, call_id)))
         anchor = where.anchor(_perform_reads(task.saver, _GUARD.origin(where)))
         if not run.decided:
             run.decided = True
             _GUARD.resolve_decisions(where.config, {n: w.tool for n, w in _REGISTRY.items()})
-        request = self._request(where, keyed, anchor, position)
+        request = self._request(where, keyed, anchor, call_id)
 
         def execute(req: ToolCallRequest) -> ToolMessage:
             return self._message(req, self.fn(**self._as_called(req, named, keyed)))
@@ -348,15 +366,16 @@ class GuardedWrite:
         keyed = self._keyed(named, where)
         run = _run_of(where.conf)
         position, run.writes = run.writes, run.writes + 1
-        task = _Task(where.config, {"id": f"{self.name}#{position}", "name": self.name})
+        call_id = where.call_id(self.name, position)
+        task = _Task(where.config, {"id": call_id, "name": self.name})
         await _GUARD._aperformed(task, _GUARD._requesting_checkpoint_stored(
-            task, self._call(keyed, position)))
+            task, self._call(keyed, call_id)))
         anchor = where.anchor(await _aperform_reads(task.saver, _GUARD.origin(where)))
         if not run.decided:
             run.decided = True
             await _GUARD.aresolve_decisions(where.config,
                                             {n: w.tool for n, w in _REGISTRY.items()})
-        request = self._request(where, keyed, anchor, position)
+        request = self._request(where, keyed, anchor, call_id)
 
         async def execute(req: ToolCallRequest) -> ToolMessage:
             return self._message(req, await self.fn(**self._as_called(req, named, keyed)))

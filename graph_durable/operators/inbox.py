@@ -37,7 +37,7 @@ from graph_durable.operators.orphans import (
 )
 from graph_durable.operators._checkpoints import latest as latest_checkpoint
 from graph_durable.operators._checkpoints import questions, written_at
-from graph_durable.operators.pending import QUESTION_KINDS, PendingItem, hitl_items
+from graph_durable.operators.pending import QUESTION_KINDS, PendingItem, hitl_items, names_call
 from graph_durable.operators._worker_thread import twin_of
 
 __all__ = ["InboxItem", "ainbox", "arecord_decisions", "inbox", "record_decisions"]
@@ -153,7 +153,8 @@ def _kind_of(record: EffectRecord) -> str:
 
 
 def _match(items: list[InboxItem], name: str, thread_id: str) -> InboxItem:
-    found = [i for i in items if name in (i.tool_call_id, i.interrupt_id, i.key)]
+    found = [i for i in items
+             if names_call(name, i.tool_call_id) or name in (i.interrupt_id, i.key)]
     if len(found) == 1:
         return found[0]
     pending = sorted(i.tool_call_id for i in items)
@@ -164,7 +165,8 @@ def _match(items: list[InboxItem], name: str, thread_id: str) -> InboxItem:
             thread_id=thread_id, tool_call_id=name)
     raise InvalidDecision(
         f"{name!r} names {len(found)} pending calls in thread {thread_id!r} (subgraphs may "
-        "reuse a tool_call_id): name it by interrupt id or key. Nothing was recorded.",
+        f"reuse a tool_call_id): name it by its full id "
+        f"{sorted(i.tool_call_id for i in found)}, interrupt id or key. Nothing was recorded.",
         thread_id=thread_id, tool_call_id=name)
 
 

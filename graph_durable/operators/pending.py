@@ -18,7 +18,7 @@ from graph_durable.ledger import EffectRecord, EffectStatus, answered
 
 __all__ = ["DEFAULT_ALLOWED", "HITL_DECISIONS", "QUESTION_KINDS", "PendingItem", "as_record",
            "hitl_items", "hitl_name", "is_batched_hitl_question", "is_hitl_question",
-           "pending_items", "schema_decisions"]
+           "names_call", "pending_items", "schema_decisions"]
 
 QUESTION_KINDS = {"tool_approval": "approval", "effect_approval": "approval",
                   "effect_unknown": "unknown"}
@@ -90,6 +90,16 @@ class PendingItem:
     position: int | None = None
     """Its place in a batched `HumanInTheLoopMiddleware` question, which is answered
     with `{"decisions": [...]}`, one per call in this order; `None` otherwise."""
+
+
+def names_call(name: str, tool_call_id: str) -> bool:
+    """Whether `name` names the call `tool_call_id`: the id itself, or, for a guarded
+    write (`name#position@place`), its `name#position` (an ambiguous short name is
+    refused by the caller, which then lists the full ids)."""
+    if name == tool_call_id:
+        return True
+    short, at, _ = tool_call_id.rpartition("@")
+    return bool(at) and "#" in short and short == name
 
 
 def hitl_name(item: PendingItem) -> str:

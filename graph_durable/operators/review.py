@@ -56,6 +56,7 @@ from graph_durable.operators.pending import (
     hitl_name,
     is_batched_hitl_question,
     is_hitl_question,
+    names_call,
     pending_items,
     schema_decisions,
 )
@@ -91,7 +92,8 @@ class Review:
         # two calls of one message the same id (a question of HumanInTheLoopMiddleware,
         # which has no key, by its interrupt id then).
         found = [item for item in self.pending
-                 if tool_call_id in (item.tool_call_id, item.key or hitl_name(item))
+                 if (names_call(tool_call_id, item.tool_call_id)
+                     or tool_call_id == (item.key or hitl_name(item)))
                  and interrupt_id in (None, item.interrupt_id)]
         if not found:
             where = "" if interrupt_id is None else f" in interrupt {interrupt_id!r}"
@@ -107,8 +109,9 @@ class Review:
             raise InvalidDecision(
                 f"Tool call id {tool_call_id!r} is pending {len(found)} times in thread "
                 f"{self.thread_id!r} (subgraphs keep their own tool_call_ids, and a model may "
-                f"repeat one): {asked}. Name the one you decide with interrupt_id=, or by "
-                f"its effect key: {[i.key for i in found]}.",
+                f"repeat one): {asked}. Name the one you decide by its full id "
+                f"{sorted(i.tool_call_id for i in found)}, with interrupt_id=, or by its "
+                f"effect key: {[i.key for i in found]}.",
                 thread_id=self.thread_id, tool_call_id=tool_call_id,
             )
         [item] = found
@@ -134,7 +137,8 @@ class Review:
             # `areview` read, the refusal goes without the note.
             return ""
         records = self._journal[0] if self._journal else saver.effects(self.thread_id)
-        keys = {r.key for r in records if tool_call_id in (r.tool_call_id, r.key)}
+        keys = {r.key for r in records
+                if names_call(tool_call_id, r.tool_call_id) or tool_call_id == r.key}
         events = (self._journal[1] if self._journal
                   else [e for key in keys for e in saver.events(self.thread_id, key)])
         note = decided_note(sorted((e for e in events if e.key in keys), key=lambda e: e.seq))
@@ -235,7 +239,8 @@ class Review:
 
     def _compensable(self, tool_call_id: str, interrupt_id: str | None) -> PendingItem:
         """The pending item a compensate decision names (an `unknown` one)."""
-        found = [i for i in self.pending if tool_call_id in (i.tool_call_id, i.key)]
+        found = [i for i in self.pending
+                 if names_call(tool_call_id, i.tool_call_id) or tool_call_id == i.key]
         if found and all(i.kind == "approval" for i in found):
             raise InvalidDecision(
                 f"Tool call {tool_call_id!r} in thread {self.thread_id!r} awaits approval: it "
