@@ -48,16 +48,22 @@ XDIST := -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 # episodes (the sweeps run 300) and the 4-worker PostgreSQL recovery; then the guard's
 # own tests on the oldest supported releases.
 test: $(STAMP) $(FLOOR_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not sweep and not backends"
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not sweep and not backends and not prebuilt"
 	GRAPH_DURABLE_EXPECT_FLOOR=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		$(XDIST) -m "not backends" $(FLOOR_TESTS)
 
 # The long sweeps (marker `sweep`): races of two workers on fifty orphans, generated
-# crash schedules and the explorer's 300 episodes; and the saver-parametrised tests on
-# PostgreSQL (marker `backends`).
+# crash schedules and the explorer's 300 episodes; the saver-parametrised tests on
+# PostgreSQL (marker `backends`); and the crash tests of prebuilt agent frameworks
+# (marker `prebuilt`, with the `prebuilt` extra installed first).
 # CI runs them after make test.
-test-sweeps: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "sweep or backends"
+PREBUILT_STAMP := $(VENV)/.prebuilt-installed
+$(PREBUILT_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,prebuilt]'
+	touch $(PREBUILT_STAMP)
+
+test-sweeps: $(STAMP) $(PREBUILT_STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "sweep or backends or prebuilt"
 	$(MAKE) test-upstream
 
 # LangGraph's own tests (langgraph's checkpointer-parametrised tests on SQLite, encrypted

@@ -19,6 +19,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from graph_durable.nodes.guard import GuardCore
 from graph_durable.nodes.interrupts import raise_interrupts
 from graph_durable.nodes.key_delivery import hidden_key_tools
+from graph_durable.nodes.tripwire import arm
 from graph_durable.nodes.task import config_of as _config_of
 from graph_durable.nodes.protocol import Ask
 from graph_durable.policy import Effect
@@ -69,7 +70,9 @@ class EffectGuardMiddleware(AgentMiddleware):
 
     def _hidden_keys(self, request: ModelRequest) -> ModelRequest:
         """The model request with each tool whose policy names a `key_arg` shown without
-        that argument: the guard fills it when it sends the call."""
+        that argument: the guard fills it when it sends the call. The agent's write
+        tools are armed first (`nodes.tripwire`): run outside a guard, they say so."""
+        arm(request.tools, self.guard.policy_for)
         if not self._key_args:
             return request
         return request.override(tools=hidden_key_tools(request.tools, self.guard.policy_for))

@@ -32,6 +32,7 @@ from graph_durable.nodes.guard import (
     withdrawal,
 )
 from graph_durable.nodes.key_delivery import hidden_key_tools
+from graph_durable.nodes.tripwire import arm
 from graph_durable.nodes.protocol import Ask
 from graph_durable.policy import Effect
 
@@ -136,6 +137,7 @@ class EffectGuardNode(ToolNode):
             )
         for tool_name, tool in self.tools_by_name.items():
             self._guard.check_key_delivery(tool_name, tool)
+        arm(self.tools_by_name.values(), self._guard.policy_for)
 
     @property
     def model_tools(self) -> list[BaseTool]:
