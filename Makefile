@@ -48,22 +48,31 @@ XDIST := -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 # episodes (the sweeps run 300) and the 4-worker PostgreSQL recovery; then the guard's
 # own tests on the oldest supported releases.
 test: $(STAMP) $(FLOOR_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not sweep and not backends and not prebuilt"
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) \
+		-m "not sweep and not backends and not prebuilt and not browser"
 	GRAPH_DURABLE_EXPECT_FLOOR=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		$(XDIST) -m "not backends" $(FLOOR_TESTS)
 
 # The long sweeps (marker `sweep`): races of two workers on fifty orphans, generated
 # crash schedules and the explorer's 300 episodes; the saver-parametrised tests on
-# PostgreSQL (marker `backends`); and the crash tests of prebuilt agent frameworks
-# (marker `prebuilt`, with the `prebuilt` extra installed first).
+# PostgreSQL (marker `backends`); the crash tests of prebuilt agent frameworks
+# (marker `prebuilt`, with the `prebuilt` extra installed first)...
 # CI runs them after make test.
 PREBUILT_STAMP := $(VENV)/.prebuilt-installed
 $(PREBUILT_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,prebuilt]'
+	$(PY) -m pip install --quiet -e '.[dev,prebuilt,browser]'
 	touch $(PREBUILT_STAMP)
+FLOOR_BROWSER_STAMP := $(FLOOR_VENV)/.browser-installed
+$(FLOOR_BROWSER_STAMP): $(FLOOR_STAMP)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet -c requirements/floor.txt -e '.[dev,browser]'
+	touch $(FLOOR_BROWSER_STAMP)
 
-test-sweeps: $(STAMP) $(PREBUILT_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "sweep or backends or prebuilt"
+# ... and the inbox widget in a real browser (marker `browser`), on the newest widget
+# packages and on the floor's (ipywidgets 8.1.0).
+test-sweeps: $(STAMP) $(PREBUILT_STAMP) $(FLOOR_BROWSER_STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "sweep or backends or prebuilt or browser"
+	GRAPH_DURABLE_EXPECT_FLOOR=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		-m browser tests/browser
 	$(MAKE) test-upstream
 
 # LangGraph's own tests (langgraph's checkpointer-parametrised tests on SQLite, encrypted
