@@ -94,3 +94,49 @@ async def test_the_model_is_never_shown_the_key_argument(tmp_path: Path) -> None
     [shown] = model.bound_tools
     assert set(shown["function"]["parameters"]["properties"]) == {"customer", "cents"}
     assert _payments(tmp_path).counts() == {record.key: 1}
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Any:
+    """The payments server on streamable HTTP (127.0.0.1), taking keys as a header."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "graph_durable.testing.scenarios.mcp_server",
+         str(tmp_path / "payments.sqlite"), "--http", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "no MCP server"
+            time.sleep(0.1)
+    yield port
+    server.terminate()
+    server.wait(timeout=10)
+
+
+def test_an_http_mcp_server_gets_the_key_in_a_header_and_charges_once(
+    tmp_path: Path, http_server: int
+) -> None:
+    kwargs = _kwargs(tmp_path, http_port=http_server)
+    crashed = run_child(AGENT, kwargs, thread_id="t",
+                        fault=FaultPlan("after_effect", tool="charge"))
+    assert crashed.killed
+    payments = _payments(tmp_path)
+    [(key, _)] = payments.counts().items()
+    assert not key.startswith("unkeyed-")  # the header carried the key
+
+    resumed = run_child(AGENT, kwargs, thread_id="t", action="resume")
+    assert resumed.done, resumed.summary
+    assert payments.counts() == {key: 1}
+    [record] = _ledger(tmp_path)
+    assert record.key == key and record.status.value == "applied"

@@ -22,10 +22,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from graph_durable.errors import UndeliveredKey
+from graph_durable.nodes.context import _CURRENT, current_effect
 from graph_durable.policy import Effect
 
-__all__ = ["KEY_LIKE", "UnreadKeyWarning", "hidden_key_tools", "key_like_arguments",
-           "report_unread_key", "undelivered_key", "with_key"]
+__all__ = ["KEY_LIKE", "UnreadKeyWarning", "hidden_key_tools", "key_header_interceptor",
+           "key_like_arguments", "report_unread_key", "undelivered_key", "with_key"]
 
 log = logging.getLogger("graph_durable")
 
@@ -105,6 +106,20 @@ def report_unread_key(name: str, policy: Effect, key_read: bool) -> None:
                "carries it with Effect(key_arg=...).")
     log.warning(message, extra={"tool": name})
     warnings.warn(message, UnreadKeyWarning, stacklevel=2)
+
+
+def key_header_interceptor(header: str = "Idempotency-Key") -> Any:
+    """A `langchain-mcp-adapters` tool interceptor that sends each guarded call's key in
+    an HTTP header (`MultiServerMCPClient(..., tool_interceptors=[...])`), for MCP
+    servers on an HTTP transport that take it there. It reads `current_effect()`, so a
+    tool the guard runs gets its own key; outside a guard it adds nothing."""
+    async def interceptor(request: Any, handler: Any) -> Any:
+        if _CURRENT.get() is None:
+            return await handler(request)
+        headers = {**(request.headers or {}), header: current_effect().key}
+        return await handler(request.override(headers=headers))
+
+    return interceptor
 
 
 def _without(schema: Mapping[str, Any], argument: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from langchain_mcp_adapters.client import MultiServerMCPClient
 
 from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 from graph_durable.nodes import EffectGuardMiddleware
+from graph_durable.nodes.key_delivery import key_header_interceptor
 from graph_durable.policy import Effect
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
@@ -28,9 +29,17 @@ CHARGE = {"name": "charge", "args": {"customer": "ana", "cents": 500}, "id": "ca
 """The one call the scripted model asks for."""
 
 
-async def payments_tools(provider_dir: str) -> list[Any]:
+async def payments_tools(provider_dir: str, http_port: int | None = None) -> list[Any]:
     """The tools of a payments server (`mcp_server`) started over stdio, its charges kept
-    in `<provider_dir>/payments.sqlite`."""
+    in `<provider_dir>/payments.sqlite`; or of one already serving streamable HTTP on
+    `http_port`, given each call's key in an `Idempotency-Key` header
+    (`key_header_interceptor`)."""
+    if http_port is not None:
+        client = MultiServerMCPClient(
+            {"payments": {"url": f"http://127.0.0.1:{http_port}/mcp",
+                          "transport": "streamable_http"}},
+            tool_interceptors=[key_header_interceptor()])
+        return await client.get_tools()
     client = MultiServerMCPClient({"payments": {
         "command": sys.executable,
         "args": ["-m", "graph_durable.testing.scenarios.mcp_server",
@@ -41,10 +50,12 @@ async def payments_tools(provider_dir: str) -> list[Any]:
 
 
 async def build_mcp_agent(db_path: str, provider_dir: str, key_arg: str | None = None,
-                          idempotent: bool = True) -> EffectsAgent:
+                          idempotent: bool = True, http_port: int | None = None
+                          ) -> EffectsAgent:
     """`create_agent` over the payments server's tools on an `AsyncDurableSqliteSaver` at
-    `db_path`, `charge` guarded as `Effect(idempotent=idempotent, key_arg=key_arg)`.
-    Its model asks for one charge (`CHARGE`), then says it is done."""
+    `db_path`, `charge` guarded as `Effect(idempotent=idempotent, key_arg=key_arg)`
+    (with `http_port`, on the HTTP server there, the key sent as a header). Its model
+    asks for one charge (`CHARGE`), then says it is done."""
     os.makedirs(provider_dir, exist_ok=True)
     payments = FakeProvider(os.path.join(provider_dir, "payments.sqlite"), "dedupe",
                             name="payments")
@@ -52,7 +63,7 @@ async def build_mcp_agent(db_path: str, provider_dir: str, key_arg: str | None =
     model = ScriptedChatModel(script=[AIMessage(content="", tool_calls=[CHARGE]),
                                       AIMessage(content="Charged.")])
     guard = EffectGuardMiddleware({"charge": Effect(idempotent=idempotent, key_arg=key_arg)})
-    graph = create_agent(model, tools=await payments_tools(provider_dir), middleware=[guard],
-                         checkpointer=saver)
+    graph = create_agent(model, tools=await payments_tools(provider_dir, http_port),
+                         middleware=[guard], checkpointer=saver)
     return EffectsAgent(graph=graph, saver=saver, providers={"payments": payments},
                         inputs={"messages": [HumanMessage("Charge Ana 5 euros.")]})
