@@ -1129,3 +1129,37 @@ def test_a_raw_reviewer_names_a_functional_agents_questions_by_interrupt_id(tmp_
         '{"faults":[],"id":"call_2_1","item":"x21","n":0,"tool":"ticket"}]]}')
     result = _replay(tmp_path, episode)
     assert result.ok, result.problems
+
+
+SEED_731088 = (
+    '{"after":null,"crashes":[],"flavour":"sync","fresh_ids":false,"history":"",'
+    '"leased":false,"reviewer":{"edit_unchanged":true,"malformed":true,"raw":false,'
+    '"seed":173816426},"sealed":false,"seed":731088,"sequential":true,"stack":"",'
+    '"tools":{"charge":{"approval":"odd","mode":"dedupe","policy":"lookup","retries":2,'
+    '"timeout":null},"crm":{"approval":true,"mode":"blind","policy":"blind","retries":0,'
+    '"timeout":0.1},"email":{"approval":"odd","errors":"error_message","mode":"blind",'
+    '"policy":"blind","retries":2,"timeout":null},"ticket":{"approval":true,"mode":"lookup",'
+    '"policy":"lookup","retries":0,"timeout":null}},"topology":"subgraph_send","turns":'
+    '[[{"faults":[],"id":"call_0_2","item":"x02","n":0,"tool":"ticket"},'
+    '{"faults":["lost"],"id":"call_0_3","item":"x03","n":0,"tool":"email"}],'
+    '[{"faults":[],"id":"call_0_0","item":"x10","n":0,"tool":"crm"},'
+    '{"faults":[],"id":"call_1_1","item":"x11","n":0,"tool":"charge"},'
+    '{"faults":["slow"],"id":"call_1_2","item":"x12","n":0,"tool":"crm"}],'
+    '[{"faults":["slow"],"id":"call_2_0","item":"x20","n":0,"tool":"crm"}]]}')
+
+
+@pytest.mark.crash
+def test_a_refused_set_across_send_branches_records_none_of_its_answers(tmp_path) -> None:
+    """Seed 731088 (`subgraph_send`): two `Send` branches pend `call_2_0`, one asking
+    about an `unknown` outcome after an approval it took in an earlier run, the other
+    for approval. The resume map answers the first with `approve` again (a type its
+    question does not allow) and the second with a valid `reject`. The second branch
+    took the `approve` for the first's answer of an earlier moment in this run and let
+    its `reject` through (journaled, recorded `rejected`) while the first refused the
+    set. Only an answer taken in this run is passed by now: both refuse, nothing is
+    recorded."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_731088))
+    assert result.ok, result.problems
+    assert sum("raised RefusedDecision" in line for line in result.log) >= 4, result.log

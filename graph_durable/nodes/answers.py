@@ -9,7 +9,9 @@ the sync and async drivers perform; everything else here is pure.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
@@ -166,6 +168,35 @@ def decision_batch(task: Task, asked: list[Any], resume: Any,
 
 
 
+class _TakenInRun:
+    """The questions whose answers a task of this process took from one resume map: the
+    run that map belongs to (every task of a run is handed the same map object). Kept
+    for the most recent maps only, each beside a reference to it (so that its `id` is
+    not reused while it is kept)."""
+
+    def __init__(self, kept: int = 256) -> None:
+        self._kept = kept
+        self._taken: OrderedDict[int, tuple[Any, set[str]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, resume_map: Any, interrupt_ids: set[str]) -> None:
+        with self._lock:
+            entry = self._taken.get(id(resume_map))
+            if entry is None or entry[0] is not resume_map:
+                entry = self._taken[id(resume_map)] = (resume_map, set())
+                while len(self._taken) > self._kept:
+                    self._taken.popitem(last=False)
+            entry[1].update(interrupt_ids)
+
+    def __call__(self, resume_map: Any, interrupt_id: str) -> bool:
+        with self._lock:
+            entry = self._taken.get(id(resume_map))
+            return entry is not None and entry[0] is resume_map and interrupt_id in entry[1]
+
+
+_taken_in_run = _TakenInRun()
+
+
 def _taken_again(events: list[Any], answer: Any) -> bool:
     """Whether `answer` is the decision a call last took (its journal, `events`) before
     it was asked about again."""
@@ -185,8 +216,11 @@ def _answers_to_check(task: Task, thread: list[EffectRecord], tools: Mapping[str
 
     A task that ran earlier in this run may have taken its answer, sent its call and
     asked about it again (an unknown outcome) under the same interrupt id: the answer it
-    took is not checked against the new question. Its journal is read only for an answer
-    that does not fit."""
+    took is not checked against the new question. Taken in this run, not in an earlier
+    one (seed 731088: an `approve` taken before, sent again to the question that
+    followed, is an invalid answer that this run's task of that question refuses, so
+    every task refuses the set). Its journal is read only for an answer that does not
+    fit."""
     resume_map = task.conf.get(CONFIG_KEY_RESUME_MAP) or {}
     questions = {}
     for record in thread:
@@ -195,7 +229,8 @@ def _answers_to_check(task: Task, thread: list[EffectRecord], tools: Mapping[str
             continue
         answer = resume_map.get(interrupt_id)
         if (record.checkpoint_ns != task.checkpoint_ns and answer is not None
-                and not _fits(answer, record, tools)):
+                and not _fits(answer, record, tools)
+                and _taken_in_run(resume_map, interrupt_id)):
             events = yield Read("events", (task.thread_id, record.key))
             if _taken_again(events, answer):
                 continue
@@ -243,4 +278,8 @@ def read_decisions(task: Task, tools: Mapping[str, Any] | None,
         if guard_asked_under(pending, task.conf.get(CONFIG_KEY_TASK_ID), legacy[0], asked):
             legacy_id = legacy[0]
     resume = peek_resume(task.conf, asked, legacy_id) if asked else None
-    return None if resume is None else decision_batch(task, asked, resume, tools, policy_for)
+    batch = None if resume is None else decision_batch(task, asked, resume, tools, policy_for)
+    if batch is not None:
+        _taken_in_run.add(task.conf.get(CONFIG_KEY_RESUME_MAP) or resume, {
+            interrupt_id_for(task.checkpoint_ns, write.key) for write in batch.writes})
+    return batch
