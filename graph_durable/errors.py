@@ -4,7 +4,9 @@ The hierarchy::
 
     GraphDurableError (Exception)
     ├── DurabilityError          effects refused: the requesting step is not durably saved
-    ├── DatabaseUnavailable      the database connection broke under a write
+    ├── DatabaseUnavailable      the database broke under a write (a connection lost,
+    │   │                        an I/O error, a lock held past the busy timeout)
+    │   └── StorageFull          the database's disk is full
     ├── ReadOnlyDatabase         a write tried on a read-only connection or replica
     ├── InvalidDecision          a resume value that does not answer the pending interrupt
     ├── FlowVersionMismatch      a thread pinned to another flow version
@@ -46,6 +48,7 @@ __all__ = [
     "NotDurableCheckpointer",
     "ReadOnlyDatabase",
     "Retryable",
+    "StorageFull",
     "ThreadCancelled",
     "UndeliveredKey",
     "UnkeyableToolCall",
@@ -82,10 +85,28 @@ class DurabilityError(GraphDurableError):
 
 
 class DatabaseUnavailable(GraphDurableError):
-    """The database connection broke under a write (the server restarted, or the
-    connection was terminated). The write was not committed, unless the break hit its
-    `COMMIT`; either way nothing is lost: running the thread again reconciles it from its
-    ledger. A read is retried once on a fresh pooled connection instead."""
+    """The database broke under a write: the connection was lost (the server restarted,
+    or the connection was terminated), the storage failed (SQLite's disk I/O error), or
+    another connection held the write lock past the busy timeout. The write was not
+    committed, unless the break hit its `COMMIT`; either way nothing is lost: running the
+    thread again reconciles it from its ledger. A read is retried once on a fresh pooled
+    connection instead.
+
+    Raised from a guarded call, it names the call and says whether it was sent (`sent`):
+    not sent, nothing happened; sent, its receipt is not recorded yet, and resuming the
+    thread reconciles it (a lookup, a same-key re-send, or a question for a person).
+
+    Attributes:
+        sent: Whether the guarded call it was raised from had been sent; `None` when not
+            raised from a guarded call.
+    """
+
+    sent: bool | None = None
+
+
+class StorageFull(DatabaseUnavailable):
+    """The database's disk (or its quota) is full: nothing of the write was stored. Free
+    space, then resume the thread."""
 
 
 class ReadOnlyDatabase(GraphDurableError):

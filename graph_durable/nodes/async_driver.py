@@ -14,6 +14,7 @@ from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from graph_durable.errors import DatabaseUnavailable
 from graph_durable.ledger import EffectStatus
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
@@ -24,6 +25,7 @@ from graph_durable.nodes.operations import Outcome
 from graph_durable.nodes.outcomes import read_reports, watch_reports
 from graph_durable.nodes.protocol import CallContext, Protocol, run_call
 from graph_durable.nodes.reentry import ReentryRefused, ToolGate, gated
+from graph_durable.nodes.storage import described
 from graph_durable.nodes.task import Task, config_of, task_with_resume
 
 __all__ = ["AsyncDriver", "aperform", "aperform_reads"]
@@ -59,10 +61,15 @@ class AsyncDriver(GuardBase):
     async def _aperform(self, task: Task, op: ops.Op, call: Calling | None) -> Any:
         """Perform one operation of `task` (see `SyncDriver._perform`)."""
         if isinstance(op, ops.CallTool) and call is not None:
+            call.ctx.sent = True
             return await self._acall_tool(task, call, op)
         if isinstance(op, ops.Lookup) and call is not None:
             return await self._alookup(call.ctx, op)
-        return await aperform(task.saver, task.config, op)
+        try:
+            return await aperform(task.saver, task.config, op)
+        except DatabaseUnavailable as exc:
+            raise described(exc, task.thread_id, call.ctx.tool_call if call else task.call,
+                            call is not None and call.ctx.sent) from None
 
     async def aclaim_step(
         self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any],

@@ -57,6 +57,9 @@ class CallContext:
     """The call id the key is derived from, when it is not the call's own: a guarded
     write's id names where it was made, so that each question has an id unique in its
     thread, and its key stays that of `name#position`."""
+    sent: bool = field(default=False, init=False)
+    """Whether this run sent the call (a tool attempt was started): what an error of the
+    database under one of its writes says (`nodes.storage`)."""
     key: str = field(init=False)
     args_json: str = field(init=False)
 

@@ -16,6 +16,7 @@ from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
+from graph_durable.errors import DatabaseUnavailable
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
 from graph_durable.nodes.key_delivery import report_unread_key
@@ -25,6 +26,7 @@ from graph_durable.nodes.operations import Outcome
 from graph_durable.nodes.outcomes import call_with_timeout, read_reports, watch_reports
 from graph_durable.nodes.protocol import CallContext, Protocol, run_call
 from graph_durable.nodes.reentry import ReentryRefused, ToolGate, gated
+from graph_durable.nodes.storage import described
 from graph_durable.nodes.task import Task, config_of, task_with_resume
 
 __all__ = ["SyncDriver", "perform", "perform_reads"]
@@ -62,10 +64,15 @@ class SyncDriver(GuardBase):
         """Perform one operation of `task`: the tool's and the provider's for `call`,
         the saver's otherwise."""
         if isinstance(op, ops.CallTool) and call is not None:
+            call.ctx.sent = True
             return self._call_tool(task, call, op)
         if isinstance(op, ops.Lookup) and call is not None:
             return self._lookup(call.ctx, op)
-        return perform(task.saver, task.config, op)
+        try:
+            return perform(task.saver, task.config, op)
+        except DatabaseUnavailable as exc:
+            raise described(exc, task.thread_id, call.ctx.tool_call if call else task.call,
+                            call is not None and call.ctx.sent) from None
 
     def claim_step(
         self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any],

@@ -42,6 +42,7 @@ class Task:
 
     def __init__(self, config: Mapping[str, Any], call: Mapping[str, Any]) -> None:
         self.config = config
+        self.call = call
         self.conf: Mapping[str, Any] = config.get("configurable", {})
         self.thread_id = str(self.conf.get("thread_id", ""))
         self.checkpoint_ns = str(self.conf.get("checkpoint_ns", ""))

@@ -25,6 +25,7 @@ from langchain_core.runnables import RunnableConfig
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import IntentExists, actor_of, claims_of
 from graph_durable.checkpointers.sqlite._readonly import WRITE_NEEDS, SqliteReadOnly, is_read_only
+from graph_durable.checkpointers.sqlite._storage import storage_fault
 from graph_durable.errors import IllegalTransition
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
@@ -112,6 +113,9 @@ class SqliteTransactions:
             self._deferred_rolled_back()  # type: ignore[attr-defined]
             if is_read_only(exc):
                 raise SqliteReadOnly.refused(WRITE_NEEDS, exc, thread_id=thread_id) from exc
+            fault = storage_fault(exc, thread_id)
+            if fault is not None:
+                raise fault from exc
             raise
         else:
             conn.commit()
@@ -298,11 +302,12 @@ class SqliteTransactions:
             conn.rollback()
             self._deferred_rolled_back()  # type: ignore[attr-defined]
             for item in batch:
+                call_id = getattr(item.write, "tool_call_id", None)
                 item.error = item.error or (
                     SqliteReadOnly.refused(WRITE_NEEDS, exc, thread_id=item.write.thread_id,
-                                           tool_call_id=getattr(item.write, "tool_call_id",
-                                                                None))
-                    if is_read_only(exc) else exc)
+                                           tool_call_id=call_id)
+                    if is_read_only(exc) else
+                    storage_fault(exc, item.write.thread_id, call_id) or exc)
         finally:
             cur.close()
             for item in batch:
