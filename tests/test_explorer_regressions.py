@@ -1163,3 +1163,35 @@ def test_a_refused_set_across_send_branches_records_none_of_its_answers(tmp_path
     result = _replay(tmp_path, Episode.from_json(SEED_731088))
     assert result.ok, result.problems
     assert sum("raised RefusedDecision" in line for line in result.log) >= 4, result.log
+
+
+SEED_850869 = (
+    '{"after":null,"crashes":[{"occurrence":1,"phase":0,"point":"before_intent","then":{"'
+    'pick":4,"via":"time_travel"},"tool":"charge"},{"occurrence":1,"phase":1,"point":"bef'
+    'ore_intent","then":{"pick":1,"via":"checkpoint_config"},"tool":"crm"}],"flavour":"sy'
+    'nc","fresh_ids":false,"history":"","leased":false,"reviewer":{"edit_unchanged":false'
+    ',"malformed":true,"raw":false,"seed":1341448547},"sealed":false,"seed":850869,"seque'
+    'ntial":false,"stack":"","tools":{"charge":{"approval":false,"lookup_faults":["error"'
+    '],"mode":"lookup","policy":"lookup","result":"non_json","retries":1,"timeout":null},'
+    '"crm":{"approval":true,"lookup_faults":["error"],"mode":"lookup","policy":"lookup","'
+    'retries":0,"timeout":null},"email":{"approval":true,"errors":"validation","mode":"lo'
+    'okup","policy":"blind","retries":0,"timeout":0.1},"search":{"mode":"read","policy":"'
+    'read_only"},"ticket":{"approval":true,"errors":"validation","mode":"dedupe","policy"'
+    ':"idempotent","retries":1,"timeout":null}},"topology":"subgraph_nested","turns":[[{"'
+    'faults":[],"id":"call_2_0","item":"x20","n":0,"tool":"charge"},{"faults":[],"id":"ca'
+    'll_2_2","item":"x22","n":0,"tool":"crm"}]]}')
+
+
+@pytest.mark.crash
+def test_a_subgraph_restarted_inside_a_restarted_subgraph_keeps_its_keys(tmp_path) -> None:
+    """Seed 850869 (`subgraph_nested`): a time-travel fork ran `billing` (a subgraph)
+    and, inside it, `payments` (a subgraph), which charged; a run from the thread's
+    latest checkpoint (that same fork) restarted `billing` in its own namespace and
+    `payments` under a new task id. Its earlier incarnation ran from the same root
+    checkpoint, which was taken for the same run, so the charge took a new key and was
+    sent twice. An incarnation inside an earlier run of an enclosing task is an earlier
+    run now."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_850869))
+    assert result.ok, result.problems

@@ -146,6 +146,33 @@ def _runs_here(inputs: Sequence[Any], here: str, at: str | None) -> tuple[list[s
     return ids, max((one for one in ids if at is None or one <= at), default=None)
 
 
+def _parents_of(inputs: Sequence[Any], here: str, input_id: str | None) -> Mapping[str, Any]:
+    """The `parents` of the run of subgraph task `here` that started at `input_id`: the
+    checkpoint each enclosing graph was at when it started."""
+    for first in inputs:
+        if first.config["configurable"]["checkpoint_ns"] == here and _input_id(first) == input_id:
+            return (first.metadata or {}).get("parents") or {}
+    return {}
+
+
+def _in_earlier_enclosing_run(inputs: Sequence[Any], mine: Mapping[str, Any],
+                              theirs: Mapping[str, Any]) -> bool:
+    """Whether an incarnation started (its `parents`: `theirs`) inside an earlier run of a
+    subgraph task that encloses this call's too (`mine`), the same task run again in its
+    own namespace: a run from the thread's latest fork or `update_state` checkpoint
+    restarts it there, and it restarts the subgraphs inside it under new task ids."""
+    shared = [ns for ns in mine if ns and ns in theirs]
+    for enclosing in sorted(shared, key=len, reverse=True):
+        runs, _ = _runs_here(inputs, enclosing, None)
+        if not runs:
+            continue
+        their_run = max((one for one in runs if one <= theirs[enclosing]), default=None)
+        my_run = max((one for one in runs if one <= mine[enclosing]), default=None)
+        if their_run is not None and my_run is not None:
+            return their_run < my_run
+    return False
+
+
 def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state: Any,
                    messages_key: str, at: str | None = None
                    ) -> Generator[Read, Any, EffectRecord | None]:
@@ -178,9 +205,15 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
         else:
             parents: Mapping[str, Any] = (first.metadata or {}).get("parents") or {}
             ran_from = parents.get("")
-            if node_path(incarnation) != path[:-1] or ran_from is None or ran_from == root:
+            if node_path(incarnation) != path[:-1] or ran_from is None:
                 continue
-            if ran_from not in sources:
+            if ran_from == root:
+                # The same root run: an earlier incarnation only inside an earlier run of
+                # an enclosing subgraph task that was restarted in place (seed 850869).
+                if not _in_earlier_enclosing_run(inputs, _parents_of(inputs, here, mine_from),
+                                                 parents):
+                    continue
+            elif ran_from not in sources:
                 # Another fork (or update) of a checkpoint this run descends from.
                 theirs = yield from fork_sources(ctx.thread_id, ran_from)
                 if not set(theirs) & {root, *sources}:
