@@ -26,7 +26,8 @@ from graph_durable.nodes.context import _CURRENT, current_effect
 from graph_durable.policy import Effect
 
 __all__ = ["KEY_LIKE", "UnreadKeyWarning", "hidden_key_tools", "key_header_interceptor",
-           "key_like_arguments", "report_unread_key", "undelivered_key", "with_key"]
+           "key_like_arguments", "loudly", "report_unread_key", "undelivered_key",
+           "with_key"]
 
 log = logging.getLogger("graph_durable")
 
@@ -104,8 +105,14 @@ def report_unread_key(name: str, policy: Effect, key_read: bool) -> None:
                "after a crash may be applied twice. Pass current_effect().key to the "
                "provider, or, for a tool whose code is not yours, name the argument that "
                "carries it with Effect(key_arg=...).")
-    log.warning(message, extra={"tool": name})
-    warnings.warn(message, UnreadKeyWarning, stacklevel=2)
+    loudly(message, UnreadKeyWarning, name)
+
+
+def loudly(message: str, category: type[Warning], tool: str) -> None:
+    """Say `message` about `tool` where it is heard: the `graph_durable` logger (a
+    warning, with the tool as a field) and Python's warnings (`category`)."""
+    log.warning(message, extra={"tool": tool})
+    warnings.warn(message, category, stacklevel=3)
 
 
 def key_header_interceptor(header: str = "Idempotency-Key") -> Any:

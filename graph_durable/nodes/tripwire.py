@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
-import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from graph_durable.nodes.context import _CURRENT
+from graph_durable.nodes.key_delivery import loudly
 from graph_durable.policy import Effect
 
 __all__ = ["UnguardedToolWarning", "arm"]
-
-log = logging.getLogger("graph_durable")
 
 _ARMED: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
@@ -47,8 +44,7 @@ def _report(name: str) -> None:
                "runs it the guard (for a deep agent's default subagent, pass "
                "subagents=[{'name': 'general-purpose', ..., 'middleware': "
                "[EffectGuardMiddleware(...)]}]), or mark it Effect(read_only=True).")
-    log.warning(message, extra={"tool": name})
-    warnings.warn(message, UnguardedToolWarning, stacklevel=3)
+    loudly(message, UnguardedToolWarning, name)
 
 
 def _guarded_here(name: str) -> bool:
