@@ -181,3 +181,28 @@ def test_the_saver_and_the_guard_name_what_a_full_disk_stopped(tmp_path: Path,
     again = StorageFull("A write to thread 't' was not committed.", thread_id="t")
     assert "was sent, and its receipt is not recorded yet" in str(
         described(again, "t", call, sent=True)) and again.sent is True
+
+
+def test_a_full_disk_when_an_approval_is_answered_sends_nothing_until_it_is_freed(
+    tmp_path: Path, disk: Path
+) -> None:
+    kwargs = {**_kwargs(tmp_path, disk, "blind"), "approvals": ["ticket"]}
+    tickets = FakeProvider(str(tmp_path / "ticket.sqlite"), "blind")
+    [question] = run_child(AGENT, kwargs, thread_id="t").interrupts
+    assert question["type"] == "tool_approval"
+
+    filler = _fill(disk)
+    with pytest.raises(RuntimeError) as failed:
+        run_child(AGENT, kwargs, thread_id="t", action="decide", resume={"type": "approve"})
+    error = str(failed.value)
+    # A new process on a full disk may not even create SQLite's write-ahead log, which
+    # SQLite reports as a disk I/O error: ours too, without naming a thread.
+    assert "SqliteStorageFull" in error or "SqliteUnavailable" in error, error[-2000:]
+    assert "(ticket)" not in error or "Nothing was sent" in error
+    assert tickets.count() == 0  # the decision was not journaled: nothing was sent
+    filler.unlink()
+
+    answered = run_child(AGENT, kwargs, thread_id="t", action="decide",
+                         resume={"type": "approve"})
+    assert answered.done, answered.summary
+    assert tickets.count() == 1

@@ -120,7 +120,14 @@ def setup_ledger(conn: sqlite3.Connection, secret_params: tuple[Any, ...]) -> No
 
 def setup_refused(exc: sqlite3.OperationalError) -> NoReturn:
     """Raise, from the `except` block handling `exc` (raised by `setup()`),
-    `SqliteReadOnly` if SQLite refused a write as read-only, else `exc` itself."""
+    `SqliteReadOnly` if SQLite refused a write as read-only, the library's error for a
+    storage fault (a new process on a full disk cannot even create the write-ahead log),
+    else `exc` itself."""
+    from graph_durable.checkpointers.sqlite._storage import storage_fault
+
     if is_read_only(exc):
         raise SqliteReadOnly.refused(SETUP_NEEDS, exc) from exc
+    fault = storage_fault(exc, None)
+    if fault is not None:
+        raise fault from exc
     raise exc
