@@ -22,34 +22,21 @@ import pytest
 
 from graph_durable import AsyncDurableSqliteSaver, DurableSqliteSaver
 
+ROOT = Path(__file__).resolve().parents[2]
 THREADS = 8
 PROCESSES = 8
 
-# A process that sets up the file named on each line of its input, with the saver
-# named on the command line, and answers each line with the error it got ("" if none).
+# A process that sets up the file named on each line of its input the way this module
+# does (`_setup_here`, with the flavour named on the command line), and answers each
+# line with the error it got ("" if none).
 WORKER = """
-import asyncio, sqlite3, sys
-import aiosqlite
-from graph_durable import AsyncDurableSqliteSaver, DurableSqliteSaver
-
-async def asetup(path):
-    async with aiosqlite.connect(path) as conn:
-        await AsyncDurableSqliteSaver(conn).setup()
-
-def setup(path):
-    if sys.argv[1] == "async":
-        asyncio.run(asetup(path))
-        return
-    conn = sqlite3.connect(path, check_same_thread=False)
-    try:
-        DurableSqliteSaver(conn).setup()
-    finally:
-        conn.close()
+import sys
+from tests.checkpointers.test_setup_race import _setup_here
 
 print("ready", flush=True)
 for line in sys.stdin:
     try:
-        setup(line.strip())
+        _setup_here(line.strip(), sys.argv[1])
         print("", flush=True)
     except Exception as exc:
         print(repr(exc).replace(chr(10), " "), flush=True)
@@ -75,7 +62,7 @@ def _setup_here(path: str, flavour: str) -> None:
 
 def _rounds(tmp_path: Path, rounds: int, flavour: str) -> list[str]:
     """Run `rounds` rounds; every error any setup raised, with its round."""
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, flavour], text=True,
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, flavour], text=True, cwd=ROOT,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                for _ in range(PROCESSES)]
     errors: list[str] = []
