@@ -1195,3 +1195,38 @@ def test_a_subgraph_restarted_inside_a_restarted_subgraph_keeps_its_keys(tmp_pat
 
     result = _replay(tmp_path, Episode.from_json(SEED_850869))
     assert result.ok, result.problems
+
+
+
+SEED_870232 = (
+    '{"after":null,"crashes":[{"occurrence":1,"phase":0,"point":"after_receipt","then":{"'
+    'pick":0,"via":"plain"},"tool":"ticket"}],"flavour":"sync","fresh_ids":false,"history'
+    '":"","leased":false,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":false'
+    ',"seed":109662256},"sealed":false,"seed":870232,"sequential":true,"stack":"hitl_afte'
+    'r_guard","tools":{"charge":{"approval":false,"errors":"raise","mode":"blind","policy'
+    '":"blind","retries":0,"timeout":null},"crm":{"approval":true,"mode":"lookup","policy'
+    '":"blind","retries":0,"timeout":null},"email":{"approval":true,"mode":"lookup","poli'
+    'cy":"lookup","retries":0,"timeout":1.0},"search":{"mode":"read","policy":"read_only"'
+    '},"ticket":{"approval":true,"mode":"dedupe","policy":"lookup","retries":1,"timeout":'
+    'null}},"topology":"create_agent","turns":[[{"faults":[],"id":"call_0_0","item":"x00"'
+    ',"n":0,"tool":"email"}],[{"faults":[],"id":"call_2_0","item":"x20","n":0,"tool":"ema'
+    'il"},{"faults":[],"id":"call_2_2","item":"x22","n":0,"tool":"email"},{"faults":[],"i'
+    'd":"call_2_3","item":"x23","n":0,"tool":"ticket"}]]}')
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, reason="seed 870232, not fixed yet: a looked-up call's "
+                   "receipt recorded by a worker SIGKILLed after it (after_receipt) under "
+                   "create_agent with HITL is lost, and the finished thread leaves the "
+                   "effect in_flight; applied once at the provider, nothing sent twice")
+def test_a_receipt_killed_after_under_create_agent_with_hitl_is_not_left_in_flight(
+        tmp_path) -> None:
+    """Seed 870232 (`create_agent`, HumanInTheLoopMiddleware put before the guard): the
+    worker is SIGKILLed right after a `ticket` receipt (lookup policy) was recorded; the
+    thread then finishes with the ticket applied once at the provider, but its ledger
+    record stays `in_flight`. Found on fresh seeds (870000-870299); also on the release
+    before this one. Strict: it flags when fixed."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_870232))
+    assert result.ok, result.problems
