@@ -32,7 +32,7 @@ from graph_durable import (
 # Kept apart, after `review`: importing `areview` first loads its module
 # (`graph_durable.operators.review`), which once shadowed the function of the same name.
 from graph_durable import areview  # noqa: I001
-from graph_durable.nodes.guard import interrupt_id_for
+from graph_durable.nodes.interrupts import interrupt_id_for
 from graph_durable.testing import FakeProvider
 from graph_durable.testing.models import ScriptedChatModel
 from tests.fakes import send_tool

@@ -5,32 +5,22 @@ provider's), and the async entry points that feed it `GuardBase`'s steps."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
-
-from langchain_core.messages import ToolMessage
-from langgraph.errors import GraphBubbleUp, GraphInterrupt
-from langgraph.prebuilt.tool_node import ToolCallRequest
-from langgraph.types import Command
 
 from graph_durable.errors import DatabaseUnavailable
 from graph_durable.ledger import EffectStatus
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
-from graph_durable.nodes.key_delivery import report_unread_key
-from graph_durable.nodes.core import Calling, GuardBase, Started, _same_answer
+from graph_durable.nodes.core import Calling, GuardBase, Started, same_answer
 from graph_durable.nodes.interrupts import OnAsk
-from graph_durable.nodes.operations import Outcome
-from graph_durable.nodes.outcomes import read_reports, watch_reports
-from graph_durable.nodes.protocol import CallContext, Protocol, run_call
-from graph_durable.nodes.reentry import ReentryRefused, ToolGate, gated
+from graph_durable.nodes.key_delivery import report_unread_key
+from graph_durable.nodes.outcomes import Attempt, Outcome, acall_lookup, watch_reports
+from graph_durable.nodes.protocol import CallContext
 from graph_durable.nodes.storage import described
-from graph_durable.nodes.task import Task, config_of, task_with_resume
+from graph_durable.nodes.task import Task, task_with_resume
 
 __all__ = ["AsyncDriver", "aperform", "aperform_reads"]
-
-ToolResult = ToolMessage | Command
 
 
 async def aperform(saver: Any, config: Any, op: ops.Op) -> Any:
@@ -64,7 +54,7 @@ class AsyncDriver(GuardBase):
             call.ctx.sent = True
             return await self._acall_tool(task, call, op)
         if isinstance(op, ops.Lookup) and call is not None:
-            return await self._alookup(call.ctx, op)
+            return await acall_lookup(call.ctx.policy, op.key, timeout=call.ctx.policy.timeout)
         try:
             return await aperform(task.saver, task.config, op)
         except DatabaseUnavailable as exc:
@@ -79,8 +69,8 @@ class AsyncDriver(GuardBase):
         calls = self._reconcilable_calls(tool_calls)
         if not calls:
             return {}
-        first = Task(config, calls[0])
-        return await self._aperformed(first, self._claiming(first, calls, state))
+        return await self._aperformed(Task(config, calls[0]),
+                                      self._claiming(config, calls, state))
 
     async def aresolve_decisions(self, config: Mapping[str, Any],
                                  tools: Mapping[str, Any] | None = None) -> None:
@@ -89,84 +79,55 @@ class AsyncDriver(GuardBase):
         if task is not None:
             await self._aperformed(task, self._resolving(task, tools))
 
-    async def arun(
-        self,
-        request: ToolCallRequest,
-        execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
-        on_ask: OnAsk,
-        started: Started | None = None,
-        repeats: bool = True,
-    ) -> ToolResult:
-        """Run one tool call through the protocol, asynchronously (see `run`)."""
-        if started is not None:
-            task, ctx, protocol = started.task, started.ctx, started.protocol
-            value: Any = started.claimed
-        else:
+    async def arun(self, request: Any, execute: Callable[[Any], Awaitable[Any]],
+                   on_ask: OnAsk, started: Started | None = None, repeats: bool = True
+                   ) -> Any:
+        """Run one guarded call through the protocol, asynchronously (see `run`)."""
+        if started is None:
             if not self._writes(request.tool_call, request.tool is not None):
                 return await execute(request)
-            task = Task(config_of(request), request.tool_call)
-            ctx = await self._aperformed(task, self._prepared(task, request))
-            protocol = run_call(ctx)
-            value = None
-        if not repeats:
-            return await self._adrive(task, ctx, request, execute, on_ask, protocol, value)
-        running, leader = self._lead(task, ctx)
+            task = Task(self.keys.config_of(request), request.tool_call)
+            started = await self._aperformed(task, self._starting(task, request))
+        running, leader = self._lead(started, repeats)
         if not leader:
-            protocol.close()
-            return _same_answer(await asyncio.wrap_future(running))
+            assert running is not None
+            return same_answer(await asyncio.wrap_future(running))
         try:
-            result = await self._adrive(task, ctx, request, execute, on_ask, protocol, value)
+            result = await self._aperformed(
+                started.task, self._driven(started, request.tool, on_ask),
+                Calling(started.ctx, request, execute))
         except BaseException as exc:
-            self._settle(task, ctx, running, error=exc)
+            self._settle(started, running, error=exc)
             raise
-        self._settle(task, ctx, running, result=result)
+        self._settle(started, running, result=result)
         return result
-
-    async def _adrive(self, task: Task, ctx: CallContext, request: ToolCallRequest,
-                      execute: Callable[[ToolCallRequest], Awaitable[ToolResult]],
-                      on_ask: OnAsk, protocol: Protocol, value: Any) -> ToolResult:
-        return await self._aperformed(
-            task, self._driven(task, ctx, request, on_ask, protocol, value),
-            Calling(ctx, request, execute))
 
     async def _acall_tool(self, task: Task, call: Calling, op: ops.CallTool) -> Outcome:
         planned = self._tool_request(task, call, op, abandoned_here=False)
-        if isinstance(planned, Outcome):
+        if not isinstance(planned, tuple):
             return planned
-        with watch_reports() as reported:
-            return read_reports(await self._acall_entered(task, op, *planned), reported)
-
-    async def _acall_entered(self, task: Task, op: ops.CallTool, call: Calling,
-                             gate: ToolGate | None) -> Outcome:
-        """Call the tool (`call.request`, whose args its schema accepts): its body runs."""
-        ctx, call_request, execute = call
+        (ctx, request, execute), gate = planned
         effect = self._effect_context(task, op)
 
-        async def run_tool() -> ToolResult:
-            result = await execute(call_request)
+        async def run_tool() -> Any:
+            result = await execute(request)
             report_unread_key(ctx.tool_call["name"], ctx.policy, effect.asked)
             return result
 
         token = _CURRENT.set(effect)
         try:
-            if ctx.policy.timeout is None:
-                return gated(gate, Outcome(value=await run_tool()))
-            return gated(gate, Outcome(
-                value=await asyncio.wait_for(run_tool(), ctx.policy.timeout)
-            ))
+            with watch_reports() as reported:
+                attempt = Attempt(value=await asyncio.wait_for(run_tool(), ctx.policy.timeout))
         except asyncio.TimeoutError:
-            return gated(gate, Outcome(timed_out=True))
-        except GraphInterrupt as paused:
-            return gated(gate, Outcome(paused=self._inner_pause(task, ctx, paused)))
-        except GraphBubbleUp:
-            raise
+            attempt = Attempt(timed_out=True)
         except asyncio.CancelledError:
             await self._acancelled_in_flight(task, ctx, op)
             raise
-        except (Exception, ReentryRefused) as exc:
-            return gated(gate, Outcome(error=exc))
+        except BaseException as exc:  # noqa: BLE001 - classify reads it
+            attempt = Attempt(error=exc)
         finally:
             _CURRENT.reset(token)
+        return self._outcome(task, ctx, attempt, gate, reported)
 
     @staticmethod
     async def _acancelled_in_flight(task: Task, ctx: CallContext, op: ops.CallTool) -> None:
@@ -187,30 +148,3 @@ class AsyncDriver(GuardBase):
             await asyncio.shield(task.saver.aapply(write, task.config))
         except BaseException:  # noqa: BLE001 - the cancellation is what propagates
             pass
-
-    async def _alookup(self, ctx: CallContext, op: ops.Lookup) -> Outcome:
-        """Ask the provider, for at most the policy's timeout; a sync lookup (a blocking
-        HTTP or database call) runs on a worker thread, never on the event loop, which
-        the Agent Server refuses."""
-        lookup = ctx.policy.lookup
-        assert lookup is not None
-
-        async def ask() -> Any:
-            if _is_async_callable(lookup):
-                return await lookup(op.key)
-            found = await asyncio.to_thread(lookup, op.key)
-            return (await found) if inspect.isawaitable(found) else found
-
-        try:
-            return Outcome(value=await asyncio.wait_for(ask(), ctx.policy.timeout))
-        except asyncio.TimeoutError:
-            return Outcome(timed_out=True)
-        except Exception as exc:
-            return Outcome(error=exc)
-
-
-def _is_async_callable(fn: Any) -> bool:
-    """Whether calling `fn` returns a coroutine (a coroutine function, or an object whose
-    `__call__` is one)."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None))

@@ -183,10 +183,14 @@ def _args_schema(tool: Any) -> Any:
 
 @functools.lru_cache(maxsize=256)
 def _decision_type(allowed: tuple[str, ...], name: str, args: Any) -> Any:
+    # The fields are built as data: the tool's name is known only now.
+    named: Any = Literal.__getitem__(name)
+    action_fields: dict[str, Any] = {"name": (named, name), "args": (args, ...)}
     action = create_model("EditedAction", __config__=ConfigDict(extra="forbid"),
-                          name=(Literal[name], name), args=(args, ...))  # type: ignore[call-overload]
-    edit = create_model("Edit", __base__=_Decision, type=(Literal["edit"], ...),
-                        edited_action=(action, ...))  # type: ignore[call-overload]
+                          **action_fields)
+    edit_fields: dict[str, Any] = {"type": (Literal["edit"], ...),
+                                   "edited_action": (action, ...)}
+    edit = create_model("Edit", __base__=_Decision, **edit_fields)
     by_type = {"approve": Approve, "edit": edit, "reject": Reject, "respond": Respond,
                "applied": Applied, "retry": Retry, "skip": Skip}
     members = tuple(by_type[kind] for kind in allowed)

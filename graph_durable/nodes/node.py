@@ -24,13 +24,9 @@ from graph_durable._langgraph import (
     _handle_tool_error,
     _infer_handled_types,
 )
-from graph_durable.nodes.guard import (
-    GuardCore,
-    Started,
-    pending_placeholder,
-    raise_interrupts,
-    withdrawal,
-)
+from graph_durable.nodes.core import Started
+from graph_durable.nodes.guard import GuardCore
+from graph_durable.nodes.interrupts import pending_placeholder, raise_interrupts, withdrawal
 from graph_durable.nodes.key_delivery import hidden_key_tools
 from graph_durable.nodes.tripwire import arm
 from graph_durable.nodes.protocol import Ask

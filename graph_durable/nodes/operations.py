@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite
 
@@ -26,8 +26,8 @@ __all__ = [
     "Failed",
     "Lookup",
     "Op",
-    "Outcome",
     "Read",
+    "SaverRead",
     "Sleep",
     "Write",
     "aperformed",
@@ -37,11 +37,29 @@ __all__ = [
 ]
 
 
+SaverRead = Literal[
+    "asked_in_task",       # (thread_id, checkpoint_ns) -> records asked about there
+    "cancelled_by",        # (thread_id,) -> the cancel of a thread, if any
+    "checkpoint_before",   # (thread_id, checkpoint_ns, before) -> a checkpoint
+    "checkpoint_exists",   # (thread_id, checkpoint_ns, checkpoint_id) -> bool
+    "effect",              # (key, thread_id) -> EffectRecord | None
+    "effects",             # (thread_id,) -> list[EffectRecord]
+    "events",              # (thread_id[, key]) -> list[EffectEvent]
+    "get_tuple",           # (config,) -> CheckpointTuple | None
+    "keying",              # (thread_id,) -> Keying
+    "live_leases",         # () -> {thread_id: (owner, token, expires)}
+    "sent_in_family",      # (key, thread_id) -> EffectRecord | None
+    "stored_result",       # (thread_id, key) -> the stored answer of a call
+    "subgraph_inputs",     # (thread_id,) -> the inputs of the thread's subgraph runs
+]
+"""The durable saver's read methods the guard's steps may call (`a<name>` when async)."""
+
+
 @dataclass(frozen=True)
 class Read:
     """Operation: call a read method of the durable saver (`a<name>` when async)."""
 
-    name: str
+    name: SaverRead
     args: tuple[Any, ...]
 
 
@@ -91,30 +109,6 @@ class Ask:
     schema: dict[str, Any] | None = None
     """The JSON schema of the decisions that answer it (set by the driver, which knows
     the tool)."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a tool call or lookup came back with: a value, or an error, or a timeout."""
-
-    value: Any = None
-    error: BaseException | None = None
-    timed_out: bool = False
-    paused: BaseException | None = None
-    """The tool asked a question of its own (LangGraph's `interrupt()`) before applying
-    anything; re-raised once journaled, and the tool is called again with the answer."""
-    args_refused: bool = False
-    """The tool's body never ran: its args fail the tool's own schema (`error` says
-    how), so the effect was certainly not applied."""
-    outstanding: bool = False
-    """An earlier attempt of this process may still land (it timed out, or is still
-    running): nothing may be sent again until a lookup finds the effect or a human
-    decides, since a lookup's "absent" is not conclusive while an attempt is out."""
-    refused: BaseException | None = None
-    """A middleware inside the guard overruled the tool in this attempt (called it a
-    second time, refused before it reached the tool, or answered in its place after it
-    raised; see `nodes.reentry`): what the tool did is not known, `error` says why; this
-    is raised once journaled."""
 
 
 @dataclass(frozen=True)

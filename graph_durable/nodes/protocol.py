@@ -9,18 +9,23 @@ key if the provider dedupes, else `unknown` and a human decides), and every deci
 journaled before it takes effect.
 
 Longer than 400 lines for a reason: the length is the point. The module is the one
-generator `run_call` and the sub-generators it delegates to (`_resume`, `_send`,
-`_reconcile`, `_ask`, `_act_on_decision`), which follow the crash-window table row by
-row; read together they are the whole protocol, and split they would each need the
-others' states to make sense. What is not the protocol lives beside it: the operations
-(`operations.py`), the call's context and key (`call_context.py`), and how a tool's
-result is rebuilt and replayed (`results.py`).
+generator `run_call` and the sub-generators it delegates to (`_resume`, `_send` with
+`_applied` and `_failed`, `_reconcile`, `_ask`, `_act_on_decision` with
+`_sent_in_family`, `_not_sent` and `_send_edited`), which follow the crash-window table
+row by row; read together they are the whole protocol, and split they would each need
+the others' states to make sense. `_send` acts on the call's `Outcome` (decided by
+`outcomes.classify`) with one `match`, and `_act_on_decision` on a journaled decision
+with one `match` arm per kind. What is not the protocol lives beside it: the operations
+(`operations.py`), the call's context and key (`call_context.py`), what a call came
+back with (`outcomes.py`), and how a tool's result is rebuilt and replayed
+(`results.py`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import ToolMessage
@@ -44,10 +49,19 @@ from graph_durable.nodes.operations import (
     CallTool,
     Claim,
     Lookup,
-    Outcome,
     Read,
     Sleep,
     Write,
+)
+from graph_durable.nodes.outcomes import (
+    ArgsRefused,
+    Outcome,
+    Overruled,
+    Paused,
+    Raised,
+    Returned,
+    StillRunning,
+    TimedOut,
 )
 from graph_durable.nodes.results import (
     answering,
@@ -76,62 +90,60 @@ Protocol = Generator[Any, Any, Any]
 
 
 def _error_text(outcome: Outcome, timeout: float | None) -> str:
-    if outcome.timed_out:
-        return (f"no answer within {timeout} s (timeout); the attempt may still land, so "
-                "nothing is sent again until the effect is found or a human decides")
-    error = outcome.error
-    return f"{type(error).__name__}: {error}"
+    match outcome:
+        case TimedOut():
+            return (f"no answer within {timeout} s (timeout); the attempt may still land, "
+                    "so nothing is sent again until the effect is found or a human decides")
+        case Raised(error) | StillRunning(error) | ArgsRefused(error) | Overruled(error, _):
+            return f"{type(error).__name__}: {error}"
+        case Returned(ToolMessage() as result):
+            return ("the tool reported an error after it started, so the effect may exist: "
+                    f"{result.content}")
+    return repr(outcome)
 
 
-def _reported_error(result: ToolMessage) -> str:
-    return ("the tool reported an error after it started, so the effect may exist: "
-            f"{result.content}")
+@dataclass(frozen=True)
+class _Found:
+    """A lookup found the effect: the call's answer and the receipt recorded for it."""
+
+    result: Any
+    receipt: Any
 
 
-def _looked_up(ctx: CallContext, found: Outcome) -> Outcome:
-    """A lookup's answer as the protocol reads it: `None` is "certainly absent", any
-    other value but a bool is the receipt (`{}`, `0` and `""` included); a bool, a
-    timeout or an error means "cannot tell"."""
-    if found.error is None and not found.timed_out and isinstance(found.value, bool):
-        return Outcome(error=GraphDurableError(
-            f"the lookup of tool {ctx.tool!r} returned {found.value!r} for tool call "
+def _found_answer(ctx: CallContext, found: Outcome) -> _Found | Outcome:
+    """What a lookup found: `_Found` with the call's answer and receipt, `Returned(None)`
+    when the effect is certainly absent, and any other outcome when it cannot tell.
+
+    `None` is "certainly absent"; any other value but a bool is the receipt (`{}`, `0`
+    and `""` included). A lookup that returns the ToolMessage or Command the tool would
+    have returned gives that result, made to answer this call; any other value is the
+    receipt, and the model gets a ToolMessage carrying it. A bool, or a Command that
+    cannot answer the call, is a lookup that cannot tell.
+    """
+    if not isinstance(found, Returned) or found.value is None:
+        return found
+    value = found.value
+    if isinstance(value, bool):
+        return Raised(GraphDurableError(
+            f"the lookup of tool {ctx.tool!r} returned {value!r} for tool call "
             f"{ctx.tool_call_id!r} in thread {ctx.thread_id!r}, which is neither a receipt "
             "nor None; make the lookup return the provider's record of the effect when it "
             "exists and None when it certainly does not",
             thread_id=ctx.thread_id, tool_call_id=ctx.tool_call_id))
-    return found
-
-
-def _cannot_tell(found: Outcome) -> bool:
-    return found.error is not None or found.timed_out
-
-
-def _lookup_error_text(ctx: CallContext, found: Outcome) -> str:
-    if found.timed_out:
-        return (f"lookup failed: no answer within {ctx.policy.timeout} s (timeout), "
-                "so it cannot tell whether the effect exists")
-    return f"lookup failed: {_error_text(found, None)}"
-
-
-def _found_answer(ctx: CallContext, found: Outcome) -> Outcome:
-    """A lookup's outcome with what it found as the call's `(result, receipt)`.
-
-    A lookup that returns the ToolMessage or Command the tool would have returned gives
-    that result, made to answer this call; any other value is the receipt, and the model
-    gets a ToolMessage carrying it. A Command that cannot answer the call is a lookup
-    that cannot tell.
-    """
-    found = _looked_up(ctx, found)
-    if _cannot_tell(found) or found.value is None:
-        return found
-    value = found.value
     if not isinstance(value, ToolMessage | Command):
-        return Outcome(value=(ctx.message(value), value))
+        return _Found(ctx.message(value), value)
     try:
         result = answering(value, ctx.tool_call_id, ctx.tool)
     except ValueError as exc:
-        return Outcome(error=exc)
-    return Outcome(value=(result, receipt_of(result)))
+        return Raised(exc)
+    return _Found(result, receipt_of(result))
+
+
+def _lookup_error_text(ctx: CallContext, found: Outcome) -> str:
+    if isinstance(found, TimedOut):
+        return (f"lookup failed: no answer within {ctx.policy.timeout} s (timeout), "
+                "so it cannot tell whether the effect exists")
+    return f"lookup failed: {_error_text(found, None)}"
 
 
 def run_call(ctx: CallContext) -> Protocol:
@@ -193,79 +205,87 @@ def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
         # started) may have been settled since: a hit is the receipt. A miss proves
         # nothing while an attempt may still land, so it is never sent again from here.
         found = _found_answer(ctx, (yield Lookup(record.key)))
-        if not _cannot_tell(found) and found.value is not None:
-            result, receipt = found.value
+        if isinstance(found, _Found):
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
-                                       receipt=receipt, result=result, asked=False,
-                                       data={"source": "lookup"}))
-            return result
+                                       receipt=found.receipt, result=found.result,
+                                       asked=False, data={"source": "lookup"}))
+            return found.result
     # awaiting_approval or unknown, and no decision yet: ask (again).
     return (yield from _ask(ctx, record))
 
 
 def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protocol:
-    """Call the tool with the record's key; retry `Retryable`; classify the outcome."""
+    """Call the tool with the record's key; retry `Retryable`; act on the outcome."""
     while True:
         outcome = yield CallTool(record, args=record.args)
-        if outcome.paused is not None:
-            yield Write(ctx.transition(
-                record, S.IN_FLIGHT, "paused", decision={"type": "resume_tool"},
-                data={"reason": "the tool paused on its own interrupt before applying anything"}))
-            raise outcome.paused
-        if outcome.refused is not None:
-            # The call stays in flight, as after a crash: the next run reconciles it
-            # (lookup, same-key re-send, or a human) instead of trusting a middleware
-            # that re-calls tools inside the guard.
-            yield Write(ctx.transition(
-                record, S.IN_FLIGHT, "refused", error=_error_text(outcome, None),
-                data={"reason": "a middleware inside the guard overruled the tool"}))
-            raise outcome.refused
-        error = outcome.error
-        result = outcome.value
-        if not outcome.timed_out and error is None and not (
-                isinstance(result, ToolMessage) and result.status == "error"):
-            fault_point("after_effect", tool=ctx.tool)
-            # The receipt is the provider's answer, the same shape for an edited call as
-            # for any other; only the message to the model says what was edited.
-            receipt = receipt_of(result)
-            if record.args != ctx.tool_call["args"]:
-                result = note_edit(result, record.args)
-            # A receipt that a lookup or a same-key re-send could recover rides on the
-            # step's own commit; one only a human could recover is committed now, and
-            # so is a result a lookup could not rebuild, so that a crash replays it.
-            yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
-                                       receipt=receipt, result=result,
-                                       data={"source": "tool"},
-                                       defer=ctx.policy.reconcilable and ctx.defer_receipts
-                                       and rebuilt_by_lookup(result, ctx.message(receipt))))
-            fault_point("after_receipt", tool=ctx.tool)
-            return result
-        if outcome.args_refused or isinstance(error, NotApplied):
-            # Only these say "not applied": the args never reached the tool's body, or
-            # the tool says so. Any other error once the body ran (an exception, an
-            # error ToolMessage, a `ToolException` a handler turned into one) leaves the
-            # effect unknown.
-            message = ctx.message(f"Not applied: {error}", status="error")
-            yield Write(ctx.transition(record, S.FAILED, "failure",
-                                       error=_error_text(outcome, None), result=message))
-            return message
-        if isinstance(error, Retryable):
-            if record.attempts <= ctx.policy.retries:
+        match outcome:
+            case Paused(interrupt):
+                yield Write(ctx.transition(
+                    record, S.IN_FLIGHT, "paused", decision={"type": "resume_tool"},
+                    data={"reason": "the tool paused on its own interrupt before applying "
+                                    "anything"}))
+                raise interrupt
+            case Overruled(_, refusal):
+                # The call stays in flight, as after a crash: the next run reconciles it
+                # (lookup, same-key re-send, or a human) instead of trusting a middleware
+                # that re-calls tools inside the guard.
+                yield Write(ctx.transition(
+                    record, S.IN_FLIGHT, "refused", error=_error_text(outcome, None),
+                    data={"reason": "a middleware inside the guard overruled the tool"}))
+                raise refusal
+            case Returned(result) if not (isinstance(result, ToolMessage)
+                                          and result.status == "error"):
+                return (yield from _applied(ctx, record, result))
+            case ArgsRefused(error) | Raised(NotApplied() as error):
+                # Only these say "not applied": the args never reached the tool's body, or
+                # the tool says so. Any other error once the body ran (an exception, an
+                # error ToolMessage, a `ToolException` a handler turned into one) leaves
+                # the effect unknown.
+                return (yield from _failed(ctx, record, outcome, f"Not applied: {error}"))
+            case Raised(Retryable() as error):
+                if record.attempts > ctx.policy.retries:
+                    return (yield from _failed(
+                        ctx, record, outcome,
+                        f"Not applied after {record.attempts} attempts: {error}"))
                 yield Sleep(min(0.05 * 2 ** (record.attempts - 1), 2.0))
                 [record] = yield Write(ctx.transition(
                     record, S.IN_FLIGHT, "attempt", bump_attempts=True,
                     error=_error_text(outcome, None), data={"reason": "retryable error"}))
                 continue
-            message = ctx.message(
-                f"Not applied after {record.attempts} attempts: {error}", status="error")
-            yield Write(ctx.transition(record, S.FAILED, "failure",
-                                       error=_error_text(outcome, None), result=message))
-            return message
-        why = (_reported_error(result) if error is None and not outcome.timed_out
-               else _error_text(outcome, ctx.policy.timeout))
-        [record] = yield Write(ctx.transition(record, S.UNKNOWN, "unknown", error=why))
+        # An error once the body ran, an error ToolMessage, no answer in time, or an
+        # earlier attempt still out: the effect may exist.
+        [record] = yield Write(ctx.transition(
+            record, S.UNKNOWN, "unknown", error=_error_text(outcome, ctx.policy.timeout)))
         return (yield from _reconcile(
-            ctx, record, may_resend=may_resend and not (outcome.timed_out or outcome.outstanding)))
+            ctx, record,
+            may_resend=may_resend and not isinstance(outcome, TimedOut | StillRunning)))
+
+
+def _applied(ctx: CallContext, record: EffectRecord, result: Any) -> Protocol:
+    """Record the receipt of a call the tool applied; the result for the model."""
+    fault_point("after_effect", tool=ctx.tool)
+    # The receipt is the provider's answer, the same shape for an edited call as for any
+    # other; only the message to the model says what was edited.
+    receipt = receipt_of(result)
+    if record.args != ctx.tool_call["args"]:
+        result = note_edit(result, record.args)
+    # A receipt that a lookup or a same-key re-send could recover rides on the step's
+    # own commit; one only a human could recover is committed now, and so is a result a
+    # lookup could not rebuild, so that a crash replays it.
+    yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
+                               receipt=receipt, result=result, data={"source": "tool"},
+                               defer=ctx.policy.reconcilable and ctx.defer_receipts
+                               and rebuilt_by_lookup(result, ctx.message(receipt))))
+    fault_point("after_receipt", tool=ctx.tool)
+    return result
+
+
+def _failed(ctx: CallContext, record: EffectRecord, outcome: Outcome, text: str) -> Protocol:
+    """Record a call that certainly did not apply its effect; the error for the model."""
+    message = ctx.message(text, status="error")
+    yield Write(ctx.transition(record, S.FAILED, "failure",
+                               error=_error_text(outcome, None), result=message))
+    return message
 
 
 def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
@@ -275,20 +295,20 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
     policy = ctx.policy
     if policy.lookup is not None:
         found = _found_answer(ctx, (yield Lookup(record.key)))
-        if not _cannot_tell(found) and found.value is not None:
-            result, receipt = found.value
+        if isinstance(found, _Found):
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
-                                       receipt=receipt, result=result,
+                                       receipt=found.receipt, result=found.result,
                                        data={"source": "lookup"}))
-            return result
-        if may_resend and (not _cannot_tell(found) or policy.idempotent):
-            reason = ("lookup found no effect for the key" if not _cannot_tell(found) else
+            return found.result
+        absent = isinstance(found, Returned)
+        if may_resend and (absent or policy.idempotent):
+            reason = ("lookup found no effect for the key" if absent else
                       f"{_lookup_error_text(ctx, found)}; the provider dedupes: re-send "
                       "with the same key")
             [record] = yield Write(ctx.transition(
                 record, S.IN_FLIGHT, "attempt", bump_attempts=True, data={"reason": reason}))
             return (yield from _send(ctx, record, may_resend=False))
-        if _cannot_tell(found):
+        if not absent:
             [record] = yield Write(ctx.transition(
                 record, S.UNKNOWN, "unknown", error=_lookup_error_text(ctx, found)))
     elif policy.idempotent and may_resend:
@@ -361,60 +381,99 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
             record, record.status, "expired", decision=None,
             data={**data, "decided_at": decided_at, "approval_ttl": ttl}))
         return (yield from _ask(ctx, record))
-    if kind == "resume_tool":
-        # The tool paused on its own question; LangGraph hands it the answer when it is
-        # called again. Clearing the mark first means a crash from here on is an
-        # ordinary in-flight effect, reconciled, never silently sent twice.
-        [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt", decision=None,
-                                              data={"reason": "resume the paused tool"}))
-        return (yield from _send(ctx, record, may_resend=False))
-    if kind == "retry" and ctx.policy.lookup is not None:
-        # A lookup is cheap and conclusive now that no attempt is out: a late landing of
-        # an earlier attempt is found, not sent again.
-        found = _found_answer(ctx, (yield Lookup(record.key)))
-        if not _cannot_tell(found) and found.value is not None:
-            result, receipt = found.value
+    match kind:
+        case "resume_tool":
+            # The tool paused on its own question; LangGraph hands it the answer when it
+            # is called again. Clearing the mark first means a crash from here on is an
+            # ordinary in-flight effect, reconciled, never silently sent twice.
+            [record] = yield Write(ctx.transition(
+                record, S.IN_FLIGHT, "attempt", decision=None,
+                data={"reason": "resume the paused tool"}))
+            return (yield from _send(ctx, record, may_resend=False))
+        case "approve" | "retry":
+            if kind == "retry" and ctx.policy.lookup is not None:
+                # A lookup is cheap and conclusive now that no attempt is out: a late
+                # landing of an earlier attempt is found, not sent again.
+                found = _found_answer(ctx, (yield Lookup(record.key)))
+                if isinstance(found, _Found):
+                    yield Write(ctx.transition(
+                        record, S.APPLIED, "receipt", error=None, receipt=found.receipt,
+                        result=found.result, decision=None, data={**data, "source": "lookup"}))
+                    return found.result
+            sent = yield from _sent_in_family(ctx, record, kind)
+            if sent is not None:
+                return (yield from _adopt_family_send(ctx, record, sent, data))
+            [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt",
+                                                  bump_attempts=True, decision=None, data=data))
+            fault_point("after_intent", tool=ctx.tool)
+            return (yield from _send(ctx, record, may_resend=False))
+        case "edit":
+            sent = yield from _sent_in_family(ctx, record, kind)
+            if sent is not None:
+                return (yield from _adopt_family_send(ctx, record, sent, data))
+            return (yield from _send_edited(ctx, record, decision, data))
+        case "reject" | "respond" | "skip":
+            if kind != "skip":
+                sent = yield from _sent_in_family(ctx, record, kind)
+                if sent is not None:
+                    return (yield from _adopt_family_send(ctx, record, sent, data))
+            return (yield from _not_sent(ctx, record, kind, decision, data))
+        case "applied":
+            message = ctx.message(decision["receipt"])
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
-                                       receipt=receipt, result=result, decision=None,
-                                       data={**data, "source": "lookup"}))
-            return result
-    if kind in ("approve", "edit", "retry", "reject", "respond"):
-        sent = yield Read("sent_in_family", (record.key, ctx.thread_id))
-        # An approval or an edit assumes nothing was sent; a copy (or the source) of this
-        # thread that sent the call makes that false, so the call is not sent again, in
-        # any form. A rejection (or an answer in place of the tool) comes too late then:
-        # the effect exists, so the ledger and the model get what became of it, not a
-        # "not sent" that is no longer true (the decision stays in the journal). A retry
-        # answers the very doubt a sibling's open attempt raises; only a sibling's
-        # receipt still stands against it.
-        if sent is not None and (kind != "retry" or sent.status in SENT_STATUSES):
-            return (yield from _adopt_family_send(ctx, record, sent, data))
-    if kind in ("approve", "retry"):
-        [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt",
-                                              bump_attempts=True, decision=None, data=data))
-        fault_point("after_intent", tool=ctx.tool)
-        return (yield from _send(ctx, record, may_resend=False))
-    if kind == "applied":
-        message = ctx.message(decision["receipt"])
-        yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None, receipt=decision["receipt"],
-                                   result=message, decision=None,
-                                   data={**data, "source": "human"}))
-        return message
+                                       receipt=decision["receipt"], result=message,
+                                       decision=None, data={**data, "source": "human"}))
+            return message
+        case _:
+            raise GraphDurableError(
+                f"tool call {ctx.tool_call_id!r} ({ctx.tool}) in thread {ctx.thread_id!r} "
+                f"has a journaled decision of type {kind!r}, which this release does not "
+                "know: nothing was sent. Run it with the release that recorded the "
+                "decision, or answer the call again.",
+                thread_id=ctx.thread_id, tool_call_id=ctx.tool_call_id)
+
+
+def _sent_in_family(ctx: CallContext, record: EffectRecord, kind: str
+                    ) -> Generator[Read, Any, EffectRecord | None]:
+    """The record of this call in a copy (or the source) of this thread that stands
+    against carrying out the decision `kind` here, if any.
+
+    An approval or an edit assumes nothing was sent; a copy of this thread that sent the
+    call makes that false, so the call is not sent again, in any form. A rejection (or
+    an answer in place of the tool) comes too late then: the effect exists, so the
+    ledger and the model get what became of it, not a "not sent" that is no longer true
+    (the decision stays in the journal). A retry answers the very doubt a sibling's open
+    attempt raises; only a sibling's receipt still stands against it.
+    """
+    sent = yield Read("sent_in_family", (record.key, ctx.thread_id))
+    if sent is not None and (kind != "retry" or sent.status in SENT_STATUSES):
+        return sent
+    return None
+
+
+def _not_sent(ctx: CallContext, record: EffectRecord, kind: str, decision: dict[str, Any],
+              data: dict[str, Any]) -> Protocol:
+    """A reviewer's `reject`, `skip` or `respond`: nothing is sent; the model gets the
+    reviewer's answer."""
     if kind == "respond":
-        # The reviewer answers in place of the tool: nothing is sent.
+        # The reviewer answers in place of the tool.
         message = ctx.message(decision["message"])
         yield Write(ctx.transition(record, S.REJECTED, "resolved", result=message,
                                    decision=None, data=data))
         return message
-    if kind in ("reject", "skip"):
-        verb = "Rejected" if kind == "reject" else "Skipped"
-        note = decision.get("message") or "no reason given"
-        message = ctx.message(f"{verb} by reviewer: {note}", status="error")
-        to = S.REJECTED if kind == "reject" else S.SKIPPED
-        yield Write(ctx.transition(record, to, "resolved", result=message, decision=None,
-                                   data=data))
-        return message
-    # edit: nothing was sent under the old key, so the edited call gets a new one.
+    verb = "Rejected" if kind == "reject" else "Skipped"
+    note = decision.get("message") or "no reason given"
+    message = ctx.message(f"{verb} by reviewer: {note}", status="error")
+    to = S.REJECTED if kind == "reject" else S.SKIPPED
+    yield Write(ctx.transition(record, to, "resolved", result=message, decision=None,
+                               data=data))
+    return message
+
+
+def _send_edited(ctx: CallContext, record: EffectRecord, decision: dict[str, Any],
+                 data: dict[str, Any]) -> Protocol:
+    """A reviewer's edit: nothing was sent under the old key, so the edited call gets a
+    new one, and the old call is resolved as skipped in its favour."""
     edited_args = dict(decision["edited_action"]["args"])
     edited_key = derive_key(thread_id=ctx.key_thread_id or ctx.thread_id,
                             anchor=ctx.anchor or ctx.checkpoint_ns,

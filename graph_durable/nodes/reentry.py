@@ -27,9 +27,8 @@ from langgraph.prebuilt.tool_node import ToolCallRequest, ToolInvocationError
 from pydantic import ValidationError
 
 from graph_durable.errors import MiddlewareOrderError, NotApplied, Retryable
-from graph_durable.nodes.operations import Outcome
 
-__all__ = ["ReentryRefused", "ToolGate", "gated"]
+__all__ = ["ReentryRefused", "ToolGate"]
 
 
 class ReentryRefused(BaseException):
@@ -136,14 +135,3 @@ class ToolGate:
             "provider dedupes, or asked about).",
             thread_id=self.thread_id, tool_call_id=self.tool_call_id)
 
-
-def gated(gate: ToolGate | None, outcome: Outcome) -> Outcome:
-    """`outcome`, unless the middleware inside the guard overruled the tool (entered it
-    twice, or answered for it after it raised): then the tool's outcome is unknown
-    whatever the middleware made of it, and the run stops with the refusal once the
-    ledger says so."""
-    if gate is None or not gate.overruled(answered=outcome.error is None
-                                          and outcome.paused is None
-                                          and not outcome.timed_out):
-        return outcome
-    return Outcome(error=ReentryRefused(gate.lost()), refused=gate.error())

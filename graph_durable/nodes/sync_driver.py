@@ -4,35 +4,31 @@ and the sync entry points that feed it `GuardBase`'s steps."""
 
 from __future__ import annotations
 
-import contextvars
-import inspect
-import threading
 import time
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from langchain_core.messages import ToolMessage
-from langgraph.errors import GraphBubbleUp, GraphInterrupt
-from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command
 
 from graph_durable.errors import DatabaseUnavailable
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
-from graph_durable.nodes.key_delivery import report_unread_key
-from graph_durable.nodes.core import Calling, GuardBase, Started, _same_answer
+from graph_durable.nodes.core import Calling, GuardBase, Started, same_answer
 from graph_durable.nodes.interrupts import OnAsk
-from graph_durable.nodes.operations import Outcome
-from graph_durable.nodes.outcomes import call_with_timeout, read_reports, watch_reports
-from graph_durable.nodes.protocol import CallContext, Protocol, run_call
-from graph_durable.nodes.reentry import ReentryRefused, ToolGate, gated
+from graph_durable.nodes.key_delivery import report_unread_key
+from graph_durable.nodes.outcomes import (
+    Outcome,
+    call_lookup,
+    call_with_timeout,
+    watch_reports,
+)
 from graph_durable.nodes.storage import described
-from graph_durable.nodes.task import Task, config_of, task_with_resume
+from graph_durable.nodes.task import Task, task_with_resume
 
 __all__ = ["SyncDriver", "perform", "perform_reads"]
 
 ToolResult = ToolMessage | Command
-
 
 def perform(saver: Any, config: Any, op: ops.Op) -> Any:
     """Perform one of the saver's operations (or a `Sleep`); its result."""
@@ -45,11 +41,9 @@ def perform(saver: Any, config: Any, op: ops.Op) -> Any:
         return None
     raise TypeError(f"not an operation on the saver: {op!r}")
 
-
 def perform_reads(saver: Any, reads: Generator[ops.Read, Any, Any]) -> Any:
     """Perform a generator of `Read` operations on `saver`; return what it returns."""
     return ops.performed(reads, lambda op: perform(saver, None, op))
-
 
 class SyncDriver(GuardBase):
     """The guard's sync entry points: each performs `GuardBase`'s steps."""
@@ -67,7 +61,9 @@ class SyncDriver(GuardBase):
             call.ctx.sent = True
             return self._call_tool(task, call, op)
         if isinstance(op, ops.Lookup) and call is not None:
-            return self._lookup(call.ctx, op)
+            return call_lookup(call.ctx.policy, op.key, timeout=call.ctx.policy.timeout,
+                               tool=call.ctx.tool,
+                               use_async="run the graph with ainvoke/astream")
         try:
             return perform(task.saver, task.config, op)
         except DatabaseUnavailable as exc:
@@ -88,8 +84,7 @@ class SyncDriver(GuardBase):
         calls = self._reconcilable_calls(tool_calls)
         if not calls:
             return {}
-        first = Task(config, calls[0])
-        return self._performed(first, self._claiming(first, calls, state))
+        return self._performed(Task(config, calls[0]), self._claiming(config, calls, state))
 
     def resolve_decisions(self, config: Mapping[str, Any],
                           tools: Mapping[str, Any] | None = None) -> None:
@@ -105,127 +100,50 @@ class SyncDriver(GuardBase):
         if task is not None:
             self._performed(task, self._resolving(task, tools))
 
-    def run(
-        self,
-        request: ToolCallRequest,
-        execute: Callable[[ToolCallRequest], ToolResult],
-        on_ask: OnAsk,
-        started: Started | None = None,
-        repeats: bool = True,
-    ) -> ToolResult:
-        """Run one tool call through the protocol, synchronously.
+    def run(self, request: Any, execute: Callable[[Any], Any], on_ask: OnAsk,
+            started: Started | None = None, repeats: bool = True) -> Any:
+        """Run one guarded call through the protocol, synchronously.
 
-        With `started` (from `claim_step`), the call's intent is already claimed.
-        `repeats=False` says no other call of the step has this call's id, so it need
-        not wait for a copy of itself (see `_lead`).
+        `request` is a `ToolCallRequest` (or what the guard's keys take, see
+        `call_keys`). With `started` (from `claim_step`), the call's intent is already
+        claimed. `repeats=False` says no other call of the step has this call's id, so
+        it need not wait for a copy of itself (see `_lead`).
         """
-        if started is not None:
-            task, ctx, protocol = started.task, started.ctx, started.protocol
-            value: Any = started.claimed
-        else:
+        if started is None:
             if not self._writes(request.tool_call, request.tool is not None):
                 return execute(request)
-            task = Task(config_of(request), request.tool_call)
-            ctx = self._performed(task, self._prepared(task, request))
-            protocol = run_call(ctx)
-            value = None
-        if not repeats:
-            return self._drive(task, ctx, request, execute, on_ask, protocol, value)
-        running, leader = self._lead(task, ctx)
+            task = Task(self.keys.config_of(request), request.tool_call)
+            started = self._performed(task, self._starting(task, request))
+        running, leader = self._lead(started, repeats)
         if not leader:
-            protocol.close()
-            return _same_answer(running.result())
+            assert running is not None
+            return same_answer(running.result())
         try:
-            result = self._drive(task, ctx, request, execute, on_ask, protocol, value)
+            result = self._performed(started.task, self._driven(started, request.tool, on_ask),
+                                     Calling(started.ctx, request, execute))
         except BaseException as exc:
-            self._settle(task, ctx, running, error=exc)
+            self._settle(started, running, error=exc)
             raise
-        self._settle(task, ctx, running, result=result)
+        self._settle(started, running, result=result)
         return result
-
-    def _drive(self, task: Task, ctx: CallContext, request: ToolCallRequest,
-               execute: Callable[[ToolCallRequest], ToolResult], on_ask: OnAsk,
-               protocol: Protocol, value: Any) -> ToolResult:
-        return self._performed(task, self._driven(task, ctx, request, on_ask, protocol, value),
-                               Calling(ctx, request, execute))
 
     def _call_tool(self, task: Task, call: Calling, op: ops.CallTool) -> Outcome:
         planned = self._tool_request(task, call, op, abandoned_here=True)
-        if isinstance(planned, Outcome):
+        if not isinstance(planned, tuple):
             return planned
-        with watch_reports() as reported:
-            return read_reports(self._call_entered(task, op, *planned), reported)
-
-    def _call_entered(self, task: Task, op: ops.CallTool, call: Calling,
-                      gate: ToolGate | None) -> Outcome:
-        """Call the tool (`call.request`, whose args its schema accepts): its body runs."""
-        ctx, call_request, execute = call
+        (ctx, request, execute), gate = planned
         effect = self._effect_context(task, op)
 
         def run_tool() -> ToolResult:
             token = _CURRENT.set(effect)
             try:
-                result = execute(call_request)
+                result = execute(request)
             finally:
                 _CURRENT.reset(token)
             report_unread_key(ctx.tool_call["name"], ctx.policy, effect.asked)
             return result
 
-        timeout = ctx.policy.timeout
-        if timeout is None:
-            try:
-                return gated(gate, Outcome(value=run_tool()))
-            except GraphInterrupt as paused:
-                return gated(gate, Outcome(paused=self._inner_pause(task, ctx, paused)))
-            except GraphBubbleUp:
-                raise
-            except (Exception, ReentryRefused) as exc:
-                return gated(gate, Outcome(error=exc))
-        box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["value"] = run_tool()
-            except BaseException as exc:
-                box["error"] = exc
-
-        worker = threading.Thread(
-            target=contextvars.copy_context().run, args=(target,), daemon=True,
-            name=f"graph-durable-{ctx.tool}",
-        )
-        worker.start()
-        worker.join(timeout)
-        if worker.is_alive():
-            with self._lock:
-                self._abandoned[(task.thread_id, op.record.key)] = worker
-            return Outcome(timed_out=True)
-        error = box.get("error")
-        if gate is not None and gate.refused:
-            return gated(gate, Outcome(error=error))
-        if error is None:
-            return gated(gate, Outcome(value=box.get("value")))
-        if isinstance(error, GraphInterrupt):
-            return Outcome(paused=self._inner_pause(task, ctx, error))
-        if isinstance(error, GraphBubbleUp) or (
-            error is not None and not isinstance(error, Exception)
-        ):
-            raise error
-        return Outcome(value=box.get("value"), error=error)
-
-    def _lookup(self, ctx: CallContext, op: ops.Lookup) -> Outcome:
-        """Ask the provider, for at most the policy's timeout (on a worker thread, then
-        abandoned: a lookup that does not answer cannot tell)."""
-        lookup = ctx.policy.lookup
-        assert lookup is not None
-        answered, found, error = call_with_timeout(
-            lambda: lookup(op.key), ctx.policy.timeout, f"graph-durable-lookup-{ctx.tool}")
-        if not answered:
-            return Outcome(timed_out=True)
-        if error is not None:
-            return Outcome(error=error)
-        if inspect.isawaitable(found):
-            if inspect.iscoroutine(found):
-                found.close()
-            return Outcome(error=TypeError(
-                f"lookup for {ctx.tool!r} is async; run the graph with ainvoke/astream"))
-        return Outcome(value=found)
+        with watch_reports() as reported:
+            attempt = call_with_timeout(run_tool, ctx.policy.timeout, f"graph-durable-{ctx.tool}",
+                                        abandoned=self._abandon(task, op))
+        return self._outcome(task, ctx, attempt, gate, reported)

@@ -35,30 +35,25 @@ arguments cannot be named (`*args`, positional-only) is refused when decorated.
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import StructuredTool
-from langgraph.prebuilt.tool_node import ToolCallRequest
 from pydantic import BaseModel, ValidationError
 
-from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP, CONFIG_KEY_SCRATCHPAD
+from graph_durable._langgraph import CONFIG_KEY_SCRATCHPAD
 from graph_durable.canonical import NotCanonical, canonical_form
 from graph_durable.errors import GraphDurableError, NotApplied, UnkeyableToolCall
-from graph_durable.nodes.async_driver import aperform_reads as _aperform_reads
 from graph_durable.nodes.guard import GuardCore
 from graph_durable.nodes.interrupts import raise_interrupts
-from graph_durable.nodes.sync_driver import perform_reads as _perform_reads
-from graph_durable.nodes.task import Task as _Task
-from graph_durable.nodes.protocol import Ask, Read
-from graph_durable.nodes.restarts import fork_sources, node_path
+from graph_durable.nodes.operations import Ask
+from graph_durable.nodes.write_keys import WriteKeys, WritePlace, WriteRequest
 from graph_durable.policy import Effect
 
 __all__ = ["GuardedWrite", "guarded"]
@@ -110,95 +105,9 @@ def _run_of(conf: Mapping[str, Any]) -> _Run:
         return run
 
 
-@dataclass
-class _Where:
-    """The task a guarded write is made from, as the config tells it."""
-
-    config: Mapping[str, Any]
-    conf: Mapping[str, Any] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.conf = self.config.get("configurable", {})
-
-    @property
-    def root(self) -> str | None:
-        return self.conf.get(CONFIG_KEY_CHECKPOINT_MAP, {}).get("")
-
-    def anchor(self, origin: str) -> str:
-        """The anchor of the writes of this task run from `origin` (see the module
-        docstring). A task of the root graph (a node, or a `@task` its entrypoint calls)
-        is placed by the root checkpoint alone: its step number moves with a fork. A
-        task inside a subgraph adds the subgraph's own step, which a restarted subgraph
-        counts again from the same start."""
-        return "write:" + json.dumps([origin, *self.place], default=str, separators=(",", ":"))
-
-    @property
-    def place(self) -> list[Any]:
-        """Where in the graph the task runs, the same on every run of the same request:
-        its node path, a subgraph's own step, and its task path (a `Send` or `@task`
-        call's index)."""
-        metadata = self.config.get("metadata") or {}
-        ns = str(self.conf.get("checkpoint_ns", ""))
-        checkpoints = self.conf.get(CONFIG_KEY_CHECKPOINT_MAP, {})
-        enclosing = checkpoints.get(ns.rpartition("|")[0])
-        step = None
-        if enclosing is None or enclosing != checkpoints.get(""):
-            scratchpad = self.conf.get(CONFIG_KEY_SCRATCHPAD)
-            step = metadata.get("langgraph_step", getattr(scratchpad, "step", None))
-        return [list(node_path(ns)), step, metadata.get("langgraph_path", ())]
-
-    def call_id(self, name: str, position: int) -> str:
-        """The id of a guarded write's call: `name#position@place`, `place` six hex
-        digits of a hash of `place`, so that writes of one function in two `Send`
-        branches, two parallel nodes or two subgraphs ask questions under different ids
-        (the key is derived from `name#position`, with the place in its anchor)."""
-        where = json.dumps(self.place, default=str, separators=(",", ":"))
-        return f"{name}#{position}@{hashlib.blake2b(where.encode(), digest_size=3).hexdigest()}"
-
-
-class _WriteGuard(GuardCore):
-    """The guard of every `GuardedWrite` in the process (policies by name)."""
-
-    def policy_for(self, tool: str) -> Effect:
-        write = _REGISTRY.get(tool)
-        return write.effect if write is not None else self.default
-
-    def _anchor(self, task: _Task, tool_call: Mapping[str, Any], state: Any) -> str:
-        return str(state)  # computed by `GuardedWrite`, handed over as the state
-
-    @staticmethod
-    def _key_call_id(tool_call: Mapping[str, Any]) -> str | None:
-        return str(tool_call["id"]).rpartition("@")[0]  # `name#position`: the key's id
-
-    def _restarted(self, task: _Task, ctx: Any, state: Any) -> Generator[Read, Any, None]:
-        return  # the anchor already follows forks back to where they were made
-        yield
-
-    def _checkpoint_to_verify(self, task: _Task) -> tuple[str, str, str] | None:
-        """The root checkpoint the step runs from: the anchor is taken from it (a
-        `@task` call's namespace maps to the root's checkpoint, not one of its own)."""
-        root = task.conf.get(CONFIG_KEY_CHECKPOINT_MAP, {}).get("")
-        where = None if root is None else (task.thread_id, "", root)
-        return None if where is None or where in self._durable_checkpoints else where
-
-    def origin(self, where: _Where) -> Generator[Read, Any, str]:
-        """The root checkpoint the step was first run from, through fork links."""
-        root = where.root
-        if root is None:
-            return ""
-        thread_id = str(where.conf.get("thread_id", ""))
-        slot = (thread_id, root)
-        sources = self._fork_sources.get(slot)
-        if sources is None:
-            sources = yield from fork_sources(thread_id, root)
-            if len(self._fork_sources) >= 1024:
-                self._fork_sources.clear()
-            self._fork_sources[slot] = sources
-        return sources[-1] if sources else root
-
-
 _REGISTRY: dict[str, GuardedWrite] = {}
-_GUARD = _WriteGuard()
+_GUARD = GuardCore(keys=WriteKeys())
+"""The guard of every `GuardedWrite` in the process (their policies by name)."""
 
 
 def _interrupt_now(ask: Ask, interrupt_id: str) -> Any:
@@ -217,11 +126,6 @@ def _config(name: str) -> Mapping[str, Any]:
             "(its key is taken from the run).") from None
 
 
-@dataclass
-class _Runtime:
-    config: Mapping[str, Any]
-
-
 def _value(result: Any) -> Any:
     """What the guarded function returns, from the guard's answer."""
     if not isinstance(result, ToolMessage):
@@ -235,6 +139,17 @@ def _value(result: Any) -> Any:
         except ValueError:
             return content
     return content
+
+
+@dataclass
+class _Call:
+    """One call of a guarded write: its request, and whether it is the first of its task's
+    run (which journals the decisions the run's resume value carries)."""
+
+    request: WriteRequest
+    first: bool
+    named: dict[str, Any]
+    keyed: dict[str, Any]
 
 
 class GuardedWrite:
@@ -263,6 +178,7 @@ class GuardedWrite:
                 f"{getattr(fn, '__qualname__', fn)}); the ledger tells writes apart by "
                 "name. Give one of them guarded(..., name=...).")
         _REGISTRY[name] = self
+        _GUARD.effects[name] = effect
         kwargs: dict[str, Any] = {"coroutine": fn} if self.is_async else {"func": fn}
         self.tool = StructuredTool.from_function(
             name=name, description=(fn.__doc__ or name).strip(), **kwargs)
@@ -282,22 +198,33 @@ class GuardedWrite:
                 named[param] = value
         return named
 
-    def _keyed(self, named: dict[str, Any], where: _Where) -> dict[str, Any]:
+    def _keyed(self, named: dict[str, Any], where: WritePlace) -> dict[str, Any]:
         """The arguments in canonical form (`graph_durable.canonical`): what keys and
         records the call; refused, naming the argument and its type, if one has none."""
         try:
             return {name: canonical_form(value, name) for name, value in named.items()}
         except NotCanonical as exc:
-            thread_id = where.config.get("configurable", {}).get("thread_id")
             raise UnkeyableToolCall(
-                f"The guarded write {self.name!r} in thread {thread_id!r} was called with "
-                f"an argument it cannot be keyed by: {exc}; nothing was sent. Pass JSON "
+                f"The guarded write {self.name!r} in thread {where.thread_id!r} was called "
+                f"with an argument it cannot be keyed by: {exc}; nothing was sent. Pass JSON "
                 "values, pydantic models, dataclasses, enums, datetimes, UUIDs or "
                 "Decimals (or lists, tuples, sets and dicts of them).",
-                thread_id=thread_id) from None
+                thread_id=where.thread_id) from None
 
-    def _as_called(self, request: ToolCallRequest, named: dict[str, Any],
-                   keyed: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        """This call's request: its arguments keyed, its position among the guarded
+        writes of its task's run."""
+        where = WritePlace(_config(self.name))
+        named = self._arguments(args, kwargs)
+        keyed = self._keyed(named, where)
+        run = _run_of(where.conf)
+        position, run.writes = run.writes, run.writes + 1
+        first, run.decided = not run.decided, True
+        call = {"name": self.name, "args": keyed, "id": where.call_id(self.name, position),
+                "type": "tool_call"}
+        return _Call(WriteRequest(call, self.tool, where), first, named, keyed)
+
+    def _as_called(self, request: WriteRequest, call: _Call) -> dict[str, Any]:
         """What the function is called with: the objects it was given, unless a reviewer
         edited the call (then its args, validated by the function's own schema), and the
         key where the policy names the argument that carries it."""
@@ -305,8 +232,8 @@ class GuardedWrite:
         key_arg = self.effect.key_arg or ""
         key = sent.pop(key_arg, None)
         schema = self.tool.args_schema
-        if sent == keyed:
-            called = dict(named)
+        if sent == call.keyed:
+            called = dict(call.named)
         elif isinstance(schema, type) and issubclass(schema, BaseModel):
             try:
                 called = dict(schema.model_validate(sent))
@@ -318,66 +245,37 @@ class GuardedWrite:
             called[key_arg] = key
         return called
 
-    def _call(self, args: dict[str, Any], call_id: str) -> dict[str, Any]:
-        return {"name": self.name, "args": args, "id": call_id, "type": "tool_call"}
-
-    def _request(self, where: _Where, args: dict[str, Any], anchor: str, call_id: str
-                 ) -> ToolCallRequest:
-        call = self._call(args, call_id)
-        return ToolCallRequest(tool_call=call, tool=self.tool, state=anchor,  # type: ignore[arg-type]
-                               runtime=_Runtime(where.config))  # type: ignore[arg-type]
-
-    def _message(self, request: ToolCallRequest, value: Any) -> ToolMessage:
+    def _message(self, request: WriteRequest, value: Any) -> ToolMessage:
         return ToolMessage(content=json.dumps(value, ensure_ascii=False, default=str),
                            name=self.name, tool_call_id=request.tool_call["id"])
+
+    @staticmethod
+    def _tools() -> dict[str, Any]:
+        """The schemas an edit of any guarded write is checked against, by name."""
+        return {name: write.tool for name, write in _REGISTRY.items()}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.is_async:
             return self._acall(args, kwargs)
         if self.effect.read_only:
             return self.fn(*args, **kwargs)
-        where = _Where(_config(self.name))
-        named = self._arguments(args, kwargs)
-        keyed = self._keyed(named, where)
-        run = _run_of(where.conf)
-        position, run.writes = run.writes, run.writes + 1
-        call_id = where.call_id(self.name, position)
-        task = _Task(where.config, {"id": call_id, "name": self.name})
-        # The root checkpoint is read to find the fork it came from; a run from a
-        # checkpoint id saves its fork in the background: wait for it to be stored.
-        _GUARD._performed(task, _GUARD._requesting_checkpoint_stored(
-            task, self._call(keyed, call_id)))
-        anchor = where.anchor(_perform_reads(task.saver, _GUARD.origin(where)))
-        if not run.decided:
-            run.decided = True
-            _GUARD.resolve_decisions(where.config, {n: w.tool for n, w in _REGISTRY.items()})
-        request = self._request(where, keyed, anchor, call_id)
+        call = self._call(args, kwargs)
+        if call.first:
+            _GUARD.resolve_decisions(call.request.where.config, self._tools())
 
-        def execute(req: ToolCallRequest) -> ToolMessage:
-            return self._message(req, self.fn(**self._as_called(req, named, keyed)))
+        def execute(request: WriteRequest) -> ToolMessage:
+            return self._message(request, self.fn(**self._as_called(request, call)))
 
-        return _value(_GUARD.run(request, execute, _interrupt_now))
+        return _value(_GUARD.run(call.request, execute, _interrupt_now))
 
     async def _acall(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.effect.read_only:
             return await self.fn(*args, **kwargs)
-        where = _Where(_config(self.name))
-        named = self._arguments(args, kwargs)
-        keyed = self._keyed(named, where)
-        run = _run_of(where.conf)
-        position, run.writes = run.writes, run.writes + 1
-        call_id = where.call_id(self.name, position)
-        task = _Task(where.config, {"id": call_id, "name": self.name})
-        await _GUARD._aperformed(task, _GUARD._requesting_checkpoint_stored(
-            task, self._call(keyed, call_id)))
-        anchor = where.anchor(await _aperform_reads(task.saver, _GUARD.origin(where)))
-        if not run.decided:
-            run.decided = True
-            await _GUARD.aresolve_decisions(where.config,
-                                            {n: w.tool for n, w in _REGISTRY.items()})
-        request = self._request(where, keyed, anchor, call_id)
+        call = self._call(args, kwargs)
+        if call.first:
+            await _GUARD.aresolve_decisions(call.request.where.config, self._tools())
 
-        async def execute(req: ToolCallRequest) -> ToolMessage:
-            return self._message(req, await self.fn(**self._as_called(req, named, keyed)))
+        async def execute(request: WriteRequest) -> ToolMessage:
+            return self._message(request, await self.fn(**self._as_called(request, call)))
 
-        return _value(await _GUARD.arun(request, execute, _interrupt_now))
+        return _value(await _GUARD.arun(call.request, execute, _interrupt_now))

@@ -36,19 +36,28 @@ from graph_durable.nodes.operations import (
     CallTool,
     Failed,
     Lookup,
-    Outcome,
     Read,
     Write,
     aperformed,
     performed,
+)
+from graph_durable.nodes.outcomes import (
+    Attempt,
+    Outcome,
+    Returned,
+    acall_lookup,
+    call_lookup,
+    classify,
 )
 from graph_durable.nodes.protocol import CallContext, Protocol
 from graph_durable.nodes.sync_driver import perform
 from graph_durable.policy import Compensation, Effect
 
 __all__ = ["AskLookup", "AsyncDriver", "Driver", "Steps", "TakeLease", "Undo",
-           "acall_lookup", "answer_message", "call_lookup", "compensate_steps", "settle_failed",
-           "settle_open", "settle_unknown", "transition"]
+           "answer_message", "compensate_steps", "settle_failed", "settle_open",
+           "settle_unknown", "transition"]
+
+_USE_ASYNC = "cancel() and compensate() call it synchronously: use acancel() or acompensate()"
 
 S = EffectStatus
 T = TypeVar("T")
@@ -80,11 +89,12 @@ class Undo:
 
 @dataclass(frozen=True)
 class AskLookup:
-    """Operation: ask `policy`'s lookup about `key`; the result is an `Outcome` (see
-    `call_lookup`)."""
+    """Operation: ask `policy`'s lookup (of the call to `tool`) about `key`; the result
+    is an `Outcome` (see `outcomes.call_lookup`)."""
 
     policy: Effect
     key: str
+    tool: str
 
 
 class _Driver:
@@ -123,7 +133,7 @@ class Driver(_Driver):
             with _compensating(op, self.lease):
                 return _undo(op)
         if isinstance(op, AskLookup):
-            return call_lookup(op.policy, op.key)
+            return call_lookup(op.policy, op.key, tool=op.tool, use_async=_USE_ASYNC)
         return perform(self.saver, self.config, op)
 
 
@@ -189,12 +199,10 @@ def _undo(op: Undo) -> Outcome:
         if inspect.isawaitable(value):
             if inspect.iscoroutine(value):
                 value.close()
-            raise TypeError(f"compensation {op.ctx.tool!r} is async; cancel() and "
-                            "compensate() call it synchronously: use acancel() or "
-                            "acompensate()")
-        return _undone(op, value)
-    except Exception as exc:
-        return Outcome(error=exc)
+            raise TypeError(f"compensation {op.ctx.tool!r} is async; {_USE_ASYNC}")
+        return _undone(op, Attempt(value=value))
+    except Exception as exc:  # noqa: BLE001 - classify reads it
+        return _undone(op, Attempt(error=exc))
 
 
 async def _aundo(op: Undo) -> Outcome:
@@ -209,13 +217,18 @@ async def _aundo(op: Undo) -> Outcome:
             value = await asyncio.to_thread(undo, op.original, op.original.receipt)
             if inspect.isawaitable(value):
                 value = await value
-        return _undone(op, value)
-    except Exception as exc:
-        return Outcome(error=exc)
+        return _undone(op, Attempt(value=value))
+    except Exception as exc:  # noqa: BLE001 - classify reads it
+        return _undone(op, Attempt(error=exc))
 
 
-def _undone(op: Undo, value: Any) -> Outcome:
-    return Outcome(value=value if isinstance(value, ToolMessage) else op.ctx.message(value))
+def _undone(op: Undo, attempt: Attempt) -> Outcome:
+    """What the compensation's attempt came to; a receipt that is not a ToolMessage is
+    carried by one."""
+    outcome = classify(attempt)
+    if isinstance(outcome, Returned) and not isinstance(outcome.value, ToolMessage):
+        return Returned(op.ctx.message(outcome.value))
+    return outcome
 
 
 # -- the steps, written once -----------------------------------------------------------------
@@ -234,7 +247,7 @@ def _undoing(ctx: CallContext, compensation: Compensation, original: EffectRecor
         if isinstance(op, CallTool):
             value = yield Undo(ctx, compensation, original, op)
         elif isinstance(op, Lookup):
-            value = yield AskLookup(ctx.policy, op.key)
+            value = yield AskLookup(ctx.policy, op.key, ctx.tool)
         elif isinstance(op, Ask):
             value = None  # outside a graph nobody is asked: the record says what is owed
         else:
@@ -296,13 +309,13 @@ def settle_unknown(original: EffectRecord, compensation: Compensation,
     if undo is None or undo.status not in (S.UNKNOWN, S.IN_FLIGHT):
         return (yield from _undoing(ctx, compensation, original, run_compensation(ctx, original)))
     policy = compensation.effect
-    found = (yield AskLookup(policy, undo.key)) if policy.lookup is not None else None
-    if found is not None and found.error is None and found.value is not None:
+    found = (yield AskLookup(policy, undo.key, undo.tool)) if policy.lookup is not None else None
+    if isinstance(found, Returned) and found.value is not None:
         yield from transition(undo, S.APPLIED, "receipt", error=None, receipt=found.value,
                               asked=False, decision=None,
                               result=answer_message(undo, found.value), data={"source": "lookup"})
         return (yield from _undoing(ctx, compensation, original, run_compensation(ctx, original)))
-    if found is not None and found.error is None:
+    if isinstance(found, Returned):
         why = "a lookup found no effect for the key: send it again, same key"
     elif policy.idempotent:
         why = "provider dedupes: re-send with the same key"
@@ -329,40 +342,6 @@ def _failed_tries(events: list[Any]) -> int:
                if e.kind == "compensation_failed" and e.data.get("status") == S.FAILED.value)
 
 
-def call_lookup(policy: Effect, key: str) -> Outcome:
-    """Ask `policy`'s lookup about `key`, outside a graph: its receipt, `None` (certainly
-    absent), or an error when it cannot tell (no lookup, it raised, or it is async)."""
-    if policy.lookup is None:
-        return Outcome(error=LookupError("no lookup"))
-    try:
-        found = policy.lookup(key)
-    except Exception as exc:
-        return Outcome(error=exc)
-    if inspect.isawaitable(found):
-        if inspect.iscoroutine(found):
-            found.close()
-        return Outcome(error=TypeError("the lookup is async; cancel() calls it synchronously: "
-                                       "use acancel() or acompensate()"))
-    return Outcome(value=found)
-
-
-async def acall_lookup(policy: Effect, key: str) -> Outcome:
-    """Async `call_lookup`: an async lookup is awaited, a sync one runs on a worker
-    thread. Not timed out, as `call_lookup` is not: a lookup that timed out could not
-    tell, which is not "certainly absent"."""
-    lookup = policy.lookup
-    if lookup is None:
-        return Outcome(error=LookupError("no lookup"))
-    try:
-        found = (await lookup(key) if inspect.iscoroutinefunction(lookup)
-                 else await asyncio.to_thread(lookup, key))
-        if inspect.isawaitable(found):
-            found = await found
-    except Exception as exc:
-        return Outcome(error=exc)
-    return Outcome(value=found)
-
-
 def settle_open(record: EffectRecord, policy: Effect, receipt: Any = None, *,
                 have_receipt: bool = False) -> Steps[EffectRecord]:
     """An effect whose outcome is open (`in_flight`, `unknown`): applied once a lookup
@@ -372,12 +351,12 @@ def settle_open(record: EffectRecord, policy: Effect, receipt: Any = None, *,
         return (yield from transition(
             record, S.APPLIED, "receipt", error=None, receipt=receipt, asked=False,
             decision=None, result=answer_message(record, receipt), data={"source": "human"}))
-    found = yield AskLookup(policy, record.key)
-    if found.error is None and found.value is not None:
+    found = yield AskLookup(policy, record.key, record.tool)
+    if isinstance(found, Returned) and found.value is not None:
         return (yield from transition(
             record, S.APPLIED, "receipt", error=None, receipt=found.value, asked=False,
             decision=None, result=answer_message(record, found.value), data={"source": "lookup"}))
-    if found.error is None:
+    if isinstance(found, Returned):
         note = f"a lookup found no effect for key {record.key}: nothing was applied, nothing to undo"
         to = S.FAILED if record.status is S.IN_FLIGHT else S.SKIPPED
         return (yield from transition(

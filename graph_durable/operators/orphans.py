@@ -49,7 +49,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from graph_durable.operators._compensation_driver import answer_message, call_lookup
+from graph_durable.nodes.outcomes import Returned, call_lookup
+from graph_durable.operators._compensation_driver import answer_message
 from graph_durable.operators._checkpoints import (
     SENT_TASKS,
     finished_tasks,
@@ -312,8 +313,8 @@ def _decided(record: EffectRecord, decision: dict[str, Any]) -> Settle:
 
 def _looked_up(record: EffectRecord, policy: Effect) -> Settle | None:
     """The provider's answer to the policy's lookup, or `None` when it cannot tell."""
-    found = call_lookup(policy, record.key)
-    if found.error is not None:
+    found = call_lookup(policy, record.key, tool=record.tool)
+    if not isinstance(found, Returned):
         return None
     if found.value is not None:
         return [(S.APPLIED, "receipt", {
