@@ -1215,17 +1215,15 @@ SEED_870232 = (
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason="seed 870232, not fixed yet: a looked-up call's "
-                   "receipt recorded by a worker SIGKILLed after it (after_receipt) under "
-                   "create_agent with HITL is lost, and the finished thread leaves the "
-                   "effect in_flight; applied once at the provider, nothing sent twice")
 def test_a_receipt_killed_after_under_create_agent_with_hitl_is_not_left_in_flight(
         tmp_path) -> None:
     """Seed 870232 (`create_agent`, HumanInTheLoopMiddleware put before the guard): the
-    worker is SIGKILLed right after a `ticket` receipt (lookup policy) was recorded; the
-    thread then finishes with the ticket applied once at the provider, but its ledger
-    record stays `in_flight`. Found on fresh seeds (870000-870299); also on the release
-    before this one. Strict: it flags when fixed."""
+    worker is SIGKILLed right after a `ticket` receipt (lookup policy) was recorded. The
+    middleware's approval was saved only with the task's writes, so the resumed thread
+    asks again, and the reviewer now rejects: the middleware answers for the call and
+    the guard never sees it again. Its receipt was deferred to those writes and lost
+    with them, leaving the applied ticket `in_flight`; a task that holds such an answer
+    now commits its receipts at once, so the ledger says `applied`."""
     from graph_durable.testing.explorer.model import Episode
 
     result = _replay(tmp_path, Episode.from_json(SEED_870232))

@@ -48,7 +48,8 @@ class CallContext:
     """Details journaled with the call's intent (see `IntentWrite.data`)."""
     defer_receipts: bool = True
     """Whether a reconcilable call's receipt may ride on the thread's next write (a
-    step's call: its step writes next); a call outside a step commits it at once."""
+    step's call: its step writes next); a call outside a step commits it at once, and
+    so does a call whose task holds an answer another party asked for (`Task.holds_answers`)."""
     requested_args: dict[str, Any] | None = None
     """The args the model asked for, when a middleware before the guard changed them
     (`anchor.requested_args`): the key is the requested call's, and `tool_call`'s args

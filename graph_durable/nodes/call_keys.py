@@ -135,7 +135,11 @@ class ToolCallKeys:
                           keying.key_thread, anchor, secret=keying.secret,
                           key_scheme=keying.pin,
                           requested_args=requested_args(state, tool_call, self.messages_key,
-                                                        thread_id=task.thread_id))
+                                                        thread_id=task.thread_id),
+                          # A receipt deferred to the step's writes is lost with an answer
+                          # they carry, and with it the only run that would reconcile the
+                          # call: committed at once (seed 870232).
+                          defer_receipts=not task.holds_answers())
         yield from adopt_legacy_key(ctx, keying, task.thread_id)
         yield from self._restarted(task, ctx, state)
         return ctx

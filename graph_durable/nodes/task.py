@@ -93,6 +93,18 @@ class Task:
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns,
                                  "checkpoint_id": checkpoint_id}}
 
+    def holds_answers(self) -> bool:
+        """Whether an `interrupt()` of this task has an answer in this run.
+
+        The guard asks through the ledger, never through `interrupt()`: such an answer
+        is another party's (a `HumanInTheLoopMiddleware` listed before the guard, or
+        the tool's own question), and LangGraph saves it only with the task's writes.
+        After a crash the question is asked again, and its middleware may then answer
+        for the call without calling the guard (a rejection), so the guard never sees
+        the call again to reconcile it."""
+        scratchpad = self.conf.get(CONFIG_KEY_SCRATCHPAD)
+        return bool(getattr(scratchpad, "resume", None))
+
     def resume_at(self) -> tuple[str, str] | None:
         """Where the graph-level resume value of this run is stored."""
         checkpoint_id = self.conf.get(CONFIG_KEY_CHECKPOINT_MAP, {}).get("")

@@ -126,6 +126,7 @@ class WriteKeys:
         ctx = CallContext(task.thread_id, task.checkpoint_ns, dict(call), policy,
                           keying.key_thread, request.where.anchor(origin),
                           secret=keying.secret, key_scheme=keying.pin,
-                          key_call_id=str(call["id"]).rpartition("@")[0])
+                          key_call_id=str(call["id"]).rpartition("@")[0],
+                          defer_receipts=not task.holds_answers())
         yield from adopt_legacy_key(ctx, keying, task.thread_id)
         return ctx

@@ -89,6 +89,18 @@ def test_a_task_is_offered_a_resume_only_with_a_value_and_a_ledger(saver) -> Non
     assert bare is not None
 
 
+def test_a_task_holds_answers_only_when_an_interrupt_of_it_was_answered(saver) -> None:
+    """An answer to an `interrupt()` of the task (a HumanInTheLoopMiddleware before the
+    guard) is saved only with the task's writes: its calls commit their receipts at once
+    (seed 870232). A bare value offered to the guard's own question is not one."""
+    assert not Task(config(saver), CALL).holds_answers()
+    assert not Task(config(saver, **{CONFIG_KEY_SCRATCHPAD: Scratchpad({"a": 1})}),
+                    CALL).holds_answers()
+    answered = Scratchpad()
+    answered.resume.append({"type": "approve"})
+    assert Task(config(saver, **{CONFIG_KEY_SCRATCHPAD: answered}), CALL).holds_answers()
+
+
 def test_the_fence_refuses_a_run_without_a_lease_while_another_holds_one(saver) -> None:
     task = Task(config(saver), CALL)
     refused_by_fence(task, {})
