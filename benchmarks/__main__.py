@@ -17,6 +17,7 @@ __all__ = ["COMMANDS", "MODULES", "main"]
 MODULES: tuple[str, ...] = (
     "turn_overhead",
     "tool_dispatch",
+    "guard_breakdown",
     "turn_overhead_postgres",
     "postgres_workers",
     "sqlite_workers",
