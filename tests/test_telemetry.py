@@ -268,11 +268,12 @@ BLOCK_OTEL = """
 """
 
 
-def test_without_opentelemetry_everything_else_works() -> None:
+def test_without_opentelemetry_everything_else_works_and_gauges_name_the_extra() -> None:
     out = run_python("""
         from typing import TypedDict
         from langchain_core.callbacks import BaseCallbackHandler
         from langgraph.graph import START, StateGraph
+        from graph_durable import register_gauges
         from graph_durable.telemetry import CallInfo, CallOutcome, _otel, observe
 
         class State(TypedDict):
@@ -295,6 +296,12 @@ def test_without_opentelemetry_everything_else_works() -> None:
         graph.invoke({"done": 0}, {"callbacks": [Recorder()]})
         assert Recorder.events == ["sent"], Recorder.events
         assert _otel.instruments() is None
+        try:
+            register_gauges(object())
+        except ImportError as exc:
+            assert "graph-durable[otel]" in str(exc), exc
+        else:
+            raise AssertionError("register_gauges without OpenTelemetry")
         print("ok")
         """, prelude=BLOCK_OTEL)
     assert out.returncode == 0, out.stderr
