@@ -35,6 +35,7 @@ __all__ = [
     "InvalidDecision",
     "LeaseHeld",
     "LeaseLost",
+    "LedgerStats",
     "NotApplied",
     "Orphan",
     "RecoveryOutcome",
@@ -47,6 +48,7 @@ __all__ = [
     "acompensate",
     "afind_orphans",
     "ainbox",
+    "aledger_stats",
     "arecord_decisions",
     "arecover",
     "aresolve_orphan",
@@ -59,9 +61,11 @@ __all__ = [
     "flow_version_of",
     "guarded",
     "inbox",
+    "ledger_stats",
     "record_decisions",
     "recover",
     "redact_keys",
+    "register_gauges",
     "resolve_orphan",
     "review",
     "sync_by_default",
@@ -81,6 +85,7 @@ _HOMES = {
     "EffectRecord": "graph_durable.ledger",
     "EffectStatus": "graph_durable.ledger",
     "InboxItem": "graph_durable.operators.inbox",
+    "LedgerStats": "graph_durable.telemetry.stats",
     "Orphan": "graph_durable.operators.orphans",
     "RecoveryOutcome": "graph_durable.operators.recovery",
     "Review": "graph_durable.operators.review",
@@ -90,6 +95,7 @@ _HOMES = {
     "acompensate": "graph_durable.operators.compensation",
     "afind_orphans": "graph_durable.operators.orphans",
     "ainbox": "graph_durable.operators.inbox",
+    "aledger_stats": "graph_durable.operators.stats",
     "arecord_decisions": "graph_durable.operators.inbox",
     "arecover": "graph_durable.operators.recovery",
     "aresolve_orphan": "graph_durable.operators.orphans",
@@ -102,9 +108,11 @@ _HOMES = {
     "flow_version_of": "graph_durable.flow",
     "guarded": "graph_durable.nodes.writes",
     "inbox": "graph_durable.operators.inbox",
+    "ledger_stats": "graph_durable.operators.stats",
     "record_decisions": "graph_durable.operators.inbox",
     "recover": "graph_durable.operators.recovery",
     "redact_keys": "graph_durable.secrets",
+    "register_gauges": "graph_durable.operators.stats",
     "resolve_orphan": "graph_durable.operators.orphans",
     "review": "graph_durable.operators.review",
     "sync_by_default": "graph_durable.durability",
@@ -178,5 +186,7 @@ if TYPE_CHECKING:
         thread_status,
     )
     from graph_durable.operators.review import Review, areview, review
+    from graph_durable.operators.stats import aledger_stats, ledger_stats, register_gauges
     from graph_durable.policy import Compensation, Effect
     from graph_durable.secrets import SecretUnavailable, redact_keys
+    from graph_durable.telemetry.stats import LedgerStats

@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "graph_durable._langgraph", "graph_durable.durability",
                     "graph_durable.errors", "graph_durable.faults", "graph_durable.flow",
                     "graph_durable.leases", "graph_durable.ledger", "graph_durable.policy",
-                    "graph_durable.secrets")),
+                    "graph_durable.secrets", "graph_durable.telemetry")),
 ]
 """Top to bottom. The package root (`graph_durable/__init__.py`, lazy re-exports of the
 public names) is named alone in the top layer: `graph_durable.x` for any other `x` is

@@ -17,6 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from graph_durable.checkpointers import _sql
 from graph_durable.leases import cancelled_by
 from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus, IntentWrite, Keying
+from graph_durable.telemetry.stats import LedgerStats, stats_of
 
 __all__ = ["AsyncLedgerReads", "SyncLedgerReads"]
 
@@ -71,6 +72,15 @@ class SyncLedgerReads:
         """`{thread_id: flow_version}` of every thread pinned to a flow version."""
         return {thread_id: version for thread_id, version
                 in self._query(_sql.SELECT_FLOW_VERSIONS)}
+
+    def stats(self) -> LedgerStats:
+        """How the ledger stands (`LedgerStats`): effects by status, the questions waiting
+        for a person and the age of the oldest. Reads only; orphans are not counted here
+        (they need the checkpoints: `graph_durable.ledger_stats(saver)` counts them)."""
+        read_at = time.time()
+        return stats_of(self._query(_sql.SELECT_STATUS_COUNTS),
+                        self._query(_sql.SELECT_WAITING_QUESTIONS),
+                        self._query(_sql.SELECT_EFFECT_THREADS), read_at)
 
     def thread_ids(self) -> list[str]:
         """Every thread with a checkpoint, sorted."""
@@ -181,6 +191,13 @@ class AsyncLedgerReads:
         """Async `task_runs`."""
         return [tuple(row) for row in  # type: ignore[misc]
                 await self._aquery(_sql.SELECT_TASK_RUNS, (str(thread_id),))]
+
+    async def astats(self) -> LedgerStats:
+        """Async `stats` (see `SyncLedgerReads.stats`)."""
+        read_at = time.time()
+        return stats_of(await self._aquery(_sql.SELECT_STATUS_COUNTS),
+                        await self._aquery(_sql.SELECT_WAITING_QUESTIONS),
+                        await self._aquery(_sql.SELECT_EFFECT_THREADS), read_at)
 
     async def athread_ids(self) -> list[str]:
         """Async `thread_ids`."""

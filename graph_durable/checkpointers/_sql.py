@@ -180,6 +180,14 @@ SELECT_FLOW_VERSIONS = "SELECT thread_id, flow_version FROM thread_flow_versions
 INSERT_FLOW_VERSION = (
     "INSERT INTO thread_flow_versions (thread_id, flow_version, pinned_at) VALUES (?, ?, ?)"
 )
+# The gauges of `saver.stats()`: effects by status, the questions no decision has
+# answered yet (and when the oldest was asked), and the threads with effects.
+SELECT_STATUS_COUNTS = "SELECT status, COUNT(*) FROM effects GROUP BY status"
+SELECT_WAITING_QUESTIONS = (
+    "SELECT COUNT(*), MIN(updated_at) FROM effects WHERE asked = 1 AND decision IS NULL "
+    "AND status IN ('awaiting_approval', 'unknown')"
+)
+SELECT_EFFECT_THREADS = "SELECT COUNT(DISTINCT thread_id) FROM effects"
 SELECT_THREAD_IDS = "SELECT DISTINCT thread_id FROM checkpoints WHERE checkpoint_ns = '' ORDER BY thread_id"
 UPSERT_CHECKPOINT = (
     "INSERT OR REPLACE INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, "

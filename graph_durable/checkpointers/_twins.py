@@ -44,6 +44,7 @@ from graph_durable.ledger import (
     Keying,
     LedgerWrite,
 )
+from graph_durable.telemetry.stats import LedgerStats
 
 __all__ = [
     "AsyncEagerListing",
@@ -286,6 +287,10 @@ class AsyncFromSync:
         """Async `effects`."""
         return self.effects(thread_id, status)
 
+    async def astats(self) -> LedgerStats:
+        """Async `stats`."""
+        return self.stats()  # type: ignore[attr-defined,no-any-return]
+
     async def aevents(
         self, thread_id: str | None = None, key: str | None = None
     ) -> list[EffectEvent]:
@@ -485,3 +490,7 @@ class SyncFromAsync:
     def thread_ids(self) -> list[str]:
         """Sync `athread_ids`."""
         return self._sync(self.athread_ids())  # type: ignore[attr-defined]
+
+    def stats(self) -> LedgerStats:
+        """Sync `astats`."""
+        return self._sync(self.astats())  # type: ignore[attr-defined,no-any-return]

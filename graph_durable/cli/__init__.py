@@ -11,8 +11,9 @@
     graph-durable resolve  T call_2 --retry | --skip [--message M]
     graph-durable recover  --db agent.sqlite --graph app.agent:graph --owner worker-7
 
-Also `status`, `events`, `decide` (JSON decisions in bulk), `compensate`, `cancel` and
-`audit`; `graph-durable COMMAND --help` tells more.
+Also `status`, `events`, `decide` (JSON decisions in bulk), `compensate`, `cancel`,
+`audit`, `durability` and `stats` (the ledger's gauges); `graph-durable COMMAND --help`
+tells more.
 
 `--db` is a SQLite file or a `postgresql://` URL (`GRAPH_DURABLE_DB` by default). Read
 commands open it read-only and never create or migrate it. `--graph module:attribute`
