@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
-from graph_durable.errors import DatabaseUnavailable
+from graph_durable.errors import DatabaseUnavailable, GraphDurableError
 from graph_durable.ledger import EffectStatus
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
@@ -52,11 +52,17 @@ class AsyncDriver(GuardBase):
         """Perform one operation of `task` (see `SyncDriver._perform`)."""
         if isinstance(op, ops.CallTool) and call is not None:
             call.ctx.sent = True
-            return await self._acall_tool(task, call, op)
+            with call.observed.provider_call():
+                return await self._acall_tool(task, call, op)
         if isinstance(op, ops.Lookup) and call is not None:
-            return await acall_lookup(call.ctx.policy, op.key, timeout=call.ctx.policy.timeout)
+            with call.observed.lookup():
+                return await acall_lookup(call.ctx.policy, op.key,
+                                          timeout=call.ctx.policy.timeout)
         try:
-            return await aperform(task.saver, task.config, op)
+            result = await aperform(task.saver, task.config, op)
+            if call is not None:
+                ops.observe_op(call.observed, op)
+            return result
         except DatabaseUnavailable as exc:
             raise described(exc, task.thread_id, call.ctx.tool_call if call else task.call,
                             call is not None and call.ctx.sent) from None
@@ -87,15 +93,23 @@ class AsyncDriver(GuardBase):
             if not self._writes(request.tool_call, request.tool is not None):
                 return await execute(request)
             task = Task(self.keys.config_of(request), request.tool_call)
-            started = await self._aperformed(task, self._starting(task, request))
+            try:
+                started = await self._aperformed(task, self._starting(task, request))
+            except GraphDurableError as exc:
+                self._refused(task, exc)
+                raise
         running, leader = self._lead(started, repeats)
         if not leader:
             assert running is not None
             return same_answer(await asyncio.wrap_future(running))
         try:
-            result = await self._aperformed(
-                started.task, self._driven(started, request.tool, on_ask),
-                Calling(started.ctx, request, execute))
+            async with self._observing(started) as observed:
+                try:
+                    result = await self._aperformed(
+                        started.task, self._driven(started, request.tool, on_ask),
+                        Calling(started.ctx, request, execute, observed))
+                finally:
+                    self._observed(observed, started)
         except BaseException as exc:
             self._settle(started, running, error=exc)
             raise
@@ -106,7 +120,8 @@ class AsyncDriver(GuardBase):
         planned = self._tool_request(task, call, op, abandoned_here=False)
         if not isinstance(planned, tuple):
             return planned
-        (ctx, request, execute), gate = planned
+        call, gate = planned
+        ctx, request, execute = call.ctx, call.request, call.execute
         effect = self._effect_context(task, op)
 
         async def run_tool() -> Any:

@@ -59,6 +59,9 @@ class CallContext:
     write's id names where it was made, so that each question has an id unique in its
     thread, and its key stays that of `name#position`."""
     sent: bool = field(default=False, init=False)
+    outcome: str | None = field(default=None, init=False)
+    """What became of the call so far, as telemetry names it (`telemetry.CallOutcome`):
+    set by the protocol on each of its paths, read by the drivers when the call ends."""
     """Whether this run sent the call (a tool attempt was started): what an error of the
     database under one of its writes says (`nodes.storage`)."""
     key: str = field(init=False)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Generator, Hashable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
@@ -73,6 +73,9 @@ class ForkLinks:
 class CallKeys(Protocol):
     """Where a guarded call's key comes from (see the module docstring)."""
 
+    kind: Literal["tool", "guarded"]
+    """What the calls keyed so are, as telemetry names them (`telemetry.CallKind`)."""
+
     def config_of(self, request: Any) -> Mapping[str, Any]:
         """The config of the task the call runs in."""
 
@@ -100,6 +103,8 @@ def adopt_legacy_key(ctx: CallContext, keying: Keying, thread_id: str
 class ToolCallKeys:
     """The keys of tool calls: anchored to the AIMessage in the node's state that
     requested each (`messages_key` names where its messages are)."""
+
+    kind: Literal["tool", "guarded"] = "tool"
 
     def __init__(self, messages_key: str = "messages") -> None:
         self.messages_key = messages_key

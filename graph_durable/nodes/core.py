@@ -25,6 +25,7 @@ from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphInterrupt
 
+from graph_durable import telemetry
 from graph_durable.checkpointers._base import actor_of
 from graph_durable.errors import InvalidDecision, MiddlewareOrderError
 from graph_durable.faults import fault_point
@@ -69,6 +70,8 @@ class Calling(NamedTuple):
     """The request the tool is called with (a `ToolCallRequest`, a `WriteRequest`)."""
     execute: Callable[..., Any]
     """Runs the request: the tool (and the middleware inside the guard)."""
+    observed: telemetry.ObservedCall
+    """The call as telemetry sees it: its span, and the outcome it reports."""
 
 
 @dataclass
@@ -136,6 +139,33 @@ class GuardBase:
         if refused is not None:
             raise refused
         self._keys_delivered.add(name)
+
+    def _call_info(self, task: Task, key: str | None) -> telemetry.CallInfo:
+        """The call of `task` as telemetry names it."""
+        call = task.call
+        return telemetry.CallInfo(
+            task.thread_id, str(call.get("name")), call.get("id"), key,
+            telemetry.policy_label(self.policy_for(str(call.get("name")))), self.keys.kind)
+
+    def _observing(self, started: Started) -> telemetry.ObservedCall:
+        """The call's telemetry, from its first look at the ledger to its outcome."""
+        observed = telemetry.observe(self._call_info(started.task, started.ctx.key),
+                                     started.task.config)
+        return observed
+
+    @staticmethod
+    def _observed(observed: telemetry.ObservedCall, started: Started) -> None:
+        """Tell telemetry what became of the call (unless it stopped before it knew)."""
+        outcome = started.ctx.outcome
+        if outcome is not None:
+            observed.outcome(telemetry.CallOutcome(outcome))
+
+    def _refused(self, task: Task, error: BaseException) -> None:
+        """Report a call refused before its protocol ran (no durable checkpoint, a call
+        that cannot be keyed, a lease lost)."""
+        telemetry.report(telemetry.CallReport(self._call_info(task, None),
+                                              telemetry.CallOutcome.REFUSED,
+                                              error_type=type(error).__name__), task.config)
 
     def _writes(self, tool_call: Mapping[str, Any], has_tool: bool) -> bool:
         """Whether the ledger guards this call (a write to a tool the node has)."""
@@ -377,6 +407,10 @@ class GuardBase:
         refused = refused_args(call_request)
         if refused is not None:
             return ArgsRefused(refused)
+        if self.keys.kind == "tool" and call_request.tool is not None:
+            # The tool's own run carries the effect's key, tool_call_id and policy.
+            call_request = call_request.override(tool=_with_metadata(
+                call_request.tool, call.observed.call, op.record.attempts))
         gate = None
         if self.refuse_reentry:
             gate = ToolGate(task.thread_id, call.ctx.tool_call_id, call.ctx.tool)
@@ -388,6 +422,17 @@ class GuardBase:
         """What the tool's attempt came to (`outcomes.classify`)."""
         return classify(attempt, gate=gate, reported=reported,
                         on_pause=lambda paused: self._inner_pause(task, ctx, paused))
+
+
+def _with_metadata(tool: Any, info: telemetry.CallInfo, attempts: int) -> Any:
+    """`tool` whose LangChain run carries the guarded call's metadata (a copy: a tool's
+    own `metadata` is merged into its run's)."""
+    metadata = {**(getattr(tool, "metadata", None) or {}), **telemetry.run_metadata(info),
+                telemetry.ATTRIBUTES["attempts"]: attempts}
+    try:
+        return tool.model_copy(update={"metadata": metadata})
+    except Exception:  # noqa: BLE001 - a tool that cannot be copied runs as it is
+        return tool
 
 
 def _claim(started: Started) -> Claim:

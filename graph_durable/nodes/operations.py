@@ -32,6 +32,7 @@ __all__ = [
     "Write",
     "aperformed",
     "next_op",
+    "observe_op",
     "performed",
     "saver_call",
 ]
@@ -121,6 +122,15 @@ class ClaimMany:
 
 Op = Union[Read, Claim, ClaimMany, Write, Sleep, CallTool, Lookup]  # noqa: UP007
 """What the guard's steps yield for a driver to perform."""
+
+
+def observe_op(observed: Any, op: Any) -> None:
+    """Mark on a call's telemetry (`telemetry.ObservedCall`) what a performed operation
+    of the saver did: an intent claimed, a receipt recorded."""
+    if isinstance(op, Claim):
+        observed.event("intent_claimed")
+    elif isinstance(op, Write) and getattr(op.write, "kind", None) == "receipt":
+        observed.event("receipt_recorded")
 
 
 def saver_call(op: Any, config: Any) -> tuple[str, tuple[Any, ...]] | None:

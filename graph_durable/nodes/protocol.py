@@ -187,6 +187,7 @@ def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
             edited = yield Read("effect", (edited_key, ctx.thread_id))
             return (yield from _resume(ctx, edited))
         stored = yield Read("stored_result", (ctx.thread_id, record.key))
+        ctx.outcome = "replayed"
         return rebound(stored, ctx.tool_call_id, (record.tool_call_id,))
     if record.decision is not None:
         return (yield from _act_on_decision(ctx, record))
@@ -209,6 +210,7 @@ def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                        receipt=found.receipt, result=found.result,
                                        asked=False, data={"source": "lookup"}))
+            ctx.outcome = "reconciled"
             return found.result
     # awaiting_approval or unknown, and no decision yet: ask (again).
     return (yield from _ask(ctx, record))
@@ -220,12 +222,14 @@ def _send(ctx: CallContext, record: EffectRecord, *, may_resend: bool) -> Protoc
         outcome = yield CallTool(record, args=record.args)
         match outcome:
             case Paused(interrupt):
+                ctx.outcome = "paused_tool"
                 yield Write(ctx.transition(
                     record, S.IN_FLIGHT, "paused", decision={"type": "resume_tool"},
                     data={"reason": "the tool paused on its own interrupt before applying "
                                     "anything"}))
                 raise interrupt
             case Overruled(_, refusal):
+                ctx.outcome = "refused"
                 # The call stays in flight, as after a crash: the next run reconciles it
                 # (lookup, same-key re-send, or a human) instead of trusting a middleware
                 # that re-calls tools inside the guard.
@@ -277,6 +281,7 @@ def _applied(ctx: CallContext, record: EffectRecord, result: Any) -> Protocol:
                                defer=ctx.policy.reconcilable and ctx.defer_receipts
                                and rebuilt_by_lookup(result, ctx.message(receipt))))
     fault_point("after_receipt", tool=ctx.tool)
+    ctx.outcome = "resent" if ctx.outcome == "resent" else "sent"
     return result
 
 
@@ -285,6 +290,7 @@ def _failed(ctx: CallContext, record: EffectRecord, outcome: Outcome, text: str)
     message = ctx.message(text, status="error")
     yield Write(ctx.transition(record, S.FAILED, "failure",
                                error=_error_text(outcome, None), result=message))
+    ctx.outcome = "failed"
     return message
 
 
@@ -299,6 +305,7 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                        receipt=found.receipt, result=found.result,
                                        data={"source": "lookup"}))
+            ctx.outcome = "reconciled"
             return found.result
         absent = isinstance(found, Returned)
         if may_resend and (absent or policy.idempotent):
@@ -307,6 +314,7 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
                       "with the same key")
             [record] = yield Write(ctx.transition(
                 record, S.IN_FLIGHT, "attempt", bump_attempts=True, data={"reason": reason}))
+            ctx.outcome = "resent"
             return (yield from _send(ctx, record, may_resend=False))
         if not absent:
             [record] = yield Write(ctx.transition(
@@ -315,6 +323,7 @@ def _reconcile(ctx: CallContext, record: EffectRecord, *, may_resend: bool,
         [record] = yield Write(ctx.transition(
             record, S.IN_FLIGHT, "attempt", bump_attempts=True,
             data={"reason": "provider dedupes: re-send with the same key"}))
+        ctx.outcome = "resent"
         return (yield from _send(ctx, record, may_resend=False))
     if record.status is not S.UNKNOWN:
         [record] = yield Write(ctx.transition(
@@ -333,8 +342,10 @@ def _ask(ctx: CallContext, record: EffectRecord) -> Protocol:
                                           tool_call_id=ctx.tool_call_id, data=renamed))
     if record.status is S.AWAITING_APPROVAL:
         payload = approval_payload(record, ctx.policy.description)
+        ctx.outcome = "paused_approval"
     else:
         payload = unknown_payload(record)
+        ctx.outcome = "paused_unknown"
     return (yield Ask(record, payload))
 
 
@@ -356,6 +367,7 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
         yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                    receipt=sent.receipt, result=result,
                                    data={"source": "family", "thread": sent.thread_id}))
+        ctx.outcome = "replayed"
         return result
     return (yield from _reconcile(
         ctx, record, may_resend=False,
@@ -399,12 +411,15 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
                     yield Write(ctx.transition(
                         record, S.APPLIED, "receipt", error=None, receipt=found.receipt,
                         result=found.result, decision=None, data={**data, "source": "lookup"}))
+                    ctx.outcome = "reconciled"
                     return found.result
             sent = yield from _sent_in_family(ctx, record, kind)
             if sent is not None:
                 return (yield from _adopt_family_send(ctx, record, sent, data))
             [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt",
                                                   bump_attempts=True, decision=None, data=data))
+            if kind == "retry":
+                ctx.outcome = "resent"
             fault_point("after_intent", tool=ctx.tool)
             return (yield from _send(ctx, record, may_resend=False))
         case "edit":
@@ -423,6 +438,7 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
             yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
                                        receipt=decision["receipt"], result=message,
                                        decision=None, data={**data, "source": "human"}))
+            ctx.outcome = "decided"
             return message
         case _:
             raise GraphDurableError(
@@ -460,6 +476,7 @@ def _not_sent(ctx: CallContext, record: EffectRecord, kind: str, decision: dict[
         message = ctx.message(decision["message"])
         yield Write(ctx.transition(record, S.REJECTED, "resolved", result=message,
                                    decision=None, data=data))
+        ctx.outcome = "decided"
         return message
     verb = "Rejected" if kind == "reject" else "Skipped"
     note = decision.get("message") or "no reason given"
@@ -467,6 +484,7 @@ def _not_sent(ctx: CallContext, record: EffectRecord, kind: str, decision: dict[
     to = S.REJECTED if kind == "reject" else S.SKIPPED
     yield Write(ctx.transition(record, to, "resolved", result=message, decision=None,
                                data=data))
+    ctx.outcome = "decided"
     return message
 
 

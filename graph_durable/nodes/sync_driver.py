@@ -11,7 +11,7 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
-from graph_durable.errors import DatabaseUnavailable
+from graph_durable.errors import DatabaseUnavailable, GraphDurableError
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
 from graph_durable.nodes.core import Calling, GuardBase, Started, same_answer
@@ -59,13 +59,18 @@ class SyncDriver(GuardBase):
         the saver's otherwise."""
         if isinstance(op, ops.CallTool) and call is not None:
             call.ctx.sent = True
-            return self._call_tool(task, call, op)
+            with call.observed.provider_call():
+                return self._call_tool(task, call, op)
         if isinstance(op, ops.Lookup) and call is not None:
-            return call_lookup(call.ctx.policy, op.key, timeout=call.ctx.policy.timeout,
-                               tool=call.ctx.tool,
-                               use_async="run the graph with ainvoke/astream")
+            with call.observed.lookup():
+                return call_lookup(call.ctx.policy, op.key, timeout=call.ctx.policy.timeout,
+                                   tool=call.ctx.tool,
+                                   use_async="run the graph with ainvoke/astream")
         try:
-            return perform(task.saver, task.config, op)
+            result = perform(task.saver, task.config, op)
+            if call is not None:
+                ops.observe_op(call.observed, op)
+            return result
         except DatabaseUnavailable as exc:
             raise described(exc, task.thread_id, call.ctx.tool_call if call else task.call,
                             call is not None and call.ctx.sent) from None
@@ -113,14 +118,23 @@ class SyncDriver(GuardBase):
             if not self._writes(request.tool_call, request.tool is not None):
                 return execute(request)
             task = Task(self.keys.config_of(request), request.tool_call)
-            started = self._performed(task, self._starting(task, request))
+            try:
+                started = self._performed(task, self._starting(task, request))
+            except GraphDurableError as exc:
+                self._refused(task, exc)
+                raise
         running, leader = self._lead(started, repeats)
         if not leader:
             assert running is not None
             return same_answer(running.result())
         try:
-            result = self._performed(started.task, self._driven(started, request.tool, on_ask),
-                                     Calling(started.ctx, request, execute))
+            with self._observing(started) as observed:
+                try:
+                    result = self._performed(
+                        started.task, self._driven(started, request.tool, on_ask),
+                        Calling(started.ctx, request, execute, observed))
+                finally:
+                    self._observed(observed, started)
         except BaseException as exc:
             self._settle(started, running, error=exc)
             raise
@@ -131,7 +145,8 @@ class SyncDriver(GuardBase):
         planned = self._tool_request(task, call, op, abandoned_here=True)
         if not isinstance(planned, tuple):
             return planned
-        (ctx, request, execute), gate = planned
+        call, gate = planned
+        ctx, request, execute = call.ctx, call.request, call.execute
         effect = self._effect_context(task, op)
 
         def run_tool() -> ToolResult:

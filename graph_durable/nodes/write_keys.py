@@ -15,7 +15,7 @@ import hashlib
 import json
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP, CONFIG_KEY_SCRATCHPAD
 from graph_durable.ledger import Keying
@@ -96,6 +96,8 @@ class WriteRequest:
 
 class WriteKeys:
     """The keying strategy of guarded writes (see the module docstring)."""
+
+    kind: Literal["tool", "guarded"] = "guarded"
 
     def __init__(self) -> None:
         self.forks = ForkLinks()
