@@ -25,7 +25,9 @@ from typing import Any, TypeVar
 
 from langchain_core.messages import ToolMessage
 
+from graph_durable import telemetry
 from graph_durable.checkpointers._base import actor_of
+from graph_durable.errors import NotApplied
 from graph_durable.leases import Lease
 from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite
 from graph_durable.nodes.async_driver import aperform
@@ -44,6 +46,7 @@ from graph_durable.nodes.operations import (
 from graph_durable.nodes.outcomes import (
     Attempt,
     Outcome,
+    Raised,
     Returned,
     acall_lookup,
     call_lookup,
@@ -130,8 +133,11 @@ class Driver(_Driver):
             self.lease = stack.enter_context(self.saver.lease(op.thread_id, op.owner, op.ttl))
             return self.lease
         if isinstance(op, Undo):
-            with _compensating(op, self.lease):
-                return _undo(op)
+            with _compensating(op, self.lease), _observed_undo(op) as observed:
+                with observed.undo():
+                    outcome = _undo(op)
+                observed.outcome(_undo_outcome(outcome))
+                return outcome
         if isinstance(op, AskLookup):
             return call_lookup(op.policy, op.key, tool=op.tool, use_async=_USE_ASYNC)
         return perform(self.saver, self.config, op)
@@ -166,10 +172,33 @@ class AsyncDriver(_Driver):
             return self.lease
         if isinstance(op, Undo):
             with _compensating(op, self.lease):
-                return await _aundo(op)
+                async with _observed_undo(op) as observed:
+                    with observed.undo():
+                        outcome = await _aundo(op)
+                    observed.outcome(_undo_outcome(outcome))
+                    return outcome
         if isinstance(op, AskLookup):
             return await acall_lookup(op.policy, op.key)
         return await aperform(self.saver, self.config, op)
+
+
+def _observed_undo(op: Undo) -> telemetry.ObservedCall:
+    """The compensating call as telemetry sees it (kind `compensation`)."""
+    ctx = op.ctx
+    return telemetry.observe(telemetry.CallInfo(
+        ctx.thread_id, ctx.tool, ctx.tool_call_id, op.call.record.key,
+        telemetry.policy_label(ctx.policy), "compensation"))
+
+
+def _undo_outcome(outcome: Outcome) -> telemetry.CallOutcome:
+    """What a compensation's attempt says of the undo: done, certainly not done, or
+    not known (the ledger's `compensation_unknown`)."""
+    if isinstance(outcome, Returned) and not (isinstance(outcome.value, ToolMessage)
+                                              and outcome.value.status == "error"):
+        return telemetry.CallOutcome.COMPENSATED
+    if isinstance(outcome, Raised) and isinstance(outcome.error, NotApplied):
+        return telemetry.CallOutcome.COMPENSATION_FAILED
+    return telemetry.CallOutcome.COMPENSATION_UNKNOWN
 
 
 @contextmanager
