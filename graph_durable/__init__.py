@@ -35,6 +35,7 @@ __all__ = [
     "InvalidDecision",
     "LeaseHeld",
     "LeaseLost",
+    "LedgerDamaged",
     "NotApplied",
     "Orphan",
     "RecoveryOutcome",
@@ -111,7 +112,8 @@ _HOMES = {
     "thread_status": "graph_durable.operators.recovery",
     **{name: "graph_durable.errors" for name in (
         "DurabilityError", "FlowVersionMismatch", "GraphDurableError", "InvalidDecision",
-        "LeaseHeld", "LeaseLost", "NotApplied", "Retryable", "ThreadCancelled")},
+        "LeaseHeld", "LeaseLost", "LedgerDamaged", "NotApplied", "Retryable",
+        "ThreadCancelled")},
 }
 
 
@@ -138,6 +140,7 @@ if TYPE_CHECKING:
         InvalidDecision,
         LeaseHeld,
         LeaseLost,
+        LedgerDamaged,
         NotApplied,
         Retryable,
         ThreadCancelled,
