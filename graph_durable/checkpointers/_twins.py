@@ -482,6 +482,10 @@ class SyncFromAsync:
         """Sync `atask_runs`."""
         return self._sync(self.atask_runs(thread_id))  # type: ignore[attr-defined]
 
+    def flow_versions(self) -> dict[str, str]:
+        """Sync `aflow_versions`."""
+        return self._sync(self.aflow_versions())  # type: ignore[attr-defined]
+
     def thread_ids(self) -> list[str]:
         """Sync `athread_ids`."""
         return self._sync(self.athread_ids())  # type: ignore[attr-defined]
