@@ -20,6 +20,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers._check import CheckReport, acheck_database, check_database
 from graph_durable.checkpointers._decode import (
     Listing,
     ListingDict,
@@ -129,6 +130,13 @@ class SyncLedgerReads:
         sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
         return _read(self._query(sql, params), self._event, thread_id)  # type: ignore[attr-defined]
 
+    def check(self, *, full: bool = False) -> CheckReport:
+        """Verify the database, read-only: the engine's own integrity check (SQLite's
+        `PRAGMA quick_check`, `integrity_check` with `full`; PostgreSQL's amcheck when
+        installed, its catalog otherwise), then every ledger row and each thread's latest
+        checkpoint decoded, then the invariants the ledger relies on. Repairs nothing.
+        See `graph_durable.checkpointers.CheckReport`."""
+        return check_database(self, full=full)
 
     def stored_result(self, thread_id: str, key: str) -> Any:
         """The ToolMessage or Command stored with a terminal effect, for replay."""
@@ -242,6 +250,9 @@ class AsyncLedgerReads:
         sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
         return _read(await self._aquery(sql, params), self._event, thread_id)  # type: ignore[attr-defined]
 
+    async def acheck(self, *, full: bool = False) -> CheckReport:
+        """Async `check` (see `SyncLedgerReads.check`)."""
+        return await acheck_database(self, full=full)
 
     async def astored_result(self, thread_id: str, key: str) -> Any:
         """Async `stored_result`."""
