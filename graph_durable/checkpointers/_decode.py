@@ -83,7 +83,7 @@ class Damage:
 
     def error(self) -> LedgerDamaged:
         """This damage as the error a run that needs the row raises."""
-        return LedgerDamaged(f"Damaged ledger: {self}. {NEXT_STEP}", thread_id=self.thread_id,
+        return LedgerDamaged(f"Unreadable row: {self}. {NEXT_STEP}", thread_id=self.thread_id,
                              key=self.key, column=self.column, table=self.table,
                              problem=self.problem)
 

@@ -8,6 +8,7 @@ exits with `DAMAGED_EXIT` (3) and one line on stderr pointing to `graph-durable 
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Optional
 
 import typer
@@ -39,8 +40,6 @@ def passed_by(threads: Any) -> int:
     named = sorted({str(t) for t in threads})
     if not named:
         return 0
-    import sys
-
     print(f"graph-durable: passed by damaged rows of thread(s) {named}: the other threads "
           "are listed; `graph-durable check --db ...` names every damaged row",
           file=sys.stderr)

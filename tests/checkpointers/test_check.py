@@ -175,3 +175,13 @@ def test_postgres_checks_with_amcheck_when_installed(postgres_conninfo: str) -> 
         report = saver.check()
         assert report.engine_check.startswith("amcheck")
         assert [(d.thread_id, d.key, d.column) for d in report.damage] == [("a", "k2", "status")]
+
+
+def test_a_healthy_database_of_ten_thousand_effects_checks_clean(tmp_path: Path) -> None:
+    saver = _saver(tmp_path / "agent.sqlite")
+    for thread in range(100):
+        _applied(saver, f"t{thread}", [f"k{thread}-{i}" for i in range(100)])
+    report = saver.check(full=True)
+    assert report.ok, report.damage[:3]
+    assert (report.rows["effects"], report.rows["effect_events"]) == (10_000, 20_000)
+    assert report.seconds < 30  # about 0.4 s on a quiet machine
