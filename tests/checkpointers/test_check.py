@@ -185,3 +185,22 @@ def test_a_healthy_database_of_ten_thousand_effects_checks_clean(tmp_path: Path)
     assert report.ok, report.damage[:3]
     assert (report.rows["effects"], report.rows["effect_events"]) == (10_000, 20_000)
     assert report.seconds < 30  # about 0.4 s on a quiet machine
+
+
+async def test_the_async_postgres_saver_checks_itself(postgres_conninfo: str) -> None:
+    import psycopg
+
+    from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
+
+    async with AsyncDurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+        await saver.setup()
+        await saver.aput({"configurable": {"thread_id": "a", "checkpoint_ns": ""}},
+                         empty_checkpoint(), {"step": 0}, {})
+        assert (await saver.acheck()).ok
+        with psycopg.connect(postgres_conninfo, autocommit=True) as conn:
+            conn.execute("UPDATE checkpoints SET checkpoint = '[1]'::jsonb")
+        report = await saver.acheck()
+        assert [(d.thread_id, d.table, d.column) for d in report.damage] == [
+            ("a", "checkpoints", "checkpoint")]
+        with pytest.raises(LedgerDamaged):
+            await saver.aget_tuple({"configurable": {"thread_id": "a", "checkpoint_ns": ""}})
