@@ -35,6 +35,7 @@ __all__ = [
     "InvalidDecision",
     "LeaseHeld",
     "LeaseLost",
+    "LedgerDamaged",
     "LedgerStats",
     "NotApplied",
     "Orphan",
@@ -119,7 +120,8 @@ _HOMES = {
     "thread_status": "graph_durable.operators.recovery",
     **{name: "graph_durable.errors" for name in (
         "DurabilityError", "FlowVersionMismatch", "GraphDurableError", "InvalidDecision",
-        "LeaseHeld", "LeaseLost", "NotApplied", "Retryable", "ThreadCancelled")},
+        "LeaseHeld", "LeaseLost", "LedgerDamaged", "NotApplied", "Retryable",
+        "ThreadCancelled")},
 }
 
 
@@ -146,6 +148,7 @@ if TYPE_CHECKING:
         InvalidDecision,
         LeaseHeld,
         LeaseLost,
+        LedgerDamaged,
         NotApplied,
         Retryable,
         ThreadCancelled,

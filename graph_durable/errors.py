@@ -17,7 +17,8 @@ The hierarchy::
     │                            or a requesting AIMessage without an id
     ├── UndeliveredKey           a tool promised to dedupe (or be looked up) by a key
     │                            that would never reach its provider
-    └── IllegalTransition        a ledger status change the lifecycle forbids
+    ├── IllegalTransition        a ledger status change the lifecycle forbids
+    └── LedgerDamaged            a stored row (ledger or checkpoint) that cannot be read
 
     LeaseLost (BaseException)    a write made with a stale fencing token
     └── ThreadCancelled          a write to (or a lease on) a thread cancel() stopped
@@ -43,6 +44,7 @@ __all__ = [
     "InvalidDecision",
     "LeaseHeld",
     "LeaseLost",
+    "LedgerDamaged",
     "MiddlewareOrderError",
     "NotApplied",
     "NotDurableCheckpointer",
@@ -215,6 +217,42 @@ class UndeliveredKey(GraphDurableError, ValueError):
 
 class IllegalTransition(GraphDurableError):
     """A ledger status change that the effect lifecycle does not allow."""
+
+
+class LedgerDamaged(GraphDurableError):
+    """A row the database holds cannot be read: a ledger row (an effect, a journal entry,
+    a lease, a flow-version pin, a thread's origin, a run-log entry) or a LangGraph
+    checkpoint whose column holds what no release writes (a status this release does not
+    know, text that is not JSON, a value of the wrong type, a blob that does not decode).
+    A bad restore, a manual edit or a row a newer release wrote leaves one.
+
+    Raised by a run (and by `review`, `compensate`, `cancel`) that needs the row, before
+    anything is sent; list views pass the row by and show its thread as `damaged`. Run
+    `graph-durable check` to list every damaged row, then restore the row from a backup
+    (or run the release that wrote it) before resuming the thread.
+
+    Attributes:
+        thread_id: The thread the row belongs to, when it says.
+        key: The row: an effect's key, a journal entry's `seq`, a checkpoint's id, or the
+            thread id for a row kept per thread.
+        column: The column that cannot be read.
+        table: The table the row is in.
+        problem: What is wrong with it, in words.
+    """
+
+    def __init__(self, message: str, *, thread_id: str | None, key: str | None,
+                 column: str, table: str, problem: str) -> None:
+        super().__init__(message, thread_id=thread_id)
+        self.key = key
+        self.column = column
+        self.table = table
+        self.problem = problem
+
+    @property
+    def fact(self) -> str:
+        """The damaged row in one line: its table, row and column, and what is wrong."""
+        row = f" row {self.key!r}" if self.key is not None else ""
+        return f"{self.table}{row}, column {self.column}: {self.problem}"
 
 
 class LeaseLost(BaseException):

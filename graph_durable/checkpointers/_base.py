@@ -28,6 +28,13 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from graph_durable._langgraph import WRAPPER_INNER
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._audit import audit_of
+from graph_durable.checkpointers._decode import (
+    effect_from_row,
+    event_from_row,
+    flow_version_from_row,
+    lease_from_row,
+    origin_from_row,
+)
 from graph_durable.errors import FlowVersionMismatch, IllegalTransition
 from graph_durable.leases import (
     OWNER_KEY,
@@ -210,8 +217,9 @@ class DurableSaverMixin:
         cached: another process may delete a thread and copy another into its id."""
         return (thread_id, thread_id, thread_id)
 
-    def _keying_of(self, rows: Sequence[Any]) -> Keying:
+    def _keying_of(self, rows: Sequence[Any], thread_id: str) -> Keying:
         key_thread, legacy, scheme, db_secret = rows[0]
+        origin_from_row((thread_id, key_thread))
         if db_secret is not None and db_secret != self._db_secret_seen:
             self._key_secrets.add(self._codec.load_text(
                 db_secret, where=f"'s key secret (keying thread {str(key_thread)!r})")
@@ -235,10 +243,10 @@ class DurableSaverMixin:
         return codec
 
     def _record(self, row: Sequence[Any]) -> EffectRecord:
-        return _sql.effect_from_row(row, self._codec)
+        return effect_from_row(row, self._codec)
 
     def _event(self, row: Sequence[Any]) -> EffectEvent:
-        return _sql.event_from_row(row, self._codec)
+        return event_from_row(row, self._codec)
 
     # -- checkpoints this saver stored ---------------------------------------------------
 
@@ -342,8 +350,8 @@ class DurableSaverMixin:
     # -- write guards: fencing and flow-version pin (run inside the write's transaction) --
 
     def _check_fence(self, row: Any, thread_id: str, config: RunnableConfig | None) -> None:
-        check_fence(None if row is None else tuple(row), thread_id, actor_of(config)[1],
-                    time.time())
+        check_fence(lease_from_row(thread_id, None if row is None else tuple(row)), thread_id,
+                    actor_of(config)[1], time.time())
 
     def _needs_flow_check(self, thread_id: str) -> bool:
         return self.flow_version is not None and thread_id not in self._flow_checked
@@ -354,7 +362,7 @@ class DurableSaverMixin:
         assert current is not None
         if row is None:
             return [(_sql.INSERT_FLOW_VERSION, (thread_id, current, time.time()))]
-        pinned = row[0]
+        pinned = flow_version_from_row((thread_id, row[0]))[1]
         if pinned != current and pinned not in self.compatible_flow_versions:
             raise FlowVersionMismatch(
                 f"Thread {thread_id!r} was started under flow version {pinned!r}; this "
@@ -476,8 +484,9 @@ class DurableSaverMixin:
             raise ValueError(f"lease ttl must be > 0 seconds, got {ttl}")
         started = time.monotonic() if started is None else started
         now = time.time() if now is None else now
-        token = check_lease_available(None if row is None else tuple(row), thread_id, owner,
-                                      now)
+        token = check_lease_available(
+            lease_from_row(thread_id, None if row is None else tuple(row), now), thread_id,
+            owner, now)
         lease = Lease(thread_id=thread_id, owner=owner, token=token, ttl=ttl,
                       expires_at=now + ttl, deadline=started + ttl)
         return lease, (_sql.UPSERT_LEASE, (thread_id, owner, token, lease.expires_at, now))

@@ -4,6 +4,11 @@
 `sqlite3` cursor under the saver's lock, a psycopg cursor with `%s` placeholders), not
 in what they ask; each provides `_query(sql, params) -> rows` and gets the rest here.
 `AsyncLedgerReads` is the same for an async saver over `await _aquery(sql, params)`.
+
+Every row is read through `_decode`. A read of one thread's rows (or of one row) raises
+`LedgerDamaged` for a row it cannot read; a listing across every thread (`effects()`,
+`events()`, `live_leases()`, `flow_versions()` with no thread) passes such a row by and
+names it in its `damaged`, so one bad row never hides the healthy threads.
 """
 
 from __future__ import annotations
@@ -15,6 +20,15 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers._check import CheckReport, acheck_database, check_database
+from graph_durable.checkpointers._decode import (
+    Listing,
+    ListingDict,
+    flow_version_from_row,
+    lease_from_row,
+    listing,
+    task_run_from_row,
+)
 from graph_durable.leases import cancelled_by
 from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus, IntentWrite, Keying
 from graph_durable.telemetry.stats import LedgerStats, stats_of
@@ -50,28 +64,29 @@ class SyncLedgerReads:
             SecretUnavailable: the thread is pinned to a key secret this saver lacks.
         """
         rows = self._query(_sql.SELECT_KEYING, self._keying_params(str(thread_id)))  # type: ignore[attr-defined]
-        return self._keying_of(rows)  # type: ignore[attr-defined,no-any-return]
+        return self._keying_of(rows, str(thread_id))  # type: ignore[attr-defined,no-any-return]
 
-    def live_leases(self) -> dict[str, tuple[str, int, float]]:
-        """`{thread_id: (owner, token, expires_at)}` of every live lease."""
-        rows = self._query(_sql.SELECT_LIVE_LEASES, (time.time(),))
-        return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
+    def live_leases(self) -> ListingDict[tuple[str, int, float]]:
+        """`{thread_id: (owner, token, expires_at)}` of every live lease; a lease row
+        that cannot be read is passed by and named in the result's `damaged`."""
+        return _leases(self._query(_sql.SELECT_LIVE_LEASES, (time.time(),)))
 
     def cancelled_by(self, thread_id: str) -> str | None:
         """Who `cancel()` stopped the thread for (its lease row keeps the canceller as
         owner), or `None`: one read of the thread's lease row."""
         rows = self._query(_sql.SELECT_LEASE, (str(thread_id),))
-        return cancelled_by(rows[0][0]) if rows else None
+        return _cancelled_by(str(thread_id), rows)
 
     def task_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
         """The run log of an audited thread, in order: `(seq, run_id, checkpoint_ns,
         node, kind, at)`, `kind` being `node` or `model` (see `graph_durable.operators.audit`)."""
-        return [tuple(row) for row in self._query(_sql.SELECT_TASK_RUNS, (str(thread_id),))]  # type: ignore[misc]
+        return [task_run_from_row(str(thread_id), row)
+                for row in self._query(_sql.SELECT_TASK_RUNS, (str(thread_id),))]
 
-    def flow_versions(self) -> dict[str, str]:
-        """`{thread_id: flow_version}` of every thread pinned to a flow version."""
-        return {thread_id: version for thread_id, version
-                in self._query(_sql.SELECT_FLOW_VERSIONS)}
+    def flow_versions(self) -> ListingDict[str]:
+        """`{thread_id: flow_version}` of every thread pinned to a flow version (a pin
+        that cannot be read is named in the result's `damaged`)."""
+        return _flow_versions(self._query(_sql.SELECT_FLOW_VERSIONS))
 
     def stats(self) -> LedgerStats:
         """How the ledger stands (`LedgerStats`): effects by status, the questions waiting
@@ -102,20 +117,36 @@ class SyncLedgerReads:
 
     def effects(
         self, thread_id: str | None = None, status: EffectStatus | str | None = None
-    ) -> list[EffectRecord]:
-        """Effects, oldest first, optionally of one thread and one status."""
+    ) -> Listing[EffectRecord]:
+        """Effects, oldest first, optionally of one thread and one status.
+
+        Across every thread, a row that cannot be read is passed by and named in the
+        result's `damaged`; of one thread, it raises.
+
+        Raises:
+            LedgerDamaged: `thread_id` is given and one of its rows cannot be read.
+        """
         sql, params = _sql.select_effects(
             None if thread_id is None else str(thread_id),
             None if status is None else EffectStatus(status).value,
         )
-        return [self._record(row) for row in self._query(sql, params)]
+        return _read(self._query(sql, params), self._record, thread_id)  # type: ignore[attr-defined]
 
     def events(
         self, thread_id: str | None = None, key: str | None = None
-    ) -> list[EffectEvent]:
-        """The append-only journal, in order, optionally of one thread and one key."""
+    ) -> Listing[EffectEvent]:
+        """The append-only journal, in order, optionally of one thread and one key
+        (damaged rows as `effects` says)."""
         sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
-        return [self._event(row) for row in self._query(sql, params)]
+        return _read(self._query(sql, params), self._event, thread_id)  # type: ignore[attr-defined]
+
+    def check(self, *, full: bool = False) -> CheckReport:
+        """Verify the database, read-only: the engine's own integrity check (SQLite's
+        `PRAGMA quick_check`, `integrity_check` with `full`; PostgreSQL's amcheck when
+        installed, its catalog otherwise), then every ledger row and each thread's latest
+        checkpoint decoded, then the invariants the ledger relies on. Repairs nothing.
+        See `graph_durable.checkpointers.CheckReport`."""
+        return check_database(self, full=full)
 
     def stored_result(self, thread_id: str, key: str) -> Any:
         """The ToolMessage or Command stored with a terminal effect, for replay."""
@@ -175,22 +206,25 @@ class AsyncLedgerReads:
     async def akeying(self, thread_id: str) -> Keying:
         """Async `keying` (see `SyncLedgerReads.keying`)."""
         rows = await self._aquery(_sql.SELECT_KEYING, self._keying_params(str(thread_id)))  # type: ignore[attr-defined]
-        return self._keying_of(rows)  # type: ignore[attr-defined,no-any-return]
+        return self._keying_of(rows, str(thread_id))  # type: ignore[attr-defined,no-any-return]
 
-    async def alive_leases(self) -> dict[str, tuple[str, int, float]]:
+    async def alive_leases(self) -> ListingDict[tuple[str, int, float]]:
         """Async `live_leases`."""
-        rows = await self._aquery(_sql.SELECT_LIVE_LEASES, (time.time(),))
-        return {thread_id: (owner, token, expires) for thread_id, owner, token, expires in rows}
+        return _leases(await self._aquery(_sql.SELECT_LIVE_LEASES, (time.time(),)))
 
     async def acancelled_by(self, thread_id: str) -> str | None:
         """Async `cancelled_by`."""
         rows = await self._aquery(_sql.SELECT_LEASE, (str(thread_id),))
-        return cancelled_by(rows[0][0]) if rows else None
+        return _cancelled_by(str(thread_id), rows)
 
     async def atask_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
         """Async `task_runs`."""
-        return [tuple(row) for row in  # type: ignore[misc]
-                await self._aquery(_sql.SELECT_TASK_RUNS, (str(thread_id),))]
+        return [task_run_from_row(str(thread_id), row)
+                for row in await self._aquery(_sql.SELECT_TASK_RUNS, (str(thread_id),))]
+
+    async def aflow_versions(self) -> ListingDict[str]:
+        """Async `flow_versions`."""
+        return _flow_versions(await self._aquery(_sql.SELECT_FLOW_VERSIONS))
 
     async def astats(self) -> LedgerStats:
         """Async `stats` (see `SyncLedgerReads.stats`)."""
@@ -218,20 +252,24 @@ class AsyncLedgerReads:
 
     async def aeffects(
         self, thread_id: str | None = None, status: EffectStatus | str | None = None
-    ) -> list[EffectRecord]:
+    ) -> Listing[EffectRecord]:
         """Async `effects`."""
         sql, params = _sql.select_effects(
             None if thread_id is None else str(thread_id),
             None if status is None else EffectStatus(status).value,
         )
-        return [self._record(row) for row in await self._aquery(sql, params)]  # type: ignore[attr-defined]
+        return _read(await self._aquery(sql, params), self._record, thread_id)  # type: ignore[attr-defined]
 
     async def aevents(
         self, thread_id: str | None = None, key: str | None = None
-    ) -> list[EffectEvent]:
+    ) -> Listing[EffectEvent]:
         """Async `events`."""
         sql, params = _sql.select_events(None if thread_id is None else str(thread_id), key)
-        return [self._event(row) for row in await self._aquery(sql, params)]  # type: ignore[attr-defined]
+        return _read(await self._aquery(sql, params), self._event, thread_id)  # type: ignore[attr-defined]
+
+    async def acheck(self, *, full: bool = False) -> CheckReport:
+        """Async `check` (see `SyncLedgerReads.check`)."""
+        return await acheck_database(self, full=full)
 
     async def astored_result(self, thread_id: str, key: str) -> Any:
         """Async `stored_result`."""
@@ -265,3 +303,30 @@ class AsyncLedgerReads:
         """Async `claim`."""
         [claimed] = await self.aclaim_many([intent], config)  # type: ignore[attr-defined]
         return claimed  # type: ignore[no-any-return]
+
+
+def _read(rows: Sequence[Any], decode: Any, thread_id: str | None) -> Listing[Any]:
+    """`rows` decoded: every one of them (one thread's), or the readable ones (all)."""
+    if thread_id is not None:
+        found: Listing[Any] = Listing(decode(row) for row in rows)
+        return found
+    return listing(rows, decode)
+
+
+def _leases(rows: Sequence[Any]) -> ListingDict[tuple[str, int, float]]:
+    found = listing(rows, lambda row: (row[0], lease_from_row(row[0], row[1:])))
+    leases: ListingDict[tuple[str, int, float]] = ListingDict(found)  # type: ignore[arg-type]
+    leases.damaged = found.damaged
+    return leases
+
+
+def _flow_versions(rows: Sequence[Any]) -> ListingDict[str]:
+    found = listing(rows, flow_version_from_row)
+    versions: ListingDict[str] = ListingDict(found)
+    versions.damaged = found.damaged
+    return versions
+
+
+def _cancelled_by(thread_id: str, rows: Sequence[Any]) -> str | None:
+    lease = lease_from_row(thread_id, rows[0][:3] if rows else None)
+    return None if lease is None else cancelled_by(lease[0])

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from graph_durable._langgraph import CALLED_TASK_PATH
+from graph_durable.checkpointers._decode import PLAIN, effect_from_row, event_from_row
 from graph_durable.errors import IllegalTransition
-from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
+from graph_durable.ledger import EffectRecord, EffectStatus
 from graph_durable.secrets import LedgerCodec
 
 __all__ = [
@@ -227,44 +228,6 @@ def _where(**equal: str | None) -> tuple[str, tuple[str, ...]]:
 def to_json(value: Any) -> str:
     """JSON for a ledger column; values JSON cannot hold are stored as their `str()`."""
     return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
-
-
-PLAIN = LedgerCodec(None, strict=False)
-"""Reads plain columns, and shows sealed ones as `SEALED`: for messages about a row."""
-
-
-def effect_from_row(row: Sequence[Any], codec: LedgerCodec = PLAIN) -> EffectRecord:
-    """Build an `EffectRecord` from a row selected with `EFFECT_COLUMNS`."""
-    (key, thread_id, ns, tcid, tool, args, status, receipt, error, attempts, decision,
-     asked, created_at, updated_at) = row
-    where = f" of thread {thread_id!r}"
-    # The columns hold what the ledger wrote; build the record without re-validating it.
-    return EffectRecord.model_construct(
-        key=key,
-        thread_id=thread_id,
-        checkpoint_ns=ns,
-        tool_call_id=tcid,
-        tool=tool,
-        args=codec.load(args, where=where),
-        status=EffectStatus(status),
-        receipt=codec.load(receipt, where=where),
-        error=codec.load_text(error, where=where),
-        attempts=attempts,
-        decision=codec.load(decision, where=where),
-        asked=bool(asked),
-        created_at=created_at,
-        updated_at=updated_at,
-    )
-
-
-def event_from_row(row: Sequence[Any], codec: LedgerCodec = PLAIN) -> EffectEvent:
-    """Build an `EffectEvent` from a row selected with `EVENT_COLUMNS`."""
-    seq, key, thread_id, kind, data, at, owner, token = row
-    return EffectEvent.model_construct(
-        seq=seq, key=key, thread_id=thread_id, kind=kind,
-        data=codec.load(data, where=f" of thread {thread_id!r}"), at=at, owner=owner,
-        fencing_token=token,
-    )
 
 
 def plan_intent(

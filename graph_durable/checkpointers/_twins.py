@@ -316,6 +316,10 @@ class AsyncFromSync:
         """Async `checkpoint_exists`."""
         return self.checkpoint_exists(thread_id, checkpoint_ns, checkpoint_id)
 
+    async def acheck(self, *, full: bool = False) -> Any:
+        """Async `check`."""
+        return self.check(full=full)  # type: ignore[attr-defined]
+
     async def alive_leases(self) -> dict[str, tuple[str, int, float]]:
         """Async `live_leases`."""
         return self.live_leases()  # type: ignore[attr-defined,no-any-return]
@@ -486,6 +490,14 @@ class SyncFromAsync:
     def task_runs(self, thread_id: str) -> list[tuple[int, str, str, str, str, float]]:
         """Sync `atask_runs`."""
         return self._sync(self.atask_runs(thread_id))  # type: ignore[attr-defined]
+
+    def check(self, *, full: bool = False) -> Any:
+        """Sync `acheck`."""
+        return self._sync(self.acheck(full=full))  # type: ignore[attr-defined]
+
+    def flow_versions(self) -> dict[str, str]:
+        """Sync `aflow_versions`."""
+        return self._sync(self.aflow_versions())  # type: ignore[attr-defined]
 
     def thread_ids(self) -> list[str]:
         """Sync `athread_ids`."""

@@ -10,6 +10,7 @@
     graph-durable resolve  T call_2 --applied --receipt '{"id": "m-7"}' --db ... --graph ...
     graph-durable resolve  T call_2 --retry | --skip [--message M]
     graph-durable recover  --db agent.sqlite --graph app.agent:graph --owner worker-7
+    graph-durable check    --db agent.sqlite [--json]            # verify the database
 
 Also `status`, `events`, `decide` (JSON decisions in bulk), `compensate`, `cancel`,
 `audit`, `durability` and `stats` (the ledger's gauges); `graph-durable COMMAND --help`
@@ -25,8 +26,10 @@ LangGraph's `EncryptedSerializer` under that key. Every command prints a table (
 when piped), `--json` (nested values, ISO 8601 times) or `--jsonl`.
 
 Exit codes: 0 done; 1 the command ran and found a problem (an unknown thread, a thread
-that could not be recovered, an effect a human must settle); 2 a bad input or a database
-that cannot be used, with one line on stderr and nothing written.
+that could not be recovered, an effect a human must settle; `check`: damage found); 2 a
+bad input or a database that cannot be used, with one line on stderr and nothing
+written; 3 rows that cannot be read (`LedgerDamaged`): a listing passed them by and
+showed their threads as `damaged`, or the command needed one and did nothing.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import typer
 
     from graph_durable.cli._open import Refused, where
-    from graph_durable.errors import GraphDurableError, LeaseHeld, LeaseLost
+    from graph_durable.errors import GraphDurableError, LeaseHeld, LeaseLost, LedgerDamaged
 
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
@@ -54,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = command.main(args=args, prog_name="graph-durable", standalone_mode=False)
     except Refused as exc:
         return _fail(str(exc), exc.code)
+    except LedgerDamaged as exc:  # a row the command needs cannot be read
+        return _fail(str(exc).replace("\n", " "), 3)
     except (LeaseHeld, LeaseLost) as exc:  # another worker has the thread, or it was cancelled
         return _fail(str(exc).replace("\n", " "), 1)
     except GraphDurableError as exc:

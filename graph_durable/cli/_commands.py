@@ -1,9 +1,9 @@
 """The commands of `graph-durable` (a thin layer over the public API; no SQL here).
 
 The app is assembled here from its groups, in the order `--help` lists them: reading
-(`_read.py`), the database's durability settings (`_settings.py`), the ledger's gauges
-(`_stats.py`), answering a thread's questions (`_answer.py`) and operating on threads
-under a lease (`_operate.py`); the options they share are in `_options.py`.
+(`_read.py`), the database's durability settings (`_settings.py`), its integrity
+(`_check.py`), the ledger's gauges (`_stats.py`), answering a thread's questions
+(`_answer.py`) and operating on threads under a lease (`_operate.py`); the options they share are in `_options.py`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from graph_durable.cli import _answer, _operate, _read, _settings, _stats
+from graph_durable.cli import _answer, _check, _operate, _read, _settings, _stats
 from graph_durable.cli._read import EFFECT_STATUSES, THREAD_STATUSES
 
 __all__ = ["EFFECT_STATUSES", "THREAD_STATUSES", "app"]
@@ -43,6 +43,6 @@ def _root(
     recover threads whose worker died."""
 
 
-for command in (*_read.COMMANDS, *_settings.COMMANDS, *_stats.COMMANDS, *_answer.COMMANDS,
-                *_operate.COMMANDS):
+for command in (*_read.COMMANDS, *_settings.COMMANDS, *_check.COMMANDS, *_stats.COMMANDS,
+                *_answer.COMMANDS, *_operate.COMMANDS):
     app.command()(command)

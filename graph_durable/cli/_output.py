@@ -28,7 +28,7 @@ Format = Literal["table", "json", "jsonl"]
 STATUS_STYLES = {
     # thread statuses
     "done": "green", "running": "cyan", "waiting": "yellow", "needs_human": "bold red",
-    "orphaned": "magenta", "failed": "bold red", "cancelled": "dim",
+    "orphaned": "magenta", "failed": "bold red", "cancelled": "dim", "damaged": "bold red",
     # effect statuses
     "applied": "green", "intent": "cyan", "in_flight": "yellow", "awaiting_approval": "yellow",
     "unknown": "bold red", "rejected": "dim", "skipped": "dim",

@@ -1,8 +1,14 @@
 """The commands of `graph-durable` that read: `status`, `threads`, `pending`, `effects`,
-`events`, `show` and `audit` (read-only savers; nothing is written)."""
+`events`, `show` and `audit` (read-only savers; nothing is written).
+
+A row that cannot be read (see `LedgerDamaged`) does not stop a listing: its thread is
+shown as `damaged` with the row named, the healthy threads are listed, and the command
+exits with `DAMAGED_EXIT` (3) and one line on stderr pointing to `graph-durable check`.
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Optional
 
 import typer
@@ -19,15 +25,31 @@ from graph_durable.cli._options import (
     output_format,
 )
 from graph_durable.cli._output import Column, at, emit, emit_object
+from graph_durable.errors import LedgerDamaged
 
-__all__ = ["COMMANDS", "EFFECT_STATUSES", "THREAD_STATUSES", "audit", "effects", "events",
-           "pending", "show", "status", "threads"]
+__all__ = ["COMMANDS", "DAMAGED_EXIT", "EFFECT_STATUSES", "THREAD_STATUSES", "audit",
+           "effects", "events", "passed_by", "pending", "show", "status", "threads"]
+
+DAMAGED_EXIT = 3
+"""Exit code of a command that passed by rows it cannot read (or that needed one)."""
+
+
+def passed_by(threads: Any) -> int:
+    """The exit code once the output is printed: `DAMAGED_EXIT` (with one line on stderr
+    naming the threads) when rows of `threads` could not be read, else 0."""
+    named = sorted({str(t) for t in threads})
+    if not named:
+        return 0
+    print(f"graph-durable: passed by damaged rows of thread(s) {named}: the other threads "
+          "are listed; `graph-durable check --db ...` names every damaged row",
+          file=sys.stderr)
+    return DAMAGED_EXIT
 
 
 # `graph_durable.operators.recovery.Status` and `EffectStatus` (a test keeps them equal), written
 # out so that help and usage errors need not import LangGraph.
 THREAD_STATUSES = ("running", "waiting", "needs_human", "done", "failed", "orphaned",
-                   "cancelled")
+                   "cancelled", "damaged")
 EFFECT_STATUSES = ("awaiting_approval", "in_flight", "applied", "failed", "unknown",
                    "rejected", "skipped", "compensated", "compensation_failed",
                    "compensation_unknown")
@@ -50,7 +72,7 @@ def status(db: Db = "", thread: Thread = None, as_json: Json = False,
             for s in (thread_status(saver, t) for t in ([thread] if thread else saver.thread_ids()))]
     emit(rows, fmt, [Column("thread", kind="id"), Column("status", kind="status"),
                      Column("reason")])
-    return 0
+    return passed_by(r["thread"] for r in rows if r["status"] == "damaged")
 
 
 def _thread_rows(saver: Any) -> list[dict[str, Any]]:
@@ -70,7 +92,11 @@ def _thread_rows(saver: Any) -> list[dict[str, Any]]:
     rows = []
     for thread_id in saver.thread_ids():
         state = thread_status(saver, thread_id)
-        latest = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
+        try:
+            latest = saver.get_tuple({"configurable": {"thread_id": thread_id,
+                                                       "checkpoint_ns": ""}})
+        except LedgerDamaged:
+            latest = None  # `state` names it
         times = [last_event.get(thread_id)]
         if latest is not None and latest.checkpoint.get("ts"):
             times.append(datetime.fromisoformat(latest.checkpoint["ts"]).timestamp())
@@ -108,7 +134,7 @@ def threads(db: Db = "", status: Annotated[Optional[str], typer.Option(  # noqa:
                      Column("pending", kind="number"), Column("lease", kind="id", max_width=24, optional=True),
                      Column("flow_version", "flow", kind="id", max_width=14, optional=True),
                      Column("reason")])
-    return 0
+    return passed_by(r["thread"] for r in rows if r["status"] == "damaged")
 
 
 def pending(db: Db = "", thread: Thread = None, as_json: Json = False,
@@ -126,6 +152,8 @@ def pending(db: Db = "", thread: Thread = None, as_json: Json = False,
         row = {"thread": item.thread_id, **item.to_dict()}
         del row["thread_id"], row["response_schema"]
         row["asked_at"], row["created_at"] = at(item.asked_at), at(item.created_at)
+        if item.kind == "damaged":
+            row["asked_at"] = row["created_at"] = None
         rows.append(row)
     emit(rows, fmt, [Column("thread", kind="id", max_width=28),
                      Column("tool_call_id", "call", kind="id", max_width=20),
@@ -136,15 +164,35 @@ def pending(db: Db = "", thread: Thread = None, as_json: Json = False,
                      Column("error", max_width=40, optional=True),
                      Column("asked_at", "asked (UTC)", kind="time")],
          empty="(nothing waits for a human)")
-    return 0
+    return passed_by(r["thread"] for r in rows if r["kind"] == "damaged")
 
 
-def _effect_rows(saver: Any, thread: str | None, status: str | None) -> list[dict[str, Any]]:
+def _damaged_rows(damage: Any) -> list[dict[str, Any]]:
+    """One row per `Damage` (or `LedgerDamaged`): its thread shown `damaged`, the row named."""
+    return [{"thread": d.thread_id, "status": "damaged", "kind": "damaged", "key": d.key,
+             "error": getattr(d, "fact", None) or str(d), "created_at": None,
+             "updated_at": None, "at": None} for d in damage]
+
+
+def _readable(read: Any, damaged: list[Any]) -> Any:
+    """`read()`'s rows, with the damage a listing passed by added to `damaged`; a read
+    of one thread that cannot be read is no rows and its `LedgerDamaged` in `damaged`."""
+    try:
+        found = read()
+    except LedgerDamaged as exc:
+        damaged.append(exc)
+        return []
+    damaged.extend(getattr(found, "damaged", ()))
+    return found
+
+
+def _effect_rows(saver: Any, thread: str | None, status: str | None,
+                 damaged: list[Any]) -> list[dict[str, Any]]:
     return [{"thread": r.thread_id, "tool_call_id": r.tool_call_id, "tool": r.tool,
              "status": r.status.value, "attempts": r.attempts, "key": r.key, "args": r.args,
              "receipt": r.receipt, "error": r.error, "asked": r.asked,
              "created_at": at(r.created_at), "updated_at": at(r.updated_at)}
-            for r in saver.effects(thread, status)]
+            for r in _readable(lambda: saver.effects(thread, status), damaged)]
 
 
 _EFFECT_COLUMNS = [Column("thread", kind="id", max_width=28),
@@ -169,17 +217,20 @@ def effects(db: Db = "", thread: Thread = None,
     after = parse_since(since)
     saver = open_saver(db, read_only=True)
     known_thread(saver, thread)
-    rows = [r for r in _effect_rows(saver, thread, status)
+    damaged: list[Any] = []
+    rows = [r for r in _effect_rows(saver, thread, status, damaged)
             if (tool is None or r["tool"] == tool)
             and (after is None or r["updated_at"].timestamp() >= after)]
-    emit(rows[-limit:] if limit else rows, fmt, _EFFECT_COLUMNS)
-    return 0
+    rows = (rows[-limit:] if limit else rows) + _damaged_rows(damaged)
+    emit(rows, fmt, _EFFECT_COLUMNS)
+    return passed_by(d.thread_id for d in damaged)
 
 
-def _event_rows(saver: Any, thread: str | None) -> list[dict[str, Any]]:
-    names = {(r.thread_id, r.key): (r.tool, r.tool_call_id) for r in saver.effects(thread)}
+def _event_rows(saver: Any, thread: str | None, damaged: list[Any]) -> list[dict[str, Any]]:
+    names = {(r.thread_id, r.key): (r.tool, r.tool_call_id)
+             for r in _readable(lambda: saver.effects(thread), [])}
     rows = []
-    for e in saver.events(thread):
+    for e in _readable(lambda: saver.events(thread), damaged):
         tool, call = names.get((e.thread_id, e.key), (None, None))
         data = e.data if isinstance(e.data, dict) else {"sealed": e.data}
         rows.append({"seq": e.seq, "at": at(e.at), "thread": e.thread_id,
@@ -208,13 +259,16 @@ def events(db: Db = "", thread: Thread = None, limit: Limit = None, as_json: Jso
     fmt = output_format(as_json, as_jsonl)
     saver = open_saver(db, read_only=True)
     known_thread(saver, thread)
-    rows = _event_rows(saver, thread)
+    damaged: list[Any] = []
+    rows = _event_rows(saver, thread, damaged)
     rows = rows[-limit:] if limit else rows
     if fmt == "table":
         for row in rows:
             row["details"] = _details(row["data"])
+    rows += [{**row, "kind": "damaged", "details": row["error"]}
+             for row in _damaged_rows(damaged)]
     emit(rows, fmt, [Column("thread", kind="id", max_width=28), *_EVENT_COLUMNS])
-    return 0
+    return passed_by(d.thread_id for d in damaged)
 
 
 def show(thread: ThreadArg, db: Db = "", as_json: Json = False, as_jsonl: Jsonl = False) -> int:
@@ -228,8 +282,10 @@ def show(thread: ThreadArg, db: Db = "", as_json: Json = False, as_jsonl: Jsonl 
     state = thread_status(saver, thread)
     lease = saver.live_leases().get(thread)
     flow = saver.flow_versions().get(thread)
-    waiting = inbox(saver, thread)
-    timeline = _event_rows(saver, thread)
+    waiting = [item for item in inbox(saver, thread) if item.kind != "damaged"]
+    damaged: list[Any] = []
+    timeline = _event_rows(saver, thread, damaged)
+    code = passed_by([thread] if state.status == "damaged" or damaged else [])
     if fmt != "table":
         emit_object({"thread": thread, "status": state.status, "reason": state.reason,
                      "next": list(state.next),
@@ -237,9 +293,9 @@ def show(thread: ThreadArg, db: Db = "", as_json: Json = False, as_jsonl: Jsonl 
                      "flow_version": flow,
                      "pending": [{**i.to_dict(), "asked_at": at(i.asked_at),
                                   "created_at": at(i.created_at)} for i in waiting],
-                     "effects": _effect_rows(saver, thread, None),
+                     "effects": _effect_rows(saver, thread, None, damaged),
                      "events": timeline}, fmt, [])
-        return 0
+        return code
     emit_object({}, fmt, [
         f"thread {thread}: {state.status} ({state.reason})",
         f"lease: {lease[0] + ' (token ' + str(lease[1]) + ')' if lease else 'none'}; "
@@ -253,7 +309,7 @@ def show(thread: ThreadArg, db: Db = "", as_json: Json = False, as_jsonl: Jsonl 
     for row in timeline:
         row["details"] = _details(row["data"])
     emit(timeline, fmt, _EVENT_COLUMNS, title="timeline", empty="(no effects journaled)")
-    return 0
+    return code
 
 
 def _verbs(kind: str) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from graph_durable.errors import InvalidDecision
+from graph_durable.errors import InvalidDecision, LedgerDamaged
 from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite, WriteBatch
 from graph_durable.nodes.decisions import check_decision
 from graph_durable.operators.orphans import (
@@ -52,7 +52,9 @@ class InboxItem:
     kind: str
     """`approval` (not sent yet), `unknown` (may or may not have happened), or `orphan`
     (may or may not have happened, and no pending task will run it again: see
-    `graph_durable.operators.orphans`; `description` says why, and no interrupt asks)."""
+    `graph_durable.operators.orphans`; `description` says why, and no interrupt asks),
+    or `damaged` (a row of the thread cannot be read: `description` names it, and
+    nothing of the thread can be decided until it is restored)."""
     tool: str
     args: dict[str, Any]
     key: str
@@ -97,45 +99,72 @@ def inbox(saver: Any, thread_id: str | None = None) -> list[InboxItem]:
 
     Reads the checkpoints and the ledger only: no graph is needed. A cancelled thread
     asks nothing any more, and a question whose decision is already journaled is not
-    listed.
+    listed. A thread with a row that cannot be read is one item of kind `damaged`, its
+    `description` naming the row (see `LedgerDamaged`); the other threads are listed.
     """
     threads = [str(thread_id)] if thread_id is not None else saver.thread_ids()
     items: list[InboxItem] = []
     for thread in threads:
-        if saver.cancelled_by(thread) is not None:
-            continue
-        latest = latest_checkpoint(saver, thread)
-        # As `get_state()` shows them: a question a functional-API task saved and its
-        # caller never did is asked again when the thread is resumed (`recover`).
-        for interrupt in questions(saver, latest)[0] if latest is not None else ():
-            value = getattr(interrupt, "value", None)
-            asked_by_hitl = hitl_items(
-                interrupt, (latest.checkpoint.get("channel_values") or {}).get("messages"))
-            if asked_by_hitl:
-                items.extend(_hitl_item(thread, item, written_at(latest))
-                             for item in asked_by_hitl)
-                continue
-            if not isinstance(value, dict) or value.get("type") not in QUESTION_KINDS:
-                continue
-            kind = QUESTION_KINDS[value["type"]]
-            record = saver.effect(value.get("key", ""), thread)
-            if record is None or not record.asked or _kind_of(record) != kind:
-                continue  # answered, or asked anew by a run that has not saved its question
-            asked = [e.at for e in saver.events(thread, record.key) if e.kind == "asked"]
-            schema = getattr(interrupt, "response_schema", None)
-            items.append(InboxItem(
-                thread_id=thread, tool_call_id=record.tool_call_id, kind=kind,
-                tool=record.tool, args=record.args, key=record.key,
-                status=record.status.value, attempts=record.attempts, error=record.error,
-                description=value.get("description"),
-                allowed_decisions=tuple(value.get("allowed_decisions") or ()),
-                interrupt_id=getattr(interrupt, "id", ""), created_at=record.created_at,
-                asked_at=asked[-1] if asked else record.updated_at,
-                response_schema=schema if isinstance(schema, dict) else None,
-            ))
-    for thread in threads:
-        items.extend(_orphan_item(orphan) for orphan in find_orphans(saver, thread))
+        try:
+            items.extend(_thread_items(saver, thread))
+        except LedgerDamaged as exc:
+            items.append(_damaged_item(thread, exc))
     return sorted(items, key=lambda item: (item.asked_at, item.thread_id, item.tool_call_id))
+
+
+def _damaged_item(thread_id: str, exc: LedgerDamaged) -> InboxItem:
+    """A thread a row of which cannot be read, as the inbox lists it (first: a person
+    must restore the row before anything of the thread runs)."""
+    return InboxItem(
+        thread_id=thread_id, tool_call_id="", kind="damaged", tool="", args={},
+        key=exc.key or "", status="damaged", attempts=0, error=exc.problem,
+        description=f"{exc.fact}; graph-durable check lists every damaged row",
+        allowed_decisions=(), interrupt_id="", created_at=0.0, asked_at=0.0)
+
+
+def _thread_items(saver: Any, thread: str) -> list[InboxItem]:
+    """One thread's questions and orphaned intents (`LedgerDamaged` if a row it needs
+    cannot be read)."""
+    return [*_questions_of(saver, thread),
+            *(_orphan_item(orphan) for orphan in find_orphans(saver, thread))]
+
+
+def _questions_of(saver: Any, thread: str) -> list[InboxItem]:
+    """The questions one thread's pending interrupts ask (`LedgerDamaged` if a row it
+    needs cannot be read)."""
+    items: list[InboxItem] = []
+    if saver.cancelled_by(thread) is not None:
+        return items
+    latest = latest_checkpoint(saver, thread)
+    # As `get_state()` shows them: a question a functional-API task saved and its
+    # caller never did is asked again when the thread is resumed (`recover`).
+    for interrupt in questions(saver, latest)[0] if latest is not None else ():
+        value = getattr(interrupt, "value", None)
+        asked_by_hitl = hitl_items(
+            interrupt, (latest.checkpoint.get("channel_values") or {}).get("messages"))
+        if asked_by_hitl:
+            items.extend(_hitl_item(thread, item, written_at(latest))
+                         for item in asked_by_hitl)
+            continue
+        if not isinstance(value, dict) or value.get("type") not in QUESTION_KINDS:
+            continue
+        kind = QUESTION_KINDS[value["type"]]
+        record = saver.effect(value.get("key", ""), thread)
+        if record is None or not record.asked or _kind_of(record) != kind:
+            continue  # answered, or asked anew by a run that has not saved its question
+        asked = [e.at for e in saver.events(thread, record.key) if e.kind == "asked"]
+        schema = getattr(interrupt, "response_schema", None)
+        items.append(InboxItem(
+            thread_id=thread, tool_call_id=record.tool_call_id, kind=kind,
+            tool=record.tool, args=record.args, key=record.key,
+            status=record.status.value, attempts=record.attempts, error=record.error,
+            description=value.get("description"),
+            allowed_decisions=tuple(value.get("allowed_decisions") or ()),
+            interrupt_id=getattr(interrupt, "id", ""), created_at=record.created_at,
+            asked_at=asked[-1] if asked else record.updated_at,
+            response_schema=schema if isinstance(schema, dict) else None,
+        ))
+    return items
 
 
 def _orphan_item(orphan: Any) -> InboxItem:
@@ -220,12 +249,13 @@ def record_decisions(
     Raises:
         InvalidDecision: a name matches no pending call, or a decision does not fit its
             interrupt. Nothing is recorded.
+        LedgerDamaged: a row of the thread cannot be read. Nothing is recorded.
         LeaseHeld: a worker holds the thread now; decide again once it paused.
     """
     thread_id = str(thread_id)
     if not decisions:
         raise InvalidDecision(f"No decision given for thread {thread_id!r}.", thread_id=thread_id)
-    items = inbox(saver, thread_id)
+    items = _thread_items(saver, thread_id)
     policies: dict[str, Any] = {}
     tools: dict[str, Any] = {}
     if graph is not None:

@@ -28,6 +28,7 @@ nbviewer), the inbox shows as static HTML: the same cards, without controls.
 from __future__ import annotations
 
 import asyncio
+from html import escape
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +163,9 @@ class Inbox:
         self.asynchronous = asynchronous
         """Whether the widget refreshes and resumes with the async methods."""
         self.threads: dict[str, InboxThread] = {}
+        self.damaged: dict[str, str] = {}
+        """Threads a row of which cannot be read, each with the row named (see
+        `LedgerDamaged`): listed apart, nothing of them can be decided."""
         self._view: Any = None
         if not asynchronous:
             self.refresh()
@@ -175,6 +179,8 @@ class Inbox:
     def load(self, thread_id: str) -> InboxThread | None:
         """The thread as it stands now, or `None` when it waits for no one."""
         status = thread_status(self.saver, thread_id)
+        if status.status == "damaged":
+            self.damaged[thread_id] = status.reason
         if status.status not in WAITING:
             return None
         config = {"configurable": {"thread_id": thread_id}}
@@ -187,7 +193,7 @@ class Inbox:
 
     def refresh(self) -> Inbox:
         """Read the database again: which threads wait, and for what."""
-        self.threads = {}
+        self.threads, self.damaged = {}, {}
         for thread_id in self.saver.thread_ids():
             loaded = self.load(thread_id)
             if loaded is not None:
@@ -201,6 +207,8 @@ class Inbox:
         status is read on a worker thread (as `ainbox` in `graph_durable.operators.inbox`
         does), so nothing calls an async saver's sync methods from its own event loop."""
         status = await asyncio.to_thread(thread_status, self.saver, thread_id)
+        if status.status == "damaged":
+            self.damaged[thread_id] = status.reason
         if status.status not in WAITING:
             return None
         config = {"configurable": {"thread_id": thread_id}}
@@ -215,7 +223,8 @@ class Inbox:
 
     async def arefresh(self) -> Inbox:
         """`refresh` for async code (see `aload`)."""
-        threads = {}
+        threads: dict[str, InboxThread] = {}
+        self.damaged = {}
         for thread_id in await asyncio.to_thread(self.saver.thread_ids):
             loaded = await self.aload(thread_id)
             if loaded is not None:
@@ -252,12 +261,16 @@ class Inbox:
     def __repr__(self) -> str:
         waiting = ", ".join(f"{t.thread_id}: {len(t.review.pending)}"
                             for t in self.threads.values())
-        return f"Inbox({len(self.threads)} thread(s) waiting{': ' if waiting else ''}{waiting})"
+        damaged = "".join(f"; {t} damaged: {why}" for t, why in self.damaged.items())
+        return (f"Inbox({len(self.threads)} thread(s) waiting{': ' if waiting else ''}"
+                f"{waiting}{damaged})")
 
     def _repr_html_(self) -> str:
+        damaged = "".join(f"<p><b>{escape(t)} is damaged</b>: {escape(why)}</p>"
+                          for t, why in self.damaged.items())
         if not self.threads:
-            return "<p>Inbox: no thread waits for a person.</p>"
-        parts = [f"<p>Inbox: {len(self.threads)} thread(s) wait for a person.</p>"]
+            return f"<p>Inbox: no thread waits for a person.</p>{damaged}"
+        parts = [f"<p>Inbox: {len(self.threads)} thread(s) wait for a person.</p>", damaged]
         for thread in self.threads.values():
             parts.append(thread.header_html())
             parts.extend(thread.card_html(item) for item in thread.review.pending)

@@ -59,7 +59,7 @@ from graph_durable.operators._checkpoints import (
     open_interrupts,
     written_at,
 )
-from graph_durable.errors import InvalidDecision
+from graph_durable.errors import InvalidDecision, LedgerDamaged
 from graph_durable.operators.compensation import policies_of
 from graph_durable.operators._worker_thread import twin_of
 from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite, WriteBatch
@@ -67,7 +67,7 @@ from graph_durable.nodes.compensation import is_compensation
 from graph_durable.nodes.decisions import check_decision
 from graph_durable.policy import Effect
 
-__all__ = ["ORPHAN_DECISIONS", "Orphan", "afind_orphans", "aresolve_orphan",
+__all__ = ["ORPHAN_DECISIONS", "Orphan", "OrphanList", "afind_orphans", "aresolve_orphan",
            "check_orphan_decision", "find_orphans", "orphan_reason", "resolve_orphan"]
 
 S = EffectStatus
@@ -150,30 +150,57 @@ def _asked_keys(root: Any) -> set[str]:
     return keys
 
 
-def find_orphans(saver: Any, thread_id: str | None = None) -> list[Orphan]:
+class OrphanList(list[Orphan]):
+    """`find_orphans`' result: the orphans, and in `damaged` the `LedgerDamaged` of each
+    thread passed by."""
+
+    damaged: tuple[LedgerDamaged, ...] = ()
+
+
+def find_orphans(saver: Any, thread_id: str | None = None) -> OrphanList:
     """Every orphaned intent (of one thread, or of all), oldest first.
 
     Reads the ledger and the checkpoints only (no graph): read-only savers work too.
+    Across every thread, a thread with a row that cannot be read is passed by, and the
+    error naming the row is in the result's `damaged`; of one thread, it raises.
+
+    Raises:
+        LedgerDamaged: `thread_id` is given and a row it needs cannot be read.
     """
     threads = [str(thread_id)] if thread_id is not None else saver.thread_ids()
-    found: list[Orphan] = []
+    found: OrphanList = OrphanList()
+    damaged: list[LedgerDamaged] = []
     for thread in threads:
-        records = [r for r in saver.effects(thread)
-                   if r.status in OPEN and not is_compensation(r)]
-        if not records or saver.cancelled_by(thread) is not None:
-            continue
-        root = latest(saver, thread)
-        asked = _asked_keys(root)
-        for record in records:
-            reason = None if record.key in asked else orphan_reason(saver, record, root)
-            if reason is not None:
-                found.append(Orphan(
-                    thread_id=thread, tool_call_id=record.tool_call_id, tool=record.tool,
-                    args=record.args, key=record.key, status=record.status.value,
-                    attempts=record.attempts, error=record.error,
-                    checkpoint_ns=record.checkpoint_ns, reason=reason,
-                    created_at=record.created_at, updated_at=record.updated_at))
-    return sorted(found, key=lambda o: (o.created_at, o.thread_id, o.tool_call_id))
+        try:
+            found.extend(_thread_orphans(saver, thread))
+        except LedgerDamaged as exc:
+            if thread_id is not None:
+                raise
+            damaged.append(exc)
+    found.sort(key=lambda o: (o.created_at, o.thread_id, o.tool_call_id))
+    found.damaged = tuple(damaged)
+    return found
+
+
+def _thread_orphans(saver: Any, thread: str) -> list[Orphan]:
+    """The orphaned intents of one thread (`LedgerDamaged` if a row of it cannot be read)."""
+    found: list[Orphan] = []
+    records = [r for r in saver.effects(thread)
+               if r.status in OPEN and not is_compensation(r)]
+    if not records or saver.cancelled_by(thread) is not None:
+        return found
+    root = latest(saver, thread)
+    asked = _asked_keys(root)
+    for record in records:
+        reason = None if record.key in asked else orphan_reason(saver, record, root)
+        if reason is not None:
+            found.append(Orphan(
+                thread_id=thread, tool_call_id=record.tool_call_id, tool=record.tool,
+                args=record.args, key=record.key, status=record.status.value,
+                attempts=record.attempts, error=record.error,
+                checkpoint_ns=record.checkpoint_ns, reason=reason,
+                created_at=record.created_at, updated_at=record.updated_at))
+    return found
 
 
 def _match(saver: Any, thread_id: str, call: str) -> Orphan:

@@ -34,16 +34,16 @@ from graph_durable.operators._checkpoints import (
 )
 from graph_durable._langgraph import ERROR
 from graph_durable.operators.compensation import policies_of
-from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld
+from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld, LedgerDamaged
 from graph_durable.ledger import EffectStatus, answered
 from graph_durable.operators.orphans import Orphan, find_orphans, resolve_orphan
 from graph_durable.operators._worker_thread import twin_of
 
-__all__ = ["RecoveryOutcome", "ThreadStatus", "arecover", "athread_status", "open_interrupts",
-           "recover", "thread_status"]
+__all__ = ["RecoveryOutcome", "ThreadStatus", "arecover", "athread_status", "damaged_status",
+           "open_interrupts", "recover", "thread_status"]
 
 Status = Literal["running", "waiting", "needs_human", "done", "failed", "orphaned",
-                 "cancelled"]
+                 "cancelled", "damaged"]
 
 @dataclass(frozen=True)
 class ThreadStatus:
@@ -51,8 +51,9 @@ class ThreadStatus:
 
     thread_id: str
     status: Status
-    """`running`, `waiting`, `needs_human`, `done`, `failed`, `orphaned` or `cancelled`
-    (stopped for good by `cancel()`)."""
+    """`running`, `waiting`, `needs_human`, `done`, `failed`, `orphaned`, `cancelled`
+    (stopped for good by `cancel()`) or `damaged` (a row of it cannot be read: the
+    reason names it; see `LedgerDamaged`)."""
     reason: str
     """One sentence a person can act on."""
     next: tuple[str, ...] = ()
@@ -70,15 +71,33 @@ def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
         thread_id: The thread.
         ignore_owner: Do not count this owner's own lease as `running`.
 
+    A thread with a row that cannot be read (its latest checkpoint, a ledger row or
+    journal entry, its lease) is `damaged`, the reason naming the row.
+
     Raises:
         GraphDurableError: the thread has no checkpoint.
     """
     thread_id = str(thread_id)
+    try:
+        return _thread_status(saver, thread_id, ignore_owner)
+    except LedgerDamaged as exc:
+        return damaged_status(thread_id, exc)
+
+
+def damaged_status(thread_id: str, exc: LedgerDamaged) -> ThreadStatus:
+    """The status of a thread a row of which cannot be read."""
+    return ThreadStatus(thread_id, "damaged",
+                        f"{exc.fact}; nothing of it runs until the row is restored "
+                        "(graph-durable check lists every damaged row)")
+
+
+def _thread_status(saver: Any, thread_id: str, ignore_owner: str | None) -> ThreadStatus:
     latest = saver.get_tuple({"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}})
     if latest is None:
         raise GraphDurableError(f"Thread {thread_id!r} has no checkpoint in this database.",
                                 thread_id=thread_id)
     nxt = next_nodes(latest.checkpoint["channel_values"])
+    saver.effects(thread_id), saver.events(thread_id)  # each of its rows must read
     lease = saver.live_leases().get(thread_id)
     canceller = saver.cancelled_by(thread_id)
     if canceller is not None:
@@ -195,11 +214,12 @@ class RecoveryOutcome:
 
     thread_id: str
     outcome: Literal["resumed", "reconciled", "needs_human", "held_elsewhere",
-                     "no_longer_orphaned", "error"]
+                     "no_longer_orphaned", "damaged", "error"]
     """`resumed` by this process; `reconciled` (not resumed: its orphaned intents were
     looked up); `needs_human` (not resumed: orphaned intents no lookup settles, listed in
     `orphans`); `held_elsewhere` (another worker has it); `no_longer_orphaned` (another
-    worker finished it first); `error`."""
+    worker finished it first); `damaged` (a row of it cannot be read, named in `error`:
+    passed by); `error`."""
     status: Status | None = None
     """The thread's status afterwards (for `resumed`, `reconciled` and `needs_human`)."""
     error: str | None = None
@@ -263,7 +283,12 @@ def _recover(graph: Any, saver: Any, owner: str, limit: int | None, ttl: float,
     for thread_id in threads:
         if limit is not None and len(outcomes) >= limit:
             break
-        status = thread_status(saver, thread_id).status
+        found = thread_status(saver, thread_id)
+        status = found.status
+        if status == "damaged":
+            outcomes.append(RecoveryOutcome(thread_id, "damaged", status=status,
+                                            error=found.reason))
+            continue
         outcome = (_resume(resume, saver, thread_id, owner, ttl) if status == "orphaned"
                    else None)
         if status not in ("running", "cancelled") and (

@@ -55,6 +55,7 @@ from psycopg_pool import AsyncConnectionPool
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers.postgres import _sql as _pg
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
+from graph_durable.checkpointers._decode import CheckedCheckpoints, lease_from_row
 from graph_durable.checkpointers._durability import (
     POSTGRES_SETTINGS,
     POSTGRES_STANDBYS,
@@ -127,7 +128,8 @@ async def _read_committed(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
             await conn.set_isolation_level(before)
 
 
-class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGroupCommit,
+class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedCheckpoints,
+                                AsyncGroupCommit,
                                 AsyncPostgresLeases, AsyncLedgerReads, AsyncEagerListing,
                                 AsyncFencedPuts, AsyncLeaseScope, SyncFromAsync,
                                 AsyncPostgresSaver):
@@ -339,7 +341,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
             await cur.execute(_pg.SELECT_LEASE_WITH_CLOCK, (thread_id,))
             row, now = _pg.lease_and_clock(await cur.fetchone())
         token = actor_of(config)[1]
-        check_fence(row, thread_id, token, self._saw_clock(now))
+        check_fence(lease_from_row(thread_id, row), thread_id, token, self._saw_clock(now))
         raise LeaseLost(  # the lease changed again since: the fence refused the old one
             f"Write to thread {thread_id!r} with fencing token {token} was refused: the "
             "thread's lease was taken or ended meanwhile. Its write was rejected; stop this "
@@ -459,7 +461,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, AsyncGro
         """Lock the thread, fence, pin, and commit its deferred receipts with this write."""
         await cur.execute(_pg.LOCK_THREAD_READ_LEASE, (thread_id,))
         row, now = _pg.lease_and_clock(await cur.fetchone())
-        check_fence(row, thread_id, actor_of(config)[1], self._saw_clock(now))
+        check_fence(lease_from_row(thread_id, row), thread_id, actor_of(config)[1], self._saw_clock(now))
         if self._needs_flow_check(thread_id):
             pinned = await (await _run(cur, _sql.SELECT_FLOW_VERSION, (thread_id,))).fetchone()
             for sql, params in self._flow_statements(pinned, thread_id):

@@ -95,6 +95,7 @@ from graph_durable.checkpointers.postgres._sql import lease_and_clock as _lease_
 from graph_durable.checkpointers.postgres._sql import run as _run
 from graph_durable.checkpointers.postgres.async_saver import AsyncDurablePostgresSaver
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
+from graph_durable.checkpointers._decode import CheckedCheckpoints, lease_from_row
 from graph_durable.checkpointers._durability import (
     POSTGRES_SETTINGS,
     POSTGRES_STANDBYS,
@@ -170,7 +171,8 @@ def _read_committed(conn: Connection[Any]) -> Iterator[None]:
             conn.isolation_level = before
 
 
-class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixin, SyncLedgerReads,
+class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixin,
+                           CheckedCheckpoints, SyncLedgerReads,
                            EagerListing, FencedPuts, AsyncFromSync, PostgresSaver):
     """A LangGraph checkpointer on PostgreSQL that also keeps the effect ledger.
 
@@ -387,7 +389,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             row, now = _lease_and_clock(
                 cur.execute(SELECT_LEASE_WITH_CLOCK, (thread_id,)).fetchone())
         token = actor_of(config)[1]
-        check_fence(row, thread_id, token, now)
+        check_fence(lease_from_row(thread_id, row), thread_id, token, now)
         raise LeaseLost(  # the lease changed again since: the fence refused the old one
             f"Write to thread {thread_id!r} with fencing token {token} was refused: the "
             "thread's lease was taken or ended meanwhile. Its write was rejected; stop this "
@@ -515,7 +517,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     ) -> None:
         """Lock the thread, fence, pin, and commit its deferred receipts with this write."""
         row, now = _lease_and_clock(cur.execute(LOCK_THREAD_READ_LEASE, (thread_id,)).fetchone())
-        check_fence(row, thread_id, actor_of(config)[1], now)
+        check_fence(lease_from_row(thread_id, row), thread_id, actor_of(config)[1], now)
         if self._needs_flow_check(thread_id):
             row = _run(cur, _sql.SELECT_FLOW_VERSION, (thread_id,)).fetchone()
             for sql, params in self._flow_statements(row, thread_id):

@@ -31,6 +31,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from graph_durable.checkpointers.sqlite._aiosqlite import on_connection_thread
 from graph_durable.checkpointers._base import DurableSaverMixin
+from graph_durable.checkpointers._decode import CheckedCheckpoints
 from graph_durable.checkpointers._durability import read_sqlite
 from graph_durable.checkpointers._reads import AsyncLedgerReads
 from graph_durable.checkpointers.sqlite._locked import aretry_locked, busy_timeout, is_locked
@@ -60,7 +61,7 @@ __all__ = ["AsyncDurableSqliteSaver"]
 T = TypeVar("T")
 
 
-class AsyncDurableSqliteSaver(DurableSaverMixin, SqliteTransactions, AsyncEagerListing,
+class AsyncDurableSqliteSaver(DurableSaverMixin, CheckedCheckpoints, SqliteTransactions, AsyncEagerListing,
                               AsyncFencedPuts, AsyncLeaseScope, AsyncLedgerReads,
                               SyncFromAsync, AsyncSqliteSaver):
     """An async LangGraph checkpointer on SQLite that also keeps the effect ledger.

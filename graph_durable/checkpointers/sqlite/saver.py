@@ -31,6 +31,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from graph_durable.checkpointers._base import DurableSaverMixin
+from graph_durable.checkpointers._decode import CheckedCheckpoints
 from graph_durable.checkpointers._durability import read_sqlite
 from graph_durable.checkpointers._reads import SyncLedgerReads
 from graph_durable.checkpointers.sqlite._locked import busy_timeout, retry_locked
@@ -52,7 +53,7 @@ from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite
 __all__ = ["DurableSqliteSaver"]
 
 
-class DurableSqliteSaver(DurableSaverMixin, SqliteTransactions, SyncLedgerReads, EagerListing,
+class DurableSqliteSaver(DurableSaverMixin, CheckedCheckpoints, SqliteTransactions, SyncLedgerReads, EagerListing,
                          FencedPuts, AsyncFromSync, SqliteSaver):
     """A LangGraph checkpointer on SQLite that also keeps the effect ledger.
 
