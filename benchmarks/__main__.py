@@ -18,6 +18,7 @@ MODULES: tuple[str, ...] = (
     "turn_overhead",
     "tool_dispatch",
     "guard_breakdown",
+    "telemetry_overhead",
     "turn_overhead_postgres",
     "postgres_workers",
     "sqlite_workers",

@@ -61,6 +61,11 @@ from graph_durable.policy import Effect
 
 __all__ = ["Calling", "GuardBase", "Started"]
 
+try:  # LangChain's own test for LangSmith tracing (the environment, or a `with` block)
+    from langchain_core.tracers.context import _tracing_v2_is_enabled
+except ImportError:  # pragma: no cover - a release that moved it
+    from langsmith.utils import tracing_is_enabled as _tracing_v2_is_enabled
+
 
 class Calling(NamedTuple):
     """The call a driver performs a protocol's `CallTool` and `Lookup` for."""
@@ -407,7 +412,8 @@ class GuardBase:
         refused = refused_args(call_request)
         if refused is not None:
             return ArgsRefused(refused)
-        if self.keys.kind == "tool" and call_request.tool is not None:
+        if (self.keys.kind == "tool" and call_request.tool is not None
+                and _traced(task.config)):
             # The tool's own run carries the effect's key, tool_call_id and policy.
             call_request = call_request.override(tool=_with_metadata(
                 call_request.tool, call.observed.call, op.record.attempts))
@@ -422,6 +428,15 @@ class GuardBase:
         """What the tool's attempt came to (`outcomes.classify`)."""
         return classify(attempt, gate=gate, reported=reported,
                         on_pause=lambda paused: self._inner_pause(task, ctx, paused))
+
+
+def _traced(config: Mapping[str, Any]) -> bool:
+    """Whether anyone sees the tool's run: a callback handler of the run, or LangSmith
+    tracing (which LangChain adds when the tool runs). Without one the tool is not
+    copied to carry metadata nobody reads."""
+    callbacks = config.get("callbacks")
+    handlers = getattr(callbacks, "handlers", callbacks)
+    return bool(handlers) or bool(_tracing_v2_is_enabled())
 
 
 def _with_metadata(tool: Any, info: telemetry.CallInfo, attempts: int) -> Any:
