@@ -12,9 +12,11 @@ from graph_durable.errors import DatabaseUnavailable, GraphDurableError
 from graph_durable.ledger import EffectStatus
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
-from graph_durable.nodes.core import Calling, GuardBase, Started, same_answer
+from graph_durable.nodes.core import Calling, GuardBase, Started
 from graph_durable.nodes.interrupts import OnAsk
 from graph_durable.nodes.key_delivery import report_unread_key
+from graph_durable.nodes.observing import observed_outcome
+from graph_durable.nodes.run_once import same_answer
 from graph_durable.nodes.outcomes import Attempt, Outcome, acall_lookup, watch_reports
 from graph_durable.nodes.protocol import CallContext
 from graph_durable.nodes.storage import described
@@ -98,7 +100,7 @@ class AsyncDriver(GuardBase):
             except GraphDurableError as exc:
                 self._refused(task, exc)
                 raise
-        running, leader = self._lead(started, repeats)
+        running, leader = self.once.lead(started, repeats)
         if not leader:
             assert running is not None
             return same_answer(await asyncio.wrap_future(running))
@@ -109,11 +111,11 @@ class AsyncDriver(GuardBase):
                         started.task, self._driven(started, request.tool, on_ask),
                         Calling(started.ctx, request, execute, observed))
                 finally:
-                    self._observed(observed, started)
+                    observed_outcome(observed, started.ctx)
         except BaseException as exc:
-            self._settle(started, running, error=exc)
+            self.once.settle(started, running, error=exc)
             raise
-        self._settle(started, running, result=result)
+        self.once.settle(started, running, result=result)
         return result
 
     async def _acall_tool(self, task: Task, call: Calling, op: ops.CallTool) -> Outcome:

@@ -14,7 +14,6 @@ operation in one place.
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping
@@ -27,7 +26,7 @@ from langgraph.errors import GraphInterrupt
 
 from graph_durable import telemetry
 from graph_durable.checkpointers._base import actor_of
-from graph_durable.errors import InvalidDecision, MiddlewareOrderError
+from graph_durable.errors import InvalidDecision
 from graph_durable.faults import fault_point
 from graph_durable.ledger import EffectRecord
 from graph_durable.nodes.answers import read_decisions
@@ -36,6 +35,7 @@ from graph_durable.nodes.context import EffectContext
 from graph_durable.nodes.decisions import RefusedDecision
 from graph_durable.nodes.interrupts import OnAsk, interrupt_id_for, with_schema
 from graph_durable.nodes.key_delivery import undelivered_key, with_key
+from graph_durable.nodes.observing import call_info, observing, refused, traced, with_metadata
 from graph_durable.nodes.operations import (
     Ask,
     CallTool,
@@ -55,16 +55,12 @@ from graph_durable.nodes.outcomes import (
     refused_args,
 )
 from graph_durable.nodes.protocol import CallContext, Protocol, run_call
-from graph_durable.nodes.reentry import ToolGate
+from graph_durable.nodes.reentry import ToolGate, inner_approval
+from graph_durable.nodes.run_once import RunOnce
 from graph_durable.nodes.task import Task, check_lease, refused_by_fence
 from graph_durable.policy import Effect
 
 __all__ = ["Calling", "GuardBase", "Started"]
-
-try:  # LangChain's own test for LangSmith tracing (the environment, or a `with` block)
-    from langchain_core.tracers.context import _tracing_v2_is_enabled
-except ImportError:  # pragma: no cover - a release that moved it
-    from langsmith.utils import tracing_is_enabled as _tracing_v2_is_enabled
 
 
 class Calling(NamedTuple):
@@ -118,9 +114,8 @@ class GuardBase:
         self._lock = threading.Lock()
         # Sync attempts abandoned after their timeout, by (thread_id, key).
         self._abandoned: dict[tuple[str, str], threading.Thread] = {}
-        # Calls running now, by (thread_id, key): a second copy of the same call in
-        # one step waits for the first and gets its answer (see `_lead`).
-        self._running: dict[tuple[str, str], concurrent.futures.Future[Any]] = {}
+        self.once = RunOnce()
+        """A call repeated in one step runs once; its copies get its answer."""
         for name, policy in self.effects.items():
             if not isinstance(policy, Effect):
                 raise TypeError(f"effects[{name!r}] must be an Effect, got {policy!r}")
@@ -147,30 +142,17 @@ class GuardBase:
 
     def _call_info(self, task: Task, key: str | None) -> telemetry.CallInfo:
         """The call of `task` as telemetry names it."""
-        call = task.call
-        return telemetry.CallInfo(
-            task.thread_id, str(call.get("name")), call.get("id"), key,
-            telemetry.policy_label(self.policy_for(str(call.get("name")))), self.keys.kind)
+        name = str(task.call.get("name"))
+        return call_info(task, key, self.policy_for(name), self.keys.kind)
 
     def _observing(self, started: Started) -> telemetry.ObservedCall:
         """The call's telemetry, from its first look at the ledger to its outcome."""
-        observed = telemetry.observe(self._call_info(started.task, started.ctx.key),
-                                     started.task.config)
-        return observed
-
-    @staticmethod
-    def _observed(observed: telemetry.ObservedCall, started: Started) -> None:
-        """Tell telemetry what became of the call (unless it stopped before it knew)."""
-        outcome = started.ctx.outcome
-        if outcome is not None:
-            observed.outcome(telemetry.CallOutcome(outcome))
+        return observing(self._call_info(started.task, started.ctx.key), started.task)
 
     def _refused(self, task: Task, error: BaseException) -> None:
         """Report a call refused before its protocol ran (no durable checkpoint, a call
         that cannot be keyed, a lease lost)."""
-        telemetry.report(telemetry.CallReport(self._call_info(task, None),
-                                              telemetry.CallOutcome.REFUSED,
-                                              error_type=type(error).__name__), task.config)
+        refused(self._call_info(task, None), task, error)
 
     def _writes(self, tool_call: Mapping[str, Any], has_tool: bool) -> bool:
         """Whether the ledger guards this call (a write to a tool the node has)."""
@@ -270,40 +252,6 @@ class GuardBase:
             yield Write(batch)
             fault_point("after_decision")
 
-    # -- the same call twice in one step: run once, answer both ---------------------------
-
-    def _lead(self, started: Started, repeats: bool
-              ) -> tuple[concurrent.futures.Future[Any] | None, bool]:
-        """`(running, leader)`: the future of the call with this key running now in this
-        process, and whether this caller runs it (else it waits for its answer).
-
-        A model may repeat a tool call, same id and same args, in one AIMessage: one
-        requested call, one key, so one effect, and both calls get its answer.
-        `repeats=False` says no other call of the step has this call's id: nothing to
-        wait for.
-        """
-        if not repeats:
-            return None, True
-        slot = (started.task.thread_id, started.ctx.key)
-        with self._lock:
-            running = self._running.get(slot)
-            if running is not None:
-                started.protocol.close()
-                return running, False
-            running = self._running[slot] = concurrent.futures.Future()
-            return running, True
-
-    def _settle(self, started: Started, running: concurrent.futures.Future[Any] | None,
-                result: Any = None, error: BaseException | None = None) -> None:
-        if running is None:
-            return
-        with self._lock:
-            self._running.pop((started.task.thread_id, started.ctx.key), None)
-        if error is not None:
-            running.set_exception(error)
-        else:
-            running.set_result(result)
-
     # -- driving the protocol: its questions, and the request the tool gets ----------------
 
     @staticmethod
@@ -351,27 +299,11 @@ class GuardBase:
     def _inner_pause(self, task: Task, ctx: CallContext, paused: GraphInterrupt
                      ) -> BaseException:
         """What the protocol raises after recording that the tool paused: the tool's own
-        interrupt, or the refusal of a `HumanInTheLoopMiddleware` listed after the guard.
-
-        Listed after it, the reviewer's answer reaches the tool inside the guard, so an
-        edit would send arguments the ledger does not record under a key derived from
-        others. Nothing was sent; the call resumes as asked once the order is fixed.
-        """
+        interrupt, or (`refuse_inner_approvals`) the refusal of a per-call approval
+        asked from inside the guard (`reentry.inner_approval`)."""
         if not self.refuse_inner_approvals:
             return paused
-        for interrupt in paused.args[0] if paused.args else ():
-            value = getattr(interrupt, "value", None)
-            if (isinstance(value, dict) and value.get("type") == "tool_approval"
-                    and "key" not in value and value.get("tool_call_id") == ctx.tool_call_id):
-                return MiddlewareOrderError(
-                    f"HumanInTheLoopMiddleware asks about tool call {ctx.tool_call_id!r} "
-                    f"({ctx.tool}) in thread {task.thread_id!r} from inside "
-                    "EffectGuardMiddleware: an edit would then send arguments the ledger "
-                    "does not record. List HumanInTheLoopMiddleware before "
-                    "EffectGuardMiddleware in create_agent(middleware=[...]) and run the "
-                    "thread again; nothing was sent.",
-                    thread_id=task.thread_id, tool_call_id=ctx.tool_call_id)
-        return paused
+        return inner_approval(paused, task.thread_id, ctx.tool_call_id, ctx.tool) or paused
 
     def _still_running(self, task: Task, op: CallTool) -> Outcome | None:
         """Refuse to send while an attempt abandoned after its timeout still runs here."""
@@ -413,9 +345,9 @@ class GuardBase:
         if refused is not None:
             return ArgsRefused(refused)
         if (self.keys.kind == "tool" and call_request.tool is not None
-                and _traced(task.config)):
+                and traced(task.config)):
             # The tool's own run carries the effect's key, tool_call_id and policy.
-            call_request = call_request.override(tool=_with_metadata(
+            call_request = call_request.override(tool=with_metadata(
                 call_request.tool, call.observed.call, op.record.attempts))
         gate = None
         if self.refuse_reentry:
@@ -430,33 +362,8 @@ class GuardBase:
                         on_pause=lambda paused: self._inner_pause(task, ctx, paused))
 
 
-def _traced(config: Mapping[str, Any]) -> bool:
-    """Whether anyone sees the tool's run: a callback handler of the run, or LangSmith
-    tracing (which LangChain adds when the tool runs). Without one the tool is not
-    copied to carry metadata nobody reads."""
-    callbacks = config.get("callbacks")
-    handlers = getattr(callbacks, "handlers", callbacks)
-    return bool(handlers) or bool(_tracing_v2_is_enabled())
-
-
-def _with_metadata(tool: Any, info: telemetry.CallInfo, attempts: int) -> Any:
-    """`tool` whose LangChain run carries the guarded call's metadata (a copy: a tool's
-    own `metadata` is merged into its run's)."""
-    metadata = {**(getattr(tool, "metadata", None) or {}), **telemetry.run_metadata(info),
-                telemetry.ATTRIBUTES["attempts"]: attempts}
-    try:
-        return tool.model_copy(update={"metadata": metadata})
-    except Exception:  # noqa: BLE001 - a tool that cannot be copied runs as it is
-        return tool
-
-
 def _claim(started: Started) -> Claim:
     """Run `started`'s protocol up to its claim (`before_intent` included)."""
     op = started.protocol.send(None)
     assert isinstance(op, Claim), op
     return op
-
-
-def same_answer(result: Any) -> Any:
-    """The answer of a call's first copy, for a second copy of it."""
-    return result.model_copy() if isinstance(result, ToolMessage) else result

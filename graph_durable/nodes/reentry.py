@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from graph_durable.errors import MiddlewareOrderError, NotApplied, Retryable
 
-__all__ = ["ReentryRefused", "ToolGate"]
+__all__ = ["ReentryRefused", "ToolGate", "inner_approval"]
 
 
 class ReentryRefused(BaseException):
@@ -135,3 +135,26 @@ class ToolGate:
             "provider dedupes, or asked about).",
             thread_id=self.thread_id, tool_call_id=self.tool_call_id)
 
+
+def inner_approval(paused: BaseException, thread_id: str, tool_call_id: str, tool: str
+                   ) -> MiddlewareOrderError | None:
+    """The refusal of a `HumanInTheLoopMiddleware` listed after the guard, if `paused`
+    (the tool's interrupt) is its per-call approval of this call; `None` otherwise.
+
+    Listed after it, the reviewer's answer reaches the tool inside the guard, so an
+    edit would send arguments the ledger does not record under a key derived from
+    others. Nothing was sent; the call resumes as asked once the order is fixed.
+    """
+    for interrupt in paused.args[0] if paused.args else ():
+        value = getattr(interrupt, "value", None)
+        if (isinstance(value, dict) and value.get("type") == "tool_approval"
+                and "key" not in value and value.get("tool_call_id") == tool_call_id):
+            return MiddlewareOrderError(
+                f"HumanInTheLoopMiddleware asks about tool call {tool_call_id!r} "
+                f"({tool}) in thread {thread_id!r} from inside "
+                "EffectGuardMiddleware: an edit would then send arguments the ledger "
+                "does not record. List HumanInTheLoopMiddleware before "
+                "EffectGuardMiddleware in create_agent(middleware=[...]) and run the "
+                "thread again; nothing was sent.",
+                thread_id=thread_id, tool_call_id=tool_call_id)
+    return None

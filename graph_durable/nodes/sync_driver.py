@@ -14,9 +14,11 @@ from langgraph.types import Command
 from graph_durable.errors import DatabaseUnavailable, GraphDurableError
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
-from graph_durable.nodes.core import Calling, GuardBase, Started, same_answer
+from graph_durable.nodes.core import Calling, GuardBase, Started
 from graph_durable.nodes.interrupts import OnAsk
 from graph_durable.nodes.key_delivery import report_unread_key
+from graph_durable.nodes.observing import observed_outcome
+from graph_durable.nodes.run_once import same_answer
 from graph_durable.nodes.outcomes import (
     Outcome,
     call_lookup,
@@ -112,7 +114,7 @@ class SyncDriver(GuardBase):
         `request` is a `ToolCallRequest` (or what the guard's keys take, see
         `call_keys`). With `started` (from `claim_step`), the call's intent is already
         claimed. `repeats=False` says no other call of the step has this call's id, so
-        it need not wait for a copy of itself (see `_lead`).
+        it need not wait for a copy of itself (see `RunOnce.lead`).
         """
         if started is None:
             if not self._writes(request.tool_call, request.tool is not None):
@@ -123,7 +125,7 @@ class SyncDriver(GuardBase):
             except GraphDurableError as exc:
                 self._refused(task, exc)
                 raise
-        running, leader = self._lead(started, repeats)
+        running, leader = self.once.lead(started, repeats)
         if not leader:
             assert running is not None
             return same_answer(running.result())
@@ -134,11 +136,11 @@ class SyncDriver(GuardBase):
                         started.task, self._driven(started, request.tool, on_ask),
                         Calling(started.ctx, request, execute, observed))
                 finally:
-                    self._observed(observed, started)
+                    observed_outcome(observed, started.ctx)
         except BaseException as exc:
-            self._settle(started, running, error=exc)
+            self.once.settle(started, running, error=exc)
             raise
-        self._settle(started, running, result=result)
+        self.once.settle(started, running, result=result)
         return result
 
     def _call_tool(self, task: Task, call: Calling, op: ops.CallTool) -> Outcome:

@@ -1,0 +1,71 @@
+"""What the guard tells `graph_durable.telemetry` about each guarded call.
+
+The drivers open a call's observation once it is keyed (`observing`) and close it with
+the outcome the protocol named on the path it took (`observed_outcome`, from
+`CallContext.outcome`); a call refused before its protocol ran is reported as `refused`.
+A tool that runs carries the call's key, tool_call_id and policy as run metadata, when
+someone sees its run (`traced`, `with_metadata`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from graph_durable import telemetry
+from graph_durable.nodes.call_context import CallContext
+from graph_durable.nodes.task import Task
+from graph_durable.policy import Effect
+
+try:  # LangChain's own test for LangSmith tracing (the environment, or a `with` block)
+    from langchain_core.tracers.context import _tracing_v2_is_enabled
+except ImportError:  # pragma: no cover - a release that moved it
+    from langsmith.utils import tracing_is_enabled as _tracing_v2_is_enabled
+
+__all__ = ["call_info", "observed_outcome", "observing", "refused", "traced", "with_metadata"]
+
+
+def call_info(task: Task, key: str | None, policy: Effect,
+              kind: Literal["tool", "guarded"]) -> telemetry.CallInfo:
+    """The call of `task` as telemetry names it."""
+    call = task.call
+    return telemetry.CallInfo(task.thread_id, str(call.get("name")), call.get("id"), key,
+                              telemetry.policy_label(policy), kind)
+
+
+def observing(info: telemetry.CallInfo, task: Task) -> telemetry.ObservedCall:
+    """The call's observation (a span, and the report when it ends), for the task's run."""
+    return telemetry.observe(info, task.config)
+
+
+def observed_outcome(observed: telemetry.ObservedCall, ctx: CallContext) -> None:
+    """Tell telemetry what became of the call (unless it stopped before the protocol
+    knew: then it is reported `aborted`)."""
+    if ctx.outcome is not None:
+        observed.outcome(telemetry.CallOutcome(ctx.outcome))
+
+
+def refused(info: telemetry.CallInfo, task: Task, error: BaseException) -> None:
+    """Report a call refused before its protocol ran."""
+    telemetry.report(telemetry.CallReport(info, telemetry.CallOutcome.REFUSED,
+                                          error_type=type(error).__name__), task.config)
+
+
+def traced(config: Mapping[str, Any]) -> bool:
+    """Whether anyone sees a tool's run: a callback handler of the run, or LangSmith
+    tracing (which LangChain adds when the tool runs). Without one the tool is not
+    copied to carry metadata nobody reads."""
+    callbacks = config.get("callbacks")
+    handlers = getattr(callbacks, "handlers", callbacks)
+    return bool(handlers) or bool(_tracing_v2_is_enabled())
+
+
+def with_metadata(tool: Any, info: telemetry.CallInfo, attempts: int) -> Any:
+    """`tool` whose LangChain run carries the guarded call's metadata (a copy: a tool's
+    own `metadata` is merged into its run's)."""
+    metadata = {**(getattr(tool, "metadata", None) or {}), **telemetry.run_metadata(info),
+                telemetry.ATTRIBUTES["attempts"]: attempts}
+    try:
+        return tool.model_copy(update={"metadata": metadata})
+    except Exception:  # noqa: BLE001 - a tool that cannot be copied runs as it is
+        return tool
