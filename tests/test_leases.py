@@ -312,3 +312,20 @@ def test_thread_status_names_each_state(scenario, build) -> None:
     assert status.status == "needs_human" and status.pending == ("call_0_0",)
     agent.graph.invoke(Command(resume={"type": "skip"}), config, durability="sync")
     assert thread_status(agent.saver, "t").status == "done"
+
+
+def test_a_lease_taken_over_from_a_stopped_worker_is_logged(make_saver, caplog) -> None:
+    """An expired lease taken by another owner is a recovery decision: the log names the
+    thread, both owners and the new fencing token. A released lease taken again is not."""
+    import logging
+
+    saver = make_saver()
+    saver.acquire_lease("t", "worker-a", ttl=0.2)  # never released: worker-a stopped
+    saver.release_lease(saver.acquire_lease("u", "worker-a", ttl=5))
+    time.sleep(0.3)
+    with caplog.at_level(logging.WARNING, logger="graph_durable"):
+        taken = saver.acquire_lease("t", "worker-b", ttl=5)
+        saver.acquire_lease("u", "worker-b", ttl=5)
+    [record] = [r for r in caplog.records if "taken over" in r.getMessage()]
+    assert (record.thread_id, record.owner, record.previous_owner, record.fencing_token) == (
+        "t", "worker-b", "worker-a", taken.token)

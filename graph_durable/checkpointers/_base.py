@@ -54,6 +54,7 @@ from graph_durable.ledger import (
     TransitionWrite,
     canonical_json,
 )
+from graph_durable.telemetry.emit import log_lease_takeover
 from graph_durable.secrets import KeySecrets, LedgerCodec
 
 __all__ = ["DurableSaverMixin", "IntentExists", "actor_of", "claims_of", "durable_saver"]
@@ -484,9 +485,11 @@ class DurableSaverMixin:
             raise ValueError(f"lease ttl must be > 0 seconds, got {ttl}")
         started = time.monotonic() if started is None else started
         now = time.time() if now is None else now
-        token = check_lease_available(
-            lease_from_row(thread_id, None if row is None else tuple(row), now), thread_id,
-            owner, now)
+        previous = lease_from_row(thread_id, None if row is None else tuple(row), now)
+        token = check_lease_available(previous, thread_id, owner, now)
+        if previous is not None and previous[0] != owner and previous[2] > 0:
+            # Not released (that sets it to 0): its holder stopped, or renewed too late.
+            log_lease_takeover(thread_id, owner, previous[0], token)
         lease = Lease(thread_id=thread_id, owner=owner, token=token, ttl=ttl,
                       expires_at=now + ttl, deadline=started + ttl)
         return lease, (_sql.UPSERT_LEASE, (thread_id, owner, token, lease.expires_at, now))
