@@ -27,6 +27,7 @@ from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import actor_of
+from graph_durable.checkpointers.postgres._storage import storage_fault
 from graph_durable.errors import DatabaseUnavailable, ReadOnlyDatabase
 from graph_durable.ledger import EffectRecord, TransitionWrite
 
@@ -266,8 +267,9 @@ def raise_refused(exc: BaseException, thread_id: str | None,
                   what: str = "This write (a checkpoint, a ledger entry, a lease or "
                               "a deletion)") -> NoReturn:
     """Raise, from the `except` block handling `exc`, the `PostgresReadOnly` error it
-    means (`read_only_refused`), or `exc` itself."""
-    refused = read_only_refused(exc, thread_id, what)
+    means (`read_only_refused`), the storage fault (`_storage.storage_fault`: a full
+    disk, an I/O error), or `exc` itself."""
+    refused = read_only_refused(exc, thread_id, what) or storage_fault(exc, thread_id)
     if refused is not None:
         raise refused from exc
     raise exc
@@ -416,11 +418,15 @@ class TransactionDeferred:
                       one_trip: bool = False) -> NoReturn:
         """Raise, from the `except` block of a failed write transaction, what its
         failure means: `ImplicitNotReadCommitted` (a one-trip write to send again),
-        `DatabaseUnavailable` (its connection broke), `PostgresReadOnly`, or `exc`."""
+        `StorageFull` (the server's disk is full), `DatabaseUnavailable` (its storage
+        failed, or its connection broke), `PostgresReadOnly`, or `exc`."""
         from psycopg import OperationalError
 
         if one_trip and self._not_read_committed(exc):
             raise ImplicitNotReadCommitted(str(exc)) from exc
+        fault = storage_fault(exc, thread_id)  # a full disk may also break the connection
+        if fault is not None:
+            raise fault from exc
         if isinstance(exc, OperationalError):
             if conn.broken:
                 raise self._unavailable(exc, thread_id) from exc  # type: ignore[attr-defined]
