@@ -48,6 +48,7 @@ __all__ = [
     "pg_sql",
     "raise_refused",
     "read_only_refused",
+    "unanswered_read",
 ]
 
 DURABLE_COMMIT = (
@@ -287,6 +288,16 @@ def broke_under_write(exc: BaseException, thread_id: str | None,
         f"(resume it, or recover()) and its ledger reconciles it. {pool} replaces the "
         "broken connection.",
         thread_id=thread_id)
+
+
+def unanswered_read(exc: BaseException) -> DatabaseUnavailable:
+    """The error for a read tried again on a fresh pooled connection that failed too (the
+    server is down: the pool found no connection within its timeout)."""
+    return DatabaseUnavailable(
+        "PostgreSQL does not answer: a read's connection broke, and the pool found no "
+        f"working connection to try it again ({type(exc).__name__}: "
+        f"{' '.join(str(exc).split())}). Nothing was written; once the server answers "
+        "again, run the thread again (resume it, or recover()).")
 
 
 def lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, float]:
