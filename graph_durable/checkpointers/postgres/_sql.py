@@ -27,6 +27,7 @@ from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import actor_of
+from graph_durable.checkpointers.postgres._storage import storage_fault
 from graph_durable.errors import DatabaseUnavailable, ReadOnlyDatabase
 from graph_durable.ledger import EffectRecord, TransitionWrite
 
@@ -47,6 +48,7 @@ __all__ = [
     "pg_sql",
     "raise_refused",
     "read_only_refused",
+    "unanswered_read",
 ]
 
 DURABLE_COMMIT = (
@@ -266,8 +268,9 @@ def raise_refused(exc: BaseException, thread_id: str | None,
                   what: str = "This write (a checkpoint, a ledger entry, a lease or "
                               "a deletion)") -> NoReturn:
     """Raise, from the `except` block handling `exc`, the `PostgresReadOnly` error it
-    means (`read_only_refused`), or `exc` itself."""
-    refused = read_only_refused(exc, thread_id, what)
+    means (`read_only_refused`), the storage fault (`_storage.storage_fault`: a full
+    disk, an I/O error), or `exc` itself."""
+    refused = read_only_refused(exc, thread_id, what) or storage_fault(exc, thread_id)
     if refused is not None:
         raise refused from exc
     raise exc
@@ -285,6 +288,16 @@ def broke_under_write(exc: BaseException, thread_id: str | None,
         f"(resume it, or recover()) and its ledger reconciles it. {pool} replaces the "
         "broken connection.",
         thread_id=thread_id)
+
+
+def unanswered_read(exc: BaseException) -> DatabaseUnavailable:
+    """The error for a read tried again on a fresh pooled connection that failed too (the
+    server is down: the pool found no connection within its timeout)."""
+    return DatabaseUnavailable(
+        "PostgreSQL does not answer: a read's connection broke, and the pool found no "
+        f"working connection to try it again ({type(exc).__name__}: "
+        f"{' '.join(str(exc).split())}). Nothing was written; once the server answers "
+        "again, run the thread again (resume it, or recover()).")
 
 
 def lease_and_clock(row: Sequence[Any]) -> tuple[tuple[str, int, float] | None, float]:
@@ -416,11 +429,15 @@ class TransactionDeferred:
                       one_trip: bool = False) -> NoReturn:
         """Raise, from the `except` block of a failed write transaction, what its
         failure means: `ImplicitNotReadCommitted` (a one-trip write to send again),
-        `DatabaseUnavailable` (its connection broke), `PostgresReadOnly`, or `exc`."""
+        `StorageFull` (the server's disk is full), `DatabaseUnavailable` (its storage
+        failed, or its connection broke), `PostgresReadOnly`, or `exc`."""
         from psycopg import OperationalError
 
         if one_trip and self._not_read_committed(exc):
             raise ImplicitNotReadCommitted(str(exc)) from exc
+        fault = storage_fault(exc, thread_id)  # a full disk may also break the connection
+        if fault is not None:
+            raise fault from exc
         if isinstance(exc, OperationalError):
             if conn.broken:
                 raise self._unavailable(exc, thread_id) from exc  # type: ignore[attr-defined]

@@ -525,7 +525,10 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                 raise DatabaseUnavailable(
                     f"The connection to PostgreSQL broke under a read ({type(exc).__name__}: "
                     f"{' '.join(str(exc).split())}); reconnect the saver, then try again.") from exc
-        return await self._read_rows(sql, params)  # the pool has dropped the broken one
+        try:
+            return await self._read_rows(sql, params)  # the pool has dropped the broken one
+        except OperationalError as exc:  # PoolTimeout too: no connection works
+            raise _pg.unanswered_read(exc) from exc
 
     async def adurability(self) -> DurabilityReport:
         """`DurablePostgresSaver.durability`, read on this saver's connection."""

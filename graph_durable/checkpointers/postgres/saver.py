@@ -88,6 +88,7 @@ from graph_durable.checkpointers.postgres._sql import (
     lock_keys,
     pg_sql,
     raise_refused,
+    unanswered_read,
 )
 from graph_durable.checkpointers.postgres._leases import PostgresLeases
 from graph_durable.checkpointers.postgres._sql import SETUP_NEEDS
@@ -580,8 +581,11 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                 raise DatabaseUnavailable(
                     f"The connection to PostgreSQL broke under a read ({type(exc).__name__}: "
                     f"{str(exc).strip()}); reconnect the saver, then try again.") from exc
-        with self._read() as cur:  # the pool has dropped the broken connection
-            return _run(cur, sql, params).fetchall()
+        try:
+            with self._read() as cur:  # the pool has dropped the broken connection
+                return _run(cur, sql, params).fetchall()
+        except OperationalError as exc:  # PoolTimeout too: no connection works
+            raise unanswered_read(exc) from exc
 
     def apply(
         self, write: LedgerWrite, config: RunnableConfig | None = None
