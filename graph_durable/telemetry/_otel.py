@@ -10,7 +10,7 @@ providers make them nearly free until the application installs an SDK.
 from __future__ import annotations
 
 import importlib.metadata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Instruments", "configure", "instruments"]
@@ -34,6 +34,32 @@ class Instruments:
     """Histogram `graph_durable.provider.duration` (s): provider calls, lookups, undos."""
     meter: Any
     """The meter, for the gauges an application registers (`register_gauges`)."""
+    own_tracer: bool = False
+    """The tracer came from a provider given to `configure` (not the global one)."""
+    own_meter: bool = False
+    """The meter came from a provider given to `configure`."""
+    metrics: Any = None
+    """The `opentelemetry.metrics` module."""
+    proxies: tuple[Any, Any] = (None, None)
+    """The API's proxy tracer and meter provider classes: the global providers until the
+    application sets its own."""
+    _set: list[bool] = field(default_factory=lambda: [False, False])
+
+    def tracing(self) -> bool:
+        """Whether spans are recorded: a provider was given to `configure`, or the
+        application set a global one (once set, it stays). Until then the API's proxy
+        makes non-recording spans, which are not worth making, nor their context."""
+        if self.own_tracer or self._set[0]:
+            return True
+        self._set[0] = not isinstance(self.trace.get_tracer_provider(), self.proxies[0])
+        return self._set[0]
+
+    def metering(self) -> bool:
+        """Whether measurements are recorded (as `tracing`, for the meter provider)."""
+        if self.own_meter or self._set[1]:
+            return True
+        self._set[1] = not isinstance(self.metrics.get_meter_provider(), self.proxies[1])
+        return self._set[1]
 
 
 _UNLOADED: Any = object()
@@ -59,7 +85,14 @@ def _load(tracer_provider: Any = None, meter_provider: Any = None) -> Instrument
     duration = meter.create_histogram(
         "graph_durable.provider.duration", unit="s",
         description="Time of each provider call, lookup and undo a guarded call makes")
-    return Instruments(trace, context, tracer, calls, duration, meter)
+    try:
+        from opentelemetry.metrics._internal import _ProxyMeterProvider as proxy_meters
+    except ImportError:  # pragma: no cover - an API that moved it: always measure
+        proxy_meters = type(None)
+    return Instruments(trace, context, tracer, calls, duration, meter,
+                       own_tracer=tracer_provider is not None,
+                       own_meter=meter_provider is not None, metrics=metrics,
+                       proxies=(trace.ProxyTracerProvider, proxy_meters))
 
 
 def instruments() -> Instruments | None:

@@ -94,7 +94,7 @@ def _write_stream(payload: dict[str, Any]) -> None:
 
 def _count(rep: CallReport) -> None:
     otel = _otel.instruments()
-    if otel is not None:
+    if otel is not None and otel.metering():
         call = rep.call
         otel.calls.add(1, {ATTRIBUTES["tool"]: call.tool, ATTRIBUTES["outcome"]: rep.outcome.value,
                            ATTRIBUTES["kind"]: call.kind})

@@ -72,11 +72,12 @@ class ProviderSpan:
         otel = self._call._otel
         if otel is None:
             return
-        attributes = {ATTRIBUTES["tool"]: self._call.call.tool,
-                      ATTRIBUTES["operation"]: self._operation}
-        if exc_type is not None:
-            attributes[ATTRIBUTES["error_type"]] = exc_type.__name__
-        otel.provider_duration.record(self.duration, attributes)
+        if otel.metering():
+            attributes = {ATTRIBUTES["tool"]: self._call.call.tool,
+                          ATTRIBUTES["operation"]: self._operation}
+            if exc_type is not None:
+                attributes[ATTRIBUTES["error_type"]] = exc_type.__name__
+            otel.provider_duration.record(self.duration, attributes)
         if self._span is not None:
             if exc_type is not None:
                 self._span.set_attribute(ATTRIBUTES["error_type"], exc_type.__name__)
@@ -137,7 +138,7 @@ class ObservedCall:
 
     def __enter__(self) -> ObservedCall:
         otel = self._otel = _otel.instruments()
-        if otel is not None:
+        if otel is not None and otel.tracing():
             call = self.call
             self._span = otel.tracer.start_span(
                 f"guarded_call {call.tool}",
