@@ -90,3 +90,50 @@ def test_a_thread_run_without_the_run_log_still_gets_its_effects_audited(tmp_pat
     [run] = agent.saver.audit(SAGA_THREAD).runs
     assert run.run_id is None and run.model_calls is None
     assert run.sent == ["charge(call_charge)", "open_ticket(call_ticket)"]
+
+
+async def test_a_sync_model_call_under_ainvoke_is_logged_on_the_savers_loop(tmp_path) -> None:
+    """Under `ainvoke`, a sync node's model call reaches the run log through a sync
+    callback manager, which runs `AsyncRunLog`'s coroutine on a loop of its own in
+    another thread; the async saver's lock and connection were used from there (explorer
+    seed 921015, async: a child hung until its timeout, its log saying a lock "is bound
+    to a different event loop"). The run log hands such writes to the saver's loop."""
+    import asyncio
+
+    import aiosqlite
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
+    from graph_durable.operators.audit import AsyncRunLog, run_log
+    from graph_durable.testing.models import ScriptedChatModel
+
+    saver = AsyncDurableSqliteSaver(aiosqlite.connect(str(tmp_path / "a.sqlite")))
+    model = ScriptedChatModel(script=[AIMessage("hi", id="m1")])
+
+    def agent(state: MessagesState) -> dict:  # sync: LangGraph runs it on a worker thread
+        return {"messages": [model.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState).add_node("agent", agent).add_edge(START, "agent")
+    graph = graph.compile(checkpointer=saver)
+    foreign: list[bool] = []
+    record = saver.arecord_task_run
+
+    async def watched(*args):
+        foreign.append(asyncio.get_running_loop() is not saver.loop)
+        await record(*args)
+
+    saver.arecord_task_run = watched  # type: ignore[method-assign]
+    log = run_log(saver)
+    assert isinstance(log, AsyncRunLog)
+    async with saver.conn:
+        await graph.ainvoke({"messages": [HumanMessage("go")]},
+                            {"configurable": {"thread_id": "t"}, "callbacks": [log]},
+                            durability="sync")
+        for _ in range(50):  # writes handed to the loop are not awaited by the call
+            if sorted(kind for *_, kind, _ in await saver.atask_runs("t")) == ["model", "node"]:
+                break
+            await asyncio.sleep(0.01)
+        kinds = sorted(kind for *_, kind, _ in await saver.atask_runs("t"))
+    assert foreign and not any(foreign), "the saver was used from another event loop"
+    assert kinds == ["model", "node"]

@@ -1228,3 +1228,36 @@ def test_a_receipt_killed_after_under_create_agent_with_hitl_is_not_left_in_flig
 
     result = _replay(tmp_path, Episode.from_json(SEED_870232))
     assert result.ok, result.problems
+
+
+SEED_920585 = (
+    '{"after":null,"crashes":[{"occurrence":1,"phase":0,"point":"after_effect","then":{"pic'
+    'k":3,"via":"recover"},"tool":"email"}],"flavour":"sync","fresh_ids":false,"history":""'
+    ',"leased":false,"reviewer":{"edit_unchanged":false,"malformed":true,"raw":false,"seed"'
+    ':1183878571},"sealed":true,"seed":920585,"sequential":true,"stack":"tool_retry_inside"'
+    ',"tools":{"charge":{"approval":false,"mode":"blind","policy":"blind","result":"receipt'
+    '","retries":0,"timeout":null},"crm":{"approval":true,"mode":"lookup","policy":"lookup"'
+    ',"result":"non_json","retries":0,"timeout":null},"email":{"approval":false,"mode":"ded'
+    'upe","policy":"lookup","result":"receipt","retries":0,"timeout":null},"ticket":{"appro'
+    'val":false,"errors":"error_message","mode":"lookup","policy":"blind","retries":0,"time'
+    'out":0.1}},"topology":"create_agent","turns":[[{"faults":["permanent"],"id":"call_0_0"'
+    ',"item":"x00","n":0,"tool":"email"}]]}')
+
+
+@pytest.mark.crash
+def test_a_run_killed_after_a_middleware_order_refusal_is_orphaned(tmp_path) -> None:
+    """Seed 920585 (`create_agent`, ToolRetryMiddleware listed after the guard): the
+    email raised, the middleware called it again, and the guard refused
+    (MiddlewareOrderError, an `__error__` write on the tools task). Run again with the
+    order fixed, as the error says, the call was looked up, re-sent under its key and the
+    worker SIGKILLed after the send, before the task wrote anything. `thread_status` read
+    the first run's error as `failed`, so `recover()` never resumed the thread."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_920585))
+    assert result.ok, result.problems
+    assert result.log[2] == "plain on t: SIGKILL at after_effect of email #1", result.log
+    assert result.log[3] == "recover on t: next=[] pending=[]", result.log
+    emails = FakeProvider(str(tmp_path / "episode" / "providers" / "email.sqlite"), "dedupe",
+                          name="email")
+    assert [e["operation"] for e in emails.effects()] == ["x00"]

@@ -25,6 +25,7 @@ re-exports the report.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any, TypeVar
 from uuid import UUID
@@ -111,6 +112,16 @@ class AsyncRunLog(AsyncCallbackHandler):
                                   str(meta.get("langgraph_checkpoint_ns", "")), node, kind))
 
     async def _flush(self) -> None:
+        loop = getattr(self.saver, "loop", None)
+        if loop is not None and asyncio.get_running_loop() is not loop:
+            # A sync callback manager (a sync node's model call under `ainvoke`) runs this
+            # coroutine on a loop of its own in another thread, where the saver's lock and
+            # connection must not be used. The writes are handed to the saver's loop and
+            # not waited for: the thread waiting on this one may be that loop's own.
+            while self._pending:
+                asyncio.run_coroutine_threadsafe(
+                    self.saver.arecord_task_run(*self._pending.pop(0)), loop)
+            return
         while self._pending:
             await self.saver.arecord_task_run(*self._pending.pop(0))
 

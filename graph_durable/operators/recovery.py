@@ -34,7 +34,13 @@ from graph_durable.operators._checkpoints import (
 )
 from graph_durable._langgraph import ERROR
 from graph_durable.operators.compensation import policies_of
-from graph_durable.errors import GraphDurableError, InvalidDecision, LeaseHeld, LedgerDamaged
+from graph_durable.errors import (
+    GraphDurableError,
+    InvalidDecision,
+    LeaseHeld,
+    LedgerDamaged,
+    MiddlewareOrderError,
+)
 from graph_durable.ledger import EffectStatus, answered
 from graph_durable.operators.orphans import Orphan, find_orphans, resolve_orphan
 from graph_durable.operators._worker_thread import twin_of
@@ -138,9 +144,11 @@ def _settled_status(saver: Any, thread_id: str, latest: Any, nxt: tuple[str, ...
                             f"waiting for approval of {list(approvals)}" if approvals
                             else "waiting for input to an interrupt", nxt, approvals)
     # An error of a task that has since written its results is stale: a refused answer
-    # raised, and a later run of the same task succeeded before the worker stopped.
+    # raised, and a later run of the same task succeeded before the worker stopped. So is
+    # a middleware-order refusal whose call a later run has taken up since.
     finished = finished_tasks(latest)
-    errors = [w[2] for w in latest.pending_writes if w[1] == ERROR and w[0] not in finished]
+    errors = [w[2] for w in latest.pending_writes if w[1] == ERROR and w[0] not in finished
+              and not _refusal_taken_up(saver, thread_id, w[0], w[2])]
     if errors:
         return ThreadStatus(thread_id, "failed", f"a step raised: {errors[-1]!r}", nxt)
     if nxt:
@@ -148,6 +156,27 @@ def _settled_status(saver: Any, thread_id: str, latest: Any, nxt: tuple[str, ...
                             f"has next steps {list(nxt)}, no pending interrupt and no live "
                             "lease: its worker stopped; resume it (recover)", nxt)
     return ThreadStatus(thread_id, "done", "ran to its end")
+
+
+def _refusal_taken_up(saver: Any, thread_id: str, task_id: str, error: Any) -> bool:
+    """Whether `error`, the `__error__` write of task `task_id`, is a `MiddlewareOrderError`
+    the guard raised on overruling a call (journaled `refused`) that a later run of the
+    task has taken up since: what MiddlewareOrderError asks for is to run the thread
+    again, and a worker killed in that run writes nothing over the error.
+
+    The guard journals `refused` and raises at once, so no event on that key follows it
+    in the same run; one that does is a later run's. A later run refused again journals
+    a later `refused`, and one that raised otherwise wrote its own error over this one.
+    """
+    if not (isinstance(error, MiddlewareOrderError)  # the error as written, or its repr
+            or (isinstance(error, str) and error.startswith(MiddlewareOrderError.__name__ + "("))):
+        return False
+    keys = {r.key for r in saver.effects(thread_id)
+            if task_id in {part.rpartition(":")[2] for part in r.checkpoint_ns.split("|")}}
+    events = [e for e in saver.events(thread_id) if e.key in keys]
+    refused = [e for e in events if e.kind == "refused"]
+    return bool(refused) and any(e.key == refused[-1].key and e.seq > refused[-1].seq
+                                 for e in events)
 
 
 def _hidden_reason(hidden: list[Any]) -> str:
