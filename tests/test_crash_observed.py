@@ -138,7 +138,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("runner", ["invoke", "ainvoke"], indirect=True)
+# Under ainvoke in the sweeps (CI runs them), to keep make test under ten minutes.
+RUNNERS = ["invoke", pytest.param("ainvoke", marks=pytest.mark.sweep)]
+
+
+@pytest.mark.parametrize("runner", RUNNERS, indirect=True)
 @pytest.mark.parametrize(("window", "mode", "expected"), CASES)
 def test_a_resumed_thread_names_every_guarded_call_with_its_outcome(
         tmp_path: Path, otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
@@ -188,7 +192,7 @@ def test_a_resumed_thread_names_every_guarded_call_with_its_outcome(
         assert (record.thread_id, record.key) == ("t", ticket["key"])
 
 
-@pytest.mark.parametrize("runner", ["invoke", "ainvoke"], indirect=True)
+@pytest.mark.parametrize("runner", RUNNERS, indirect=True)
 @pytest.mark.parametrize(("mode", "expected"), [("dedupe", "resent"),
                                                 ("lookup", "reconciled"),
                                                 ("blind", "paused_unknown")])
