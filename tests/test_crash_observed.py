@@ -214,3 +214,30 @@ def test_guarded_writes_of_a_functional_agent_report_their_outcome(
         assert outcomes["send_receipt"]["outcome"] == "sent"
     check_span(spans, "create_invoice", invoice)
     assert counted(metrics)[("create_invoice", expected)] == 1
+
+
+def test_telemetry_of_an_encrypted_ledger_carries_no_args_or_receipt(
+        tmp_path: Path, otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A charge whose card number is a secret, on an encrypted ledger: killed after the
+    charge, then resumed and reconciled by lookup. No event, run, span, metric or log
+    record the resumed run makes holds the card or the receipt."""
+    from graph_durable.testing.scenarios.secrets import SECRETS
+
+    spans, metrics = otel
+    factory = "graph_durable.testing.scenarios.secrets:build_secrets_agent"
+    kwargs = {"db_path": str(tmp_path / "agent.sqlite"),
+              "provider_dir": str(tmp_path / "providers"), "mode": "lookup", "encrypt": True}
+    with caplog.at_level(logging.DEBUG, logger="graph_durable"):
+        recorder = crash_and_resume(factory, kwargs, "invoke", "after_effect", "charge")
+
+    [charge] = [event for event in recorder.outcomes if event["tool"] == "charge"]
+    assert charge["outcome"] == "reconciled"
+    seen = repr([recorder.outcomes, recorder.tool_runs,
+                 [(s.name, dict(s.attributes or {}), [(e.name, dict(e.attributes or {}))
+                                                      for e in s.events])
+                  for s in spans.get_finished_spans()],
+                 metrics.get_metrics_data().to_json(),
+                 [(r.getMessage(), vars(r)) for r in caplog.records]])
+    assert "guarded_call charge" in seen and charge["key"] in seen  # what was seen
+    assert not [secret for secret in SECRETS if secret in seen]
