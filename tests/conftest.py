@@ -116,3 +116,25 @@ async def amake_saver(saver_spec: SaverSpec | None, db_path: str
     yield make
     for saver in reversed(opened):
         await aclose_saver(saver)
+
+
+@pytest.fixture
+def otel() -> Iterator[tuple[Any, Any]]:
+    """`(spans, metrics)`: the OpenTelemetry SDK's in-memory span exporter and metric
+    reader, which guarded calls report to for the test (`telemetry.configure`)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from graph_durable import telemetry
+
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    metrics = InMemoryMetricReader()
+    telemetry.configure(tracer_provider=tracer_provider,
+                        meter_provider=MeterProvider(metric_readers=[metrics]))
+    yield spans, metrics
+    telemetry.configure()

@@ -432,28 +432,13 @@ def test_an_undo_raising_not_applied_is_still_compensation_failed(tmp_path) -> N
     assert refunds.count() == 0
 
 
-def test_a_compensation_is_a_span_and_a_counted_outcome(tmp_path) -> None:
+def test_a_compensation_is_a_span_and_a_counted_outcome(tmp_path, otel) -> None:
     """The undo is observed like any guarded call: a span of kind `compensation` with
     the undo as its child span, and the outcome counted by tool."""
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from graph_durable import telemetry
-
-    spans, metrics = InMemorySpanExporter(), InMemoryMetricReader()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    telemetry.configure(tracer_provider=tracer_provider,
-                        meter_provider=MeterProvider(metric_readers=[metrics]))
-    try:
-        agent = saga_agent(tmp_path)
-        agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
-        compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge")
-    finally:
-        telemetry.configure()
+    spans, metrics = otel
+    agent = saga_agent(tmp_path)
+    agent.graph.invoke(agent.inputs, CONFIG, durability="sync")
+    compensate(agent.graph, agent.saver, SAGA_THREAD, "call_charge")
     finished = spans.get_finished_spans()
     [undo] = [s for s in finished if s.name == "guarded_call refund"]
     assert undo.attributes["graph_durable.call.kind"] == "compensation"

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from graph_durable import telemetry
@@ -45,18 +41,6 @@ class Recorder(BaseCallbackHandler):
     def on_tool_start(self, serialized: Any, input_str: str, *, metadata: Any = None,
                       **kwargs: Any) -> None:
         self.tool_runs.append(dict(metadata or {}))
-
-
-@pytest.fixture
-def otel() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
-    spans = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    metrics = InMemoryMetricReader()
-    telemetry.configure(tracer_provider=tracer_provider,
-                        meter_provider=MeterProvider(metric_readers=[metrics]))
-    yield spans, metrics
-    telemetry.configure()
 
 
 def counted(reader: InMemoryMetricReader) -> dict[tuple[str, str], int]:

@@ -9,7 +9,6 @@ import logging
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from typing import Any, TypedDict
 
 import pytest
@@ -17,10 +16,8 @@ from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.tools import tool
 from langgraph.graph import START, StateGraph
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -68,18 +65,6 @@ def reconciling_node(state: State, config: RunnableConfig) -> State:
             pass
         call.outcome(CallOutcome.RECONCILED, attempts=1)
     return {"done": 1}
-
-
-@pytest.fixture
-def otel() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
-    spans = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    metrics = InMemoryMetricReader()
-    telemetry.configure(tracer_provider=tracer_provider,
-                        meter_provider=MeterProvider(metric_readers=[metrics]))
-    yield spans, metrics
-    telemetry.configure()
 
 
 def points(reader: InMemoryMetricReader, name: str) -> list[Any]:
