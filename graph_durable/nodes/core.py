@@ -35,7 +35,7 @@ from graph_durable.nodes.context import EffectContext
 from graph_durable.nodes.decisions import RefusedDecision
 from graph_durable.nodes.interrupts import OnAsk, interrupt_id_for, with_schema
 from graph_durable.nodes.key_delivery import undelivered_key, with_key
-from graph_durable.nodes.observing import call_info, observing, refused, traced, with_metadata
+from graph_durable.nodes.observing import call_info, refused, traced, with_metadata
 from graph_durable.nodes.operations import (
     Ask,
     CallTool,
@@ -147,7 +147,8 @@ class GuardBase:
 
     def _observing(self, started: Started) -> telemetry.ObservedCall:
         """The call's telemetry, from its first look at the ledger to its outcome."""
-        return observing(self._call_info(started.task, started.ctx.key), started.task)
+        return telemetry.observe(self._call_info(started.task, started.ctx.key),
+                                 started.task.config)
 
     def _refused(self, task: Task, error: BaseException) -> None:
         """Report a call refused before its protocol ran (no durable checkpoint, a call

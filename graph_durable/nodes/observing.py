@@ -1,6 +1,6 @@
 """What the guard tells `graph_durable.telemetry` about each guarded call.
 
-The drivers open a call's observation once it is keyed (`observing`) and close it with
+The drivers open a call's observation once it is keyed (`telemetry.observe`) and close it with
 the outcome the protocol named on the path it took (`observed_outcome`, from
 `CallContext.outcome`); a call refused before its protocol ran is reported as `refused`.
 A tool that runs carries the call's key, tool_call_id and policy as run metadata, when
@@ -22,7 +22,7 @@ try:  # LangChain's own test for LangSmith tracing (the environment, or a `with`
 except ImportError:  # pragma: no cover - a release that moved it
     from langsmith.utils import tracing_is_enabled as _tracing_v2_is_enabled
 
-__all__ = ["call_info", "observed_outcome", "observing", "refused", "traced", "with_metadata"]
+__all__ = ["call_info", "observed_outcome", "refused", "traced", "with_metadata"]
 
 
 def call_info(task: Task, key: str | None, policy: Effect,
@@ -31,11 +31,6 @@ def call_info(task: Task, key: str | None, policy: Effect,
     call = task.call
     return telemetry.CallInfo(task.thread_id, str(call.get("name")), call.get("id"), key,
                               telemetry.policy_label(policy), kind)
-
-
-def observing(info: telemetry.CallInfo, task: Task) -> telemetry.ObservedCall:
-    """The call's observation (a span, and the report when it ends), for the task's run."""
-    return telemetry.observe(info, task.config)
 
 
 def observed_outcome(observed: telemetry.ObservedCall, ctx: CallContext) -> None:
