@@ -97,8 +97,11 @@ class _Armed:
                     if plan.action == "kill":
                         os.kill(os.getpid(), signal.SIGKILL)
                     if plan.action == "stop":
-                        # A zombie worker: frozen until someone sends SIGCONT.
-                        os.kill(os.getpid(), signal.SIGSTOP)
+                        # A zombie worker: frozen until someone sends SIGCONT. Sent to
+                        # this thread: sent to the process, the kernel may hand it to
+                        # another thread, and this one runs on (a write sent past its
+                        # point) until that thread is scheduled to stop the group.
+                        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
                         return
                     raise InjectedCrash(f"injected crash at {point} (tool={tool})")
 
