@@ -257,7 +257,9 @@ def read_decisions(task: Task, tools: Mapping[str, Any] | None,
     Each task of a step (`create_agent`'s calls, the branches of a `Send`) is handed the
     whole resume map, and may be the first of them to run: it checks the answers the map
     addresses to the other tasks' questions as well as its own, so that every task
-    refuses a set with one invalid answer, and none of the set is recorded or sent."""
+    refuses a set with one invalid answer, and none of the set is recorded or sent.
+    The journal of each call answered is read before its decision is recorded: one
+    damaged entry stops the run, as a damaged ledger row does."""
     asked = yield Read("asked_in_task", (task.thread_id, task.checkpoint_ns))
     questions = {interrupt_id_for(task.checkpoint_ns, r.key): r for r in asked}
     stale = stale_ids(task, asked)
@@ -280,6 +282,11 @@ def read_decisions(task: Task, tools: Mapping[str, Any] | None,
     resume = peek_resume(task.conf, asked, legacy_id) if asked else None
     batch = None if resume is None else decision_batch(task, asked, resume, tools, policy_for)
     if batch is not None:
+        for write in batch.writes:
+            # The journal of each question answered (what was asked, and decided before):
+            # an entry that cannot be read raises `LedgerDamaged` here, before the
+            # answer is recorded or anything sent.
+            yield Read("events", (task.thread_id, write.key))
         _taken_in_run.add(task.conf.get(CONFIG_KEY_RESUME_MAP) or resume, {
             interrupt_id_for(task.checkpoint_ns, write.key) for write in batch.writes})
     return batch

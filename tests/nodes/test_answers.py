@@ -75,8 +75,8 @@ def test_a_decision_for_an_asked_call_becomes_its_journal_entry(saver) -> None:
     reads, batch = drive(
         read_decisions(task(saver, {interrupt_id_for(NS, "k1"): APPROVE}), None,
                        lambda tool: Effect()),
-        {"asked_in_task": asked})
-    assert reads == ["asked_in_task"]
+        {"asked_in_task": asked, "events": []})
+    assert reads == ["asked_in_task", "events"]  # the journal of the call answered
     assert [(w.key, w.kind, w.asked, w.decision["type"]) for w in batch.writes] == [
         ("k1", "decision", False, "approve")]
     assert batch.resume_value == {"k1": APPROVE}
