@@ -19,6 +19,7 @@ write that carries one needs new pages of its table's TOAST relation.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import random
@@ -35,6 +36,7 @@ import pytest
 
 from graph_durable.checkpointers.postgres import DurablePostgresSaver
 from graph_durable.errors import DatabaseUnavailable, StorageFull
+from graph_durable.ledger import EffectStatus, IntentWrite
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.crash.child import ChildResult, run_child, start_child
 from graph_durable.testing.postgres import PostgresServer
@@ -274,3 +276,62 @@ def test_an_error_from_the_answers_of_a_resume_names_the_thread_and_no_call() ->
     said = str(described(broken, "t", {}, sent=False))
     assert said.startswith("Thread 't': ") and "None" not in said, said
     assert "Nothing was sent, and no answer was recorded" in said and broken.sent is False
+
+
+def _intent(key: str) -> IntentWrite:
+    return IntentWrite(key=key, thread_id="t", checkpoint_ns="tools:x", tool_call_id=f"c-{key}",
+                       tool="pay", args={"cents": 5}, status=EffectStatus.IN_FLIGHT)
+
+
+@pytest.mark.parametrize("asynchronous", [False, pytest.param(True, marks=pytest.mark.backends)])
+def test_a_write_that_finds_no_pooled_connection_is_our_error(asynchronous: bool) -> None:
+    """On a pool, the server stopped: the first write meets its broken connection, the
+    next finds no connection within the pool's timeout. Both are `DatabaseUnavailable`
+    naming the thread (not psycopg_pool's `PoolTimeout`), and nothing is written; the
+    saver writes again once the server is back."""
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+    from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
+
+    kwargs = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+    with PostgresServer() as server:
+        conninfo = server.create_database("agent")
+
+        async def claims() -> list[str]:
+            async with AsyncConnectionPool(conninfo, min_size=1, max_size=1, timeout=2,
+                                           kwargs=kwargs) as pool:
+                saver = AsyncDurablePostgresSaver(pool)
+                await saver.aclaim(_intent("k1"))
+                server.crash()
+                errors = []
+                for key in ("k2", "k3"):
+                    with pytest.raises(DatabaseUnavailable) as raised:
+                        await saver.aclaim(_intent(key))
+                    errors.append(str(raised.value))
+                server.start_again()
+                await saver.aclaim(_intent("k2"))
+                return errors + [r.key for r in await saver.aeffects("t")]
+
+        if asynchronous:
+            errors = asyncio.run(claims())
+        else:
+            with ConnectionPool(conninfo, min_size=1, max_size=1, timeout=2,
+                                kwargs=kwargs) as pool:
+                saver = DurablePostgresSaver(pool)
+                saver.claim(_intent("k1"))
+                server.crash()
+                errors = []
+                for key in ("k2", "k3"):
+                    with pytest.raises(DatabaseUnavailable) as raised:
+                        saver.claim(_intent(key))
+                    errors.append(str(raised.value))
+                server.start_again()
+                saver.claim(_intent("k2"))
+                errors += [r.key for r in saver.effects("t")]
+
+    broke, none_found, *keys = errors
+    assert "broke under a write to thread 't'" in broke, broke
+    assert "No connection to PostgreSQL for a write to thread 't'" in none_found, none_found
+    assert "Nothing was written" in none_found and "PoolTimeout" in none_found
+    assert keys == ["k1", "k2"]

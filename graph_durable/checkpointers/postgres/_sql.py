@@ -18,8 +18,15 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    AsyncExitStack,
+    ExitStack,
+    asynccontextmanager,
+    contextmanager,
+)
 from contextvars import ContextVar
 from typing import Any, NoReturn
 
@@ -288,6 +295,47 @@ def broke_under_write(exc: BaseException, thread_id: str | None,
         f"(resume it, or recover()) and its ledger reconciles it. {pool} replaces the "
         "broken connection.",
         thread_id=thread_id)
+
+
+def no_connection(exc: BaseException, thread_id: str | None) -> DatabaseUnavailable:
+    """The error for a write that got no connection: its pool found none that works
+    within its timeout (the server is down, or every connection is busy)."""
+    return DatabaseUnavailable(
+        f"No connection to PostgreSQL for a write"
+        f"{f' to thread {thread_id!r}' if thread_id else ''}: the pool found none that "
+        f"works within its timeout ({type(exc).__name__}: {' '.join(str(exc).split())}). "
+        "Nothing was written; once the server answers again (or the pool has a free "
+        "connection), run the thread again (resume it, or recover()) and its ledger "
+        "reconciles it.",
+        thread_id=thread_id)
+
+
+@contextmanager
+def connected(held: AbstractContextManager[Any], thread_id: str | None) -> Iterator[Any]:
+    """Enter `held` (`_internal.get_connection(...)`) for a write: a pool that finds no
+    connection within its timeout raises `no_connection`'s error, not `PoolTimeout`."""
+    from psycopg_pool import PoolTimeout
+
+    with ExitStack() as stack:
+        try:
+            conn = stack.enter_context(held)
+        except PoolTimeout as exc:
+            raise no_connection(exc, thread_id) from exc
+        yield conn
+
+
+@asynccontextmanager
+async def aconnected(held: AbstractAsyncContextManager[Any],
+                     thread_id: str | None) -> AsyncIterator[Any]:
+    """`connected` for `_ainternal.get_connection(...)`."""
+    from psycopg_pool import PoolTimeout
+
+    async with AsyncExitStack() as stack:
+        try:
+            conn = await stack.enter_async_context(held)
+        except PoolTimeout as exc:
+            raise no_connection(exc, thread_id) from exc
+        yield conn
 
 
 def unanswered_read(exc: BaseException) -> DatabaseUnavailable:

@@ -274,7 +274,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
         (`_pg.DURABLE_COMMIT`)."""
         writing = thread_id or writing
         await self.setup()
-        async with self._own_lock(), _ainternal.get_connection(self.conn) as conn, \
+        async with self._own_lock(), \
+                _pg.aconnected(_ainternal.get_connection(self.conn), writing) as conn, \
                 _read_committed(conn):
             with self._deferred_scope():
                 try:
@@ -300,7 +301,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
         transaction; results are read after the block. Raises
         `_pg.ImplicitNotReadCommitted` as it does."""
         await self.setup()
-        async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
+        async with self._own_lock(), \
+                _pg.aconnected(_ainternal.get_connection(self.conn), thread_id) as conn:
             with self._deferred_scope():
                 carried: list[tuple[Any, AsyncCursor[Any]]] = []
                 try:

@@ -91,7 +91,7 @@ from graph_durable.checkpointers.postgres._sql import (
     unanswered_read,
 )
 from graph_durable.checkpointers.postgres._leases import PostgresLeases
-from graph_durable.checkpointers.postgres._sql import SETUP_NEEDS
+from graph_durable.checkpointers.postgres._sql import SETUP_NEEDS, connected
 from graph_durable.checkpointers.postgres._sql import lease_and_clock as _lease_and_clock
 from graph_durable.checkpointers.postgres._sql import run as _run
 from graph_durable.checkpointers.postgres.async_saver import AsyncDurablePostgresSaver
@@ -320,7 +320,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         (`_sql.DURABLE_COMMIT`).
         """
         self.setup()
-        with self._own_lock(), _internal.get_connection(self.conn) as conn, \
+        with self._own_lock(), connected(_internal.get_connection(self.conn), thread_id) as conn, \
                 _read_committed(conn), self._deferred_scope():
             try:
                 with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
@@ -353,7 +353,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         Raises `ImplicitNotReadCommitted` if the implicit transaction was not READ
         COMMITTED (nothing was written; send the write again)."""
         self.setup()
-        with self._own_lock(), _internal.get_connection(self.conn) as conn, \
+        with self._own_lock(), connected(_internal.get_connection(self.conn), thread_id) as conn, \
                 self._deferred_scope():
             carried: list[tuple[Any, Cursor[Any]]] = []
             try:
