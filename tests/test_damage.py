@@ -6,6 +6,7 @@ sent; `B` and `C` resume and finish."""
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -190,3 +191,25 @@ def test_a_healthy_database_checks_clean_and_the_cli_says_so(
         assert json.loads(out)["database"] == "postgresql://" + database.db.rpartition("@")[2]
     else:
         assert code == 2 and "--url" in err and out == ""
+
+
+def test_a_schema_newer_than_this_release_is_said_and_its_threads_still_run(
+    database: Database, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A newer release migrated the database (as during a rolling upgrade): a saver set
+    up on it says so once, `check` reports the schema, and the threads run on."""
+    from graph_durable.checkpointers.postgres import DurablePostgresSaver
+    from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+
+    database.execute("INSERT INTO graph_durable_migrations (v, applied_at) VALUES (99, 0)")
+    opened = DurablePostgresSaver if database.engine == "postgres" else DurableSqliteSaver
+    with caplog.at_level(logging.WARNING, logger="graph_durable"):
+        with opened.from_conn_string(database.db) as saver:
+            saver.setup()
+            report = saver.check()
+    said = [r.getMessage() for r in caplog.records if "ledger schema" in r.getMessage()]
+    assert len(said) == 1 and "version 99, newer than this graph_durable knows" in said[0]
+    assert [d.kind for d in report.damage] == ["schema"]
+    done = database.agent.graph.invoke(APPROVE, _config("B"), durability="sync")
+    assert done["messages"][-1].content == "All done."
+    assert database.agent.providers["charge"].count() == 1

@@ -10,6 +10,7 @@ engine, and are read in order.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Collection
 from typing import Any
@@ -46,7 +47,24 @@ def is_current(tables: Collection[str], state: Callable[[], Any], migrations: in
     if not SETUP_TABLES <= set(tables):
         return False
     applied, secrets = state()
+    if applied + 1 > migrations:
+        _newer_schema(applied, migrations)
     return applied + 1 >= migrations and secrets > 0
+
+
+_log = logging.getLogger("graph_durable")
+
+
+def _newer_schema(applied: int, migrations: int) -> None:
+    """Say, once per saver set up, that a newer release migrated this database: this one
+    runs on it (as during a rolling upgrade), and reports as damaged a row in a form
+    it does not know."""
+    _log.warning(
+        "This database's ledger schema is version %d, newer than this graph_durable "
+        "knows (%d): a newer release migrated it. This release goes on, but a row in a "
+        "form it does not know is reported damaged (LedgerDamaged; `graph-durable "
+        "check` lists them). Upgrade graph_durable on every worker that opens it.",
+        applied, migrations - 1)
 
 
 LEDGER_TABLES = frozenset({"effects", "effect_events", "graph_durable_migrations"})
