@@ -376,6 +376,31 @@ def test_a_run_from_a_checkpoint_id_on_a_thread_leased_elsewhere_is_refused_at_o
     assert saver.effects("t") == []
 
 
+def test_a_fork_checkpoint_refused_under_a_lease_that_expired_since_is_lease_lost(
+        tmp_path) -> None:
+    """Seed 922343: the fence refused the fork checkpoint LangGraph saves in the
+    background (a dead worker's lease), and that lease expired before the guard looked
+    at it; the guard waited 5 s for the checkpoint and raised a misleading
+    `DurabilityError`. The saver keeps what its fence refused: `LeaseLost`, at once."""
+    import time
+
+    from graph_durable import LeaseLost
+
+    provider, saver, graph = _setup(tmp_path, {"charge": Effect()})
+    arm(FaultPlan("before_intent", action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    disarm()
+    saver.acquire_lease("t", "dead-worker", ttl=30.0)
+    snapshot = graph.get_state(CONFIG)
+    saver.live_leases = lambda: {}  # as read once the dead worker's lease has expired
+    started = time.monotonic()
+    with pytest.raises(LeaseLost, match="dead-worker"):
+        graph.invoke(None, snapshot.config, durability="sync")
+    assert time.monotonic() - started < 2.0
+    assert provider.count() == 0 and saver.effects("t") == []
+
+
 def test_a_refused_answer_then_a_worker_killed_after_the_step_wrote_is_orphaned(
         tmp_path) -> None:
     """Seed 50470: a refused (malformed) answer left an `__error__` write on the tools

@@ -35,7 +35,7 @@ from graph_durable.checkpointers._decode import (
     lease_from_row,
     origin_from_row,
 )
-from graph_durable.errors import FlowVersionMismatch, IllegalTransition
+from graph_durable.errors import FlowVersionMismatch, IllegalTransition, LeaseLost
 from graph_durable.leases import (
     OWNER_KEY,
     TOKEN_KEY,
@@ -204,6 +204,7 @@ class DurableSaverMixin:
         # Checkpoints this saver committed lately: the guard asks whether the checkpoint
         # a tool call comes from is stored, and it usually is one of these.
         self._stored: dict[tuple[str, str, str], None] = {}
+        self._refused: dict[tuple[str, str, str], LeaseLost] = {}
 
     # -- where a thread's keys come from -------------------------------------------------
 
@@ -258,7 +259,26 @@ class DurableSaverMixin:
         self._stored[(str(conf["thread_id"]), conf["checkpoint_ns"], conf["checkpoint_id"])] = None
 
     def _known_stored(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
-        return (str(thread_id), checkpoint_ns, checkpoint_id) in self._stored
+        """Whether this saver stored the checkpoint; raises the `LeaseLost` the fence
+        refused its save with, if it did (the lease may have expired since, so the
+        lease row no longer tells)."""
+        where = (str(thread_id), checkpoint_ns, checkpoint_id)
+        refused = self._refused.get(where)
+        if refused is not None:
+            again = type(refused).__new__(type(refused))
+            BaseException.__init__(again, *refused.args)
+            again.__dict__.update(refused.__dict__)
+            raise again
+        return where in self._stored
+
+    def _remember_refused(self, config: RunnableConfig, checkpoint_id: str,
+                          refused: LeaseLost) -> None:
+        """Keep that the fence refused the save of this checkpoint (`_known_stored`)."""
+        if len(self._refused) >= 256:
+            self._refused.clear()
+        conf = config["configurable"]
+        self._refused[(str(conf["thread_id"]), conf.get("checkpoint_ns", ""),
+                       checkpoint_id)] = refused
 
     def _prune_deletes(self, thread_ids: Sequence[str], strategy: str) -> bool:
         """Check `prune`'s arguments and forget which checkpoints were stored; whether

@@ -159,7 +159,8 @@ class SyncLedgerReads:
         return [self._record(row) for row in rows]
 
     def checkpoint_exists(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> bool:
-        """Whether this checkpoint is durably stored."""
+        """Whether this checkpoint is durably stored. Raises the `LeaseLost` the fence
+        refused this saver's save of it with (the lease may have expired since)."""
         known = self._known_stored  # type: ignore[attr-defined]
         if known(thread_id, checkpoint_ns, checkpoint_id):
             return True

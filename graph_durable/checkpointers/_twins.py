@@ -34,6 +34,7 @@ from langgraph.checkpoint.base import (
 )
 
 from graph_durable.checkpointers._base import renewed
+from graph_durable.errors import LeaseLost
 from graph_durable.faults import fault_point
 from graph_durable.leases import Lease
 from graph_durable.ledger import (
@@ -131,7 +132,11 @@ class FencedPuts:
     ) -> RunnableConfig:
         """Save a checkpoint, fenced and flow-pinned in the same transaction."""
         fault_point("before_put")
-        stored = self._put_fenced(config, checkpoint, metadata, new_versions)
+        try:
+            stored = self._put_fenced(config, checkpoint, metadata, new_versions)
+        except LeaseLost as refused:
+            self._remember_refused(config, checkpoint["id"], refused)  # type: ignore[attr-defined]
+            raise
         self._remember_stored(stored)  # type: ignore[attr-defined]
         fault_point("after_put")
         return stored
@@ -162,7 +167,11 @@ class AsyncFencedPuts:
                    ) -> RunnableConfig:
         """Save a checkpoint, fenced and flow-pinned in the same transaction."""
         fault_point("before_put")
-        stored = await self._aput_fenced(config, checkpoint, metadata, new_versions)
+        try:
+            stored = await self._aput_fenced(config, checkpoint, metadata, new_versions)
+        except LeaseLost as refused:
+            self._remember_refused(config, checkpoint["id"], refused)  # type: ignore[attr-defined]
+            raise
         self._remember_stored(stored)  # type: ignore[attr-defined]
         fault_point("after_put")
         return stored
