@@ -26,6 +26,7 @@ __all__ = [
     "Statement",
     "effect_from_row",
     "event_from_row",
+    "insert_events",
     "plan_intent",
     "plan_update",
     "refusal",
@@ -204,6 +205,35 @@ INSERT_EVENT = (
     "INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
+INSERT_INTENT = (
+    "INSERT OR IGNORE INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, "
+    "args, status, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# `INSERT_INTENT` for a key no thread holds yet, its parameters followed by the key and
+# the thread again: no row is inserted if this thread or another of its family holds the
+# key (then `plan_inherit`'s rules decide), so a claim needs no inherit statement when
+# the key is new, as it nearly always is.
+INSERT_NEW_INTENT = (
+    "INSERT OR IGNORE INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, "
+    "args, status, attempts, created_at, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+    "WHERE NOT EXISTS (SELECT 1 FROM effects WHERE key = ? AND thread_id <> ?)"
+)
+_EVENTS_PER_INSERT = 100
+"""Journal entries per `insert_events` statement (7 parameters each: far below the
+999 parameters the oldest SQLite allows a statement)."""
+
+
+def insert_events(entries: Sequence[tuple[Any, ...]]) -> list[Statement]:
+    """Statements inserting journal entries (each `INSERT_EVENT`'s parameters) in their
+    order: one per hundred entries, instead of one per entry."""
+    statements: list[Statement] = []
+    for start in range(0, len(entries), _EVENTS_PER_INSERT):
+        chunk = entries[start:start + _EVENTS_PER_INSERT]
+        values = ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+        statements.append((
+            "INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token) "
+            f"VALUES {values}", tuple(value for entry in chunk for value in entry)))
+    return statements
 
 
 def select_effects(thread_id: str | None, status: str | None) -> Statement:
@@ -259,8 +289,7 @@ def plan_intent(
     )
     return [
         (
-            "INSERT OR IGNORE INTO effects (thread_id, key, checkpoint_ns, tool_call_id, tool, "
-            "args, status, attempts, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            INSERT_INTENT,
             (thread_id, key, checkpoint_ns, tool_call_id, tool, args_text, status.value,
              attempts, now, now),
         ),

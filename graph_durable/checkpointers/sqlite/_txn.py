@@ -77,6 +77,12 @@ def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any]) -> BaseExcepti
     return error
 
 
+def _journal_txn(cur: sqlite3.Cursor, entries: Sequence[tuple[Any, ...]]) -> None:
+    """Write journal entries (`_sql.INSERT_EVENT`'s parameters each), in their order."""
+    for statement in _sql.insert_events(entries):
+        cur.execute(*statement)
+
+
 class SqliteTransactions:
     """Mixin (after `DurableSaverMixin`): write transactions and the group-commit queue.
 
@@ -136,18 +142,22 @@ class SqliteTransactions:
         self._flush_deferred_txn(cur, thread_id)
 
     def _flush_deferred_txn(self, cur: sqlite3.Cursor, thread_id: str) -> None:
+        """Carry out the thread's deferred transitions, then journal them together."""
+        entries: list[tuple[Any, ...]] = []
         for write, write_config in self._take_deferred(thread_id):  # type: ignore[attr-defined]
             try:
-                self._apply_deferred_txn(cur, write, actor_of(write_config))
+                entries.append(self._apply_deferred_txn(cur, write, actor_of(write_config)))
             except IllegalTransition as refused:
                 self._refused_deferred(write, refused)  # type: ignore[attr-defined]
+        _journal_txn(cur, entries)
 
     def _apply_deferred_txn(
         self, cur: sqlite3.Cursor, one: TransitionWrite, actor: tuple[str | None, int | None],
-    ) -> None:
-        """Carry out a deferred transition (a receipt). No caller reads its record, and
-        its journal entry needs only what the write says (and the attempt count, when it
-        counts one more), so the update returns no row unless then, and none is decoded."""
+    ) -> tuple[Any, ...]:
+        """Carry out a deferred transition (a receipt); its journal entry, for the caller
+        to write. No caller reads its record, and its journal entry needs only what the
+        write says (and the attempt count, when it counts one more), so the update returns
+        no row unless then, and none is decoded."""
         now = time.time()
         returning = "attempts" if one.bump_attempts else None
         cur.execute(*self._plan_update(one, now, returning))  # type: ignore[attr-defined]
@@ -160,7 +170,59 @@ class SqliteTransactions:
             row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
             raise _sql.refusal(row, thread_id=one.thread_id, key=one.key, to=one.to)
         journaled = _sql.Journaled(one.key, one.thread_id, one.to, attempts)
-        cur.execute(*self._transition_event(journaled, one, now, actor))  # type: ignore[attr-defined]
+        return self._transition_event(journaled, one, now, actor)[1]  # type: ignore[attr-defined,no-any-return]
+
+    def _claim_txn(
+        self, cur: sqlite3.Cursor, items: Sequence[QueuedWrite],
+        actor: tuple[str | None, int | None],
+    ) -> None:
+        """Claim the intents of `items` (made with the same fencing token), in order.
+
+        An intent whose key no thread of the family holds (nearly every one) is one
+        insert; the journal entries of such intents are written together, and a thread's
+        key scheme is pinned once. Any other intent runs `_apply_one_txn`'s statements
+        (the entries gathered so far written first, so the journal keeps the claims'
+        order)."""
+        entries: list[tuple[Any, ...]] = []
+        pinned: set[tuple[Any, ...]] = set()
+        for item in items:
+            write = item.write
+            assert isinstance(write, IntentWrite)
+            planned = self._plan_intent(write, actor)  # type: ignore[attr-defined]
+            (_insert_sql, params), (_event_sql, entry), *pins = planned[1]
+            if cur.execute(_sql.INSERT_NEW_INTENT,
+                           (*params, write.key, write.thread_id)).rowcount == 1:
+                entries.append(entry)
+                for pin_sql, pin in pins:
+                    if pin[:3] not in pinned:
+                        cur.execute(pin_sql, pin)
+                        pinned.add(pin[:3])
+                item.result = [planned[2]]
+                continue
+            _journal_txn(cur, entries)
+            entries = []
+            try:
+                item.result = [self._claim_planned_txn(cur, write, planned)]
+            except IntentExists as exists:
+                item.error = exists
+        _journal_txn(cur, entries)
+
+    def _claim_planned_txn(self, cur: sqlite3.Cursor, one: IntentWrite, planned: Any
+                           ) -> EffectRecord:
+        """Claim one intent as `_plan_intent` planned it: take it over from the thread's
+        family, else insert it; `IntentExists` if the key is already recorded here."""
+        (inherit, inherited), (insert, *after), record = planned
+        if cur.execute(*inherit).rowcount == 1:
+            cur.execute(*inherited)
+            row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+            raise IntentExists(self._record(row))  # type: ignore[attr-defined]
+        if cur.execute(*insert).rowcount == 0:
+            # The key is already known: the intent stands, report what is recorded.
+            row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
+            raise IntentExists(self._record(row))  # type: ignore[attr-defined]
+        for statement in after:
+            cur.execute(*statement)
+        return record  # type: ignore[no-any-return]
 
     def _apply_one_txn(
         self, cur: sqlite3.Cursor, one: IntentWrite | TransitionWrite,
@@ -168,19 +230,8 @@ class SqliteTransactions:
     ) -> EffectRecord:
         """Carry out one intent or transition; the record it leaves."""
         if isinstance(one, IntentWrite):
-            (inherit, inherited), (insert, *after), record = self._plan_intent(  # type: ignore[attr-defined]
-                one, actor)
-            if cur.execute(*inherit).rowcount == 1:
-                cur.execute(*inherited)
-                row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                raise IntentExists(self._record(row))  # type: ignore[attr-defined]
-            if cur.execute(*insert).rowcount == 0:
-                # The key is already known: the intent stands, report what is recorded.
-                row = cur.execute(_sql.SELECT_EFFECT, (one.thread_id, one.key)).fetchone()
-                raise IntentExists(self._record(row))  # type: ignore[attr-defined]
-            for statement in after:
-                cur.execute(*statement)
-            return record  # type: ignore[no-any-return]
+            return self._claim_planned_txn(
+                cur, one, self._plan_intent(one, actor))  # type: ignore[attr-defined]
         now = time.time()
         rows = cur.execute(*self._plan_update(one, now)).fetchall()  # type: ignore[attr-defined]
         if not rows:
@@ -319,16 +370,22 @@ class SqliteTransactions:
         if isinstance(write, CheckpointWrite):
             write.body(cur)
         elif isinstance(write, IntentWrite):
-            try:
-                item.result = [self._apply_one_txn(cur, write, actor_of(config))]
-            except IntentExists as exists:
-                item.error = exists
+            self._claim_txn(cur, [item], actor_of(config))
         else:
             self._apply_txn(cur, item, actor_of(config))
 
     def _write_batch_txn(self, cur: sqlite3.Cursor, batch: Sequence[QueuedWrite]) -> None:
+        """Several writes in one transaction. A batch made with one fencing token for
+        one thread (a step's claim) is fenced without a savepoint: a refused fence
+        refuses every write of it, so the transaction rolls back whole."""
+        fences = {(item.write.thread_id, actor_of(item.config)[1]) for item in batch}
         checked: dict[tuple[str, int | None], BaseException | None] = {}
-        for item in batch:
+        if len(fences) == 1:
+            first = batch[0]
+            self._check_write_txn(cur, first.write.thread_id, first.config)
+            checked = dict.fromkeys(fences)
+        claims: list[QueuedWrite] = []
+        for index, item in enumerate(batch):
             write, config = item.write, item.config
             actor = actor_of(config)
             fenced = (write.thread_id, actor[1])
@@ -340,10 +397,14 @@ class SqliteTransactions:
             elif isinstance(write, CheckpointWrite):
                 item.error = _in_savepoint(cur, lambda: write.body(cur))
             elif isinstance(write, IntentWrite):
-                try:
-                    item.result = [self._apply_one_txn(cur, write, actor)]
-                except IntentExists as exists:
-                    item.error = exists
+                # Consecutive intents of one thread and token (a step's claim) together.
+                claims.append(item)
+                following = batch[index + 1] if index + 1 < len(batch) else None
+                if (following is None or not isinstance(following.write, IntentWrite)
+                        or following.write.thread_id != write.thread_id
+                        or actor_of(following.config) != actor):
+                    self._claim_txn(cur, claims, actor)
+                    claims = []
             else:
                 item.error = _in_savepoint(cur, lambda: self._apply_txn(cur, item, actor))
 
