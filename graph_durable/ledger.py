@@ -194,9 +194,13 @@ def canonical_json(value: Any) -> str:
     Raises:
         TypeError, ValueError: `value` holds something JSON cannot represent exactly.
     """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _CANONICAL.encode(value)
+
+
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+"""`json.dumps` builds an encoder per call when given options; every key is encoded twice."""
 
 
 def derive_key(

@@ -30,7 +30,23 @@ def call_info(task: Task, key: str | None, policy: Effect,
     """The call of `task` as telemetry names it."""
     call = task.call
     return telemetry.CallInfo(task.thread_id, str(call.get("name")), call.get("id"), key,
-                              telemetry.policy_label(policy), kind)
+                              _label(policy), kind)
+
+
+_LABELS: dict[int, tuple[Effect, str]] = {}
+"""`telemetry.policy_label` of the policies met, by identity (a policy is frozen, and a
+guard names the same few policies on every call)."""
+
+
+def _label(policy: Effect) -> str:
+    known = _LABELS.get(id(policy))
+    if known is not None and known[0] is policy:
+        return known[1]
+    label = telemetry.policy_label(policy)
+    if len(_LABELS) >= 256:
+        _LABELS.clear()
+    _LABELS[id(policy)] = (policy, label)
+    return label
 
 
 def observed_outcome(observed: telemetry.ObservedCall, ctx: CallContext) -> None:

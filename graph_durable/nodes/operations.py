@@ -156,8 +156,8 @@ class Done:
 
 @dataclass(frozen=True)
 class Failed:
-    """The result of an operation that raised: `next_op` throws `error` into the
-    generator instead of sending a value."""
+    """The result of an operation that raised: `next_op` (and `performed`) throw `error`
+    into the generator instead of sending a value."""
 
     error: Exception
 
@@ -172,17 +172,34 @@ def next_op(ops: Generator[Any, Any, Any], result: Any = None) -> Any:
 
 
 def performed(ops: Generator[Any, Any, Any], perform: Callable[[Any], Any]) -> Any:
-    """Drive `ops` to its end, each operation performed by `perform`; what it returns."""
-    op = next_op(ops)
-    while not isinstance(op, Done):
-        op = next_op(ops, perform(op))
-    return op.value
+    """Drive `ops` to its end, each operation performed by `perform`; what it returns.
+
+    The loop of `next_op`, inlined: it runs for every operation of every guarded call.
+    """
+    send, throw = ops.send, ops.throw
+    try:
+        op = send(None)
+    except StopIteration as done:
+        return done.value
+    while True:
+        result = perform(op)
+        try:
+            op = throw(result.error) if isinstance(result, Failed) else send(result)
+        except StopIteration as done:
+            return done.value
 
 
 async def aperformed(ops: Generator[Any, Any, Any],
                      perform: Callable[[Any], Awaitable[Any]]) -> Any:
     """`performed`, each operation awaited."""
-    op = next_op(ops)
-    while not isinstance(op, Done):
-        op = next_op(ops, await perform(op))
-    return op.value
+    send, throw = ops.send, ops.throw
+    try:
+        op = send(None)
+    except StopIteration as done:
+        return done.value
+    while True:
+        result = await perform(op)
+        try:
+            op = throw(result.error) if isinstance(result, Failed) else send(result)
+        except StopIteration as done:
+            return done.value

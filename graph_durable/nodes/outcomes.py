@@ -34,8 +34,8 @@ import asyncio
 import contextvars
 import inspect
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,16 +218,21 @@ def call_with_timeout(fn: Callable[[], Any], timeout: float | None, name: str,
     return Attempt(value=box.get("value"), error=box.get("error"))
 
 
-@contextmanager
-def watch_reports() -> Iterator[list[Exception]]:
+class watch_reports:  # noqa: N801 - used as a function: `with watch_reports() as reported`
     """Collect the `NotApplied` and `Retryable` errors made while the block runs (in
-    this context and the contexts copied from it: worker threads, tasks)."""
-    reported: list[Exception] = []
-    token = _REPORTED.set(reported)
-    try:
-        yield reported
-    finally:
-        _REPORTED.reset(token)
+    this context and the contexts copied from it: worker threads, tasks).
+
+    A class rather than a `contextmanager` generator: it wraps every tool call."""
+
+    __slots__ = ("_reported", "_token")
+
+    def __enter__(self) -> list[Exception]:
+        self._reported: list[Exception] = []
+        self._token = _REPORTED.set(self._reported)
+        return self._reported
+
+    def __exit__(self, *exc_info: object) -> None:
+        _REPORTED.reset(self._token)
 
 
 def _no_lookup() -> Outcome:
@@ -281,12 +286,24 @@ def _is_async_callable(fn: Any) -> bool:
         getattr(fn, "__call__", None))
 
 
-def _fields(schema: Any) -> set[str]:
-    if isinstance(schema, type) and issubclass(schema, BaseModel):
-        return set(schema.model_fields)
-    if isinstance(schema, type) and issubclass(schema, BaseModelV1):
-        return set(schema.__fields__)
-    return set()
+_FIELDS: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
+"""The fields of each schema class met (a model's fields are fixed once it is built, and
+reading them from pydantic costs more than the check that uses them)."""
+
+
+def _fields(schema: Any) -> frozenset[str]:
+    if not isinstance(schema, type):
+        return frozenset()
+    fields = _FIELDS.get(schema)
+    if fields is None:
+        if issubclass(schema, BaseModel):
+            fields = frozenset(schema.model_fields)
+        elif issubclass(schema, BaseModelV1):
+            fields = frozenset(schema.__fields__)
+        else:
+            fields = frozenset()
+        _FIELDS[schema] = fields
+    return fields
 
 
 def refused_args(request: Any) -> ToolInvocationError | None:
