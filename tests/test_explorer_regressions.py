@@ -1286,3 +1286,33 @@ def test_a_run_killed_after_a_middleware_order_refusal_is_orphaned(tmp_path) -> 
     emails = FakeProvider(str(tmp_path / "episode" / "providers" / "email.sqlite"), "dedupe",
                           name="email")
     assert [e["operation"] for e in emails.effects()] == ["x00"]
+
+
+SEED_981478 = (
+    '{"after":null,"crashes":[{"occurrence":5,"phase":0,"point":"before_put","then":{"pick"'
+    ':6,"via":"copy_both"},"tool":null}],"flavour":"sync","fresh_ids":false,"history":"","l'
+    'eased":false,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":false,"seed":9'
+    '02628704},"sealed":false,"seed":981478,"sequential":true,"stack":"","tools":{"charge":'
+    '{"approval":false,"lookup_faults":["error"],"mode":"lookup","policy":"lookup","retries'
+    '":0,"timeout":0.1},"crm":{"approval":false,"mode":"blind","policy":"blind","retries":2'
+    ',"timeout":1.0},"email":{"approval":false,"mode":"blind","policy":"blind","retries":0,'
+    '"timeout":null},"ticket":{"approval":false,"mode":"blind","policy":"blind","retries":2'
+    ',"timeout":null}},"topology":"guarded_node","turns":[[{"faults":[],"id":"call_1_0","it'
+    'em":"x10","n":0,"tool":"email"}],[{"faults":[],"id":"call_2_0","item":"x20","n":0,"too'
+    'l":"ticket"}]]}')
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, reason="guarded writes anchor to the step's root "
+                   "checkpoint; a copy made before it was saved runs the step from its own")
+def test_a_guarded_write_requested_before_a_copy_is_sent_once_in_the_family(tmp_path) -> None:
+    """Seed 981478 (`guarded_node`, `copy_both`): the worker was killed before the
+    checkpoint of the step after the model's request (the request itself saved, as the
+    model task's pending write); the thread was copied, and both threads resumed. Each
+    ran the tools step from a root checkpoint of its own, made after the copy, so the
+    blind ticket took a different key in each and was sent twice. A tool call under
+    `EffectGuardNode` is keyed by its AIMessage and is sent once in the family."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_981478))
+    assert result.ok, result.problems
