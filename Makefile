@@ -44,8 +44,8 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 
-# Every test on the newest releases (but the long sweeps), with 150 of the explorer's
-# episodes (the sweeps run 300) and the 4-worker PostgreSQL recovery; then the guard's
+# Every test on the newest releases (but the long sweeps, the explorer's episodes among
+# them) and the 4-worker PostgreSQL recovery; then the guard's
 # own tests on the oldest supported releases.
 test: $(STAMP) $(FLOOR_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) \
