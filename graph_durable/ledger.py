@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
+from langchain_core.messages import ToolMessage
 from pydantic import BaseModel, ConfigDict, Field
 
 from graph_durable.errors import UnkeyableToolCall
@@ -46,9 +47,12 @@ __all__ = [
     "TERMINAL_STATUSES",
     "TransitionWrite",
     "WriteBatch",
+    "FROM_RECEIPT",
+    "RESULT_FROM_RECEIPT",
     "answered",
     "canonical_json",
     "derive_key",
+    "receipt_message",
 ]
 
 
@@ -57,6 +61,31 @@ class _Unset(Enum):
 
 
 _UNSET = _Unset.UNSET
+
+
+class _FromReceipt(Enum):
+    FROM_RECEIPT = "from_receipt"
+
+
+FROM_RECEIPT = _FromReceipt.FROM_RECEIPT
+"""`TransitionWrite.result` of a result that is exactly `receipt_message` of its receipt
+(a plain ToolMessage whose content is the receipt): the saver stores the receipt alone,
+and the result is rebuilt from it for replay, so the result is neither serialised nor
+sealed a second time."""
+
+RESULT_FROM_RECEIPT = "gd-receipt"
+"""The `result_type` stored for `FROM_RECEIPT`: the result is `receipt_message` of the
+row's receipt, tool and tool_call_id."""
+
+
+def receipt_message(content: Any, tool: str, tool_call_id: str,
+                    status: str = "success") -> ToolMessage:
+    """The ToolMessage answering a call with `content` (a receipt: text and lists as
+    they are, anything else as JSON): what the guard answers for a receipt a lookup,
+    a human or the ledger gives, and what a stored receipt is rebuilt into."""
+    if not isinstance(content, str | list):
+        content = json.dumps(content, ensure_ascii=False, default=str)
+    return ToolMessage(content=content, name=tool, tool_call_id=tool_call_id, status=status)
 
 
 class EffectStatus(str, Enum):
@@ -305,8 +334,9 @@ class IntentWrite:
 class TransitionWrite:
     """Ledger write: move one effect to `to`, journaled as an event of `kind`.
 
-    `result` (a ToolMessage or Command) is stored for replay; `receipt` and `decision`
-    are stored as JSON; `asked` flags an effect a pending interrupt asks about.
+    `result` (a ToolMessage or Command) is stored for replay (`FROM_RECEIPT`: it is the
+    receipt's own message, rebuilt from the receipt); `receipt` and `decision` are
+    stored as JSON; `asked` flags an effect a pending interrupt asks about.
     `defer` lets the saver commit the write with the thread's next write (at the latest
     the step's own writes) instead of on its own: for receipts of effects that reconcile
     without a human (idempotent or looked up), whose loss in a crash costs a lookup or a

@@ -107,6 +107,11 @@ class LedgerCodec:
         """The column text for `value` (JSON; values JSON cannot hold become `str()`)."""
         return self.seal(json.dumps(value, ensure_ascii=False, default=str, sort_keys=True))
 
+    def dump_ordered(self, value: Any) -> str:
+        """`dump`, keeping the order of `value`'s keys (a receipt a stored result is
+        rebuilt from: its JSON must come back as the tool wrote it)."""
+        return self.seal(json.dumps(value, ensure_ascii=False, default=str))
+
     def dump_event(self, data: dict[str, Any]) -> str:
         """The column text of a journal entry's data: sealed only when it says more
         than the protocol's own words (statuses, sources, attempt numbers, kinds of

@@ -51,8 +51,11 @@ from graph_durable.ledger import (
     EffectRecord,
     IntentWrite,
     Keying,
+    FROM_RECEIPT,
+    RESULT_FROM_RECEIPT,
     TransitionWrite,
     canonical_json,
+    receipt_message,
 )
 from graph_durable.telemetry.emit import log_lease_takeover
 from graph_durable.secrets import KeySecrets, LedgerCodec
@@ -562,9 +565,14 @@ class DurableSaverMixin:
         if write.error is not _UNSET:
             columns["error"] = codec.dump_text(
                 None if write.error is None else str(redact(write.error)))
-        if write.receipt is not _UNSET:
+        if write.result is FROM_RECEIPT:
+            # The result is the receipt's own message: the receipt, in its own key order,
+            # is all that is stored (`_load_result` rebuilds the message).
+            columns["receipt"] = codec.dump_ordered(write.receipt)
+            columns["result_type"], columns["result"] = RESULT_FROM_RECEIPT, None
+        elif write.receipt is not _UNSET:
             columns["receipt"] = codec.dump(redact(write.receipt))
-        if write.result is not _UNSET:
+        if write.result is not _UNSET and write.result is not FROM_RECEIPT:
             result = write.result if write.redact is None else _redact_result(write.result,
                                                                               redact)
             columns["result_type"], columns["result"] = self.serde.dumps_typed(result)
@@ -603,6 +611,10 @@ class DurableSaverMixin:
                                      codec=self._codec)
 
     def _load_result(self, row: Sequence[Any] | None) -> Any:
+        """The stored result of `SELECT_RESULT`'s row: deserialised, or rebuilt from the
+        receipt (`RESULT_FROM_RECEIPT`)."""
         if row is None or row[0] is None:
             return None
+        if row[0] == RESULT_FROM_RECEIPT:
+            return receipt_message(self._codec.load(row[2]), row[3], row[4])
         return self.serde.loads_typed((row[0], bytes(row[1])))

@@ -57,7 +57,8 @@ SELECT_SENT_IN_FAMILY = (
     "'compensation_failed', 'compensation_unknown') "
     "ORDER BY created_at LIMIT 1"
 )
-SELECT_RESULT = "SELECT result_type, result FROM effects WHERE thread_id = ? AND key = ?"
+SELECT_RESULT = ("SELECT result_type, result, receipt, tool, tool_call_id FROM effects "
+                 "WHERE thread_id = ? AND key = ?")
 SELECT_ASKED_IN_TASK = (
     f"SELECT {EFFECT_COLUMNS} FROM effects "
     "WHERE thread_id = ? AND checkpoint_ns = ? AND asked = 1 ORDER BY created_at"

@@ -8,7 +8,6 @@ thread's key secret.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ from graph_durable.ledger import (
     TransitionWrite,
     encode_args,
     key_of_encoded,
+    receipt_message,
 )
 from graph_durable.policy import Effect
 
@@ -101,11 +101,7 @@ class CallContext:
 
     def message(self, content: Any, *, status: str = "success") -> ToolMessage:
         """A ToolMessage answering this call."""
-        if not isinstance(content, str | list):
-            content = json.dumps(content, ensure_ascii=False, default=str)
-        return ToolMessage(
-            content=content, name=self.tool, tool_call_id=self.tool_call_id, status=status
-        )
+        return receipt_message(content, self.tool, self.tool_call_id, status)
 
     def transition(self, record: EffectRecord, to: EffectStatus, kind: str,
                    **fields: Any) -> TransitionWrite:

@@ -34,6 +34,7 @@ from langgraph.types import Command
 from graph_durable.errors import GraphDurableError, NotApplied, Retryable
 from graph_durable.faults import fault_point
 from graph_durable.ledger import (
+    FROM_RECEIPT,
     SENT_STATUSES,
     TERMINAL_STATUSES,
     EffectRecord,
@@ -275,11 +276,14 @@ def _applied(ctx: CallContext, record: EffectRecord, result: Any) -> Protocol:
         result = note_edit(result, record.args)
     # A receipt that a lookup or a same-key re-send could recover rides on the step's
     # own commit; one only a human could recover is committed now, and so is a result a
-    # lookup could not rebuild, so that a crash replays it.
-    yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None,
-                               receipt=receipt, result=result, data={"source": "tool"},
-                               defer=ctx.policy.reconcilable and ctx.defer_receipts
-                               and rebuilt_by_lookup(result, ctx.message(receipt))))
+    # lookup could not rebuild, so that a crash replays it. A result that is the
+    # receipt's own message is not stored beside it: replay rebuilds it from the receipt.
+    rebuilt = rebuilt_by_lookup(result, ctx.message(receipt))
+    yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None, receipt=receipt,
+                               result=(FROM_RECEIPT if rebuilt and ctx.policy.redact is None
+                                       else result),
+                               data={"source": "tool"},
+                               defer=rebuilt and ctx.policy.reconcilable and ctx.defer_receipts))
     fault_point("after_receipt", tool=ctx.tool)
     ctx.outcome = "resent" if ctx.outcome == "resent" else "sent"
     return result

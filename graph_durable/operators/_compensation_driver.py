@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import time
 from collections.abc import Generator, Iterator
 from contextlib import AsyncExitStack, ExitStack, contextmanager
@@ -29,7 +28,7 @@ from graph_durable import telemetry
 from graph_durable.checkpointers._base import actor_of
 from graph_durable.errors import NotApplied
 from graph_durable.leases import Lease
-from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite
+from graph_durable.ledger import EffectRecord, EffectStatus, TransitionWrite, receipt_message
 from graph_durable.nodes.async_driver import aperform
 from graph_durable.nodes.compensation import compensation_context, run_compensation
 from graph_durable.nodes.context import _CURRENT, EffectContext
@@ -400,7 +399,4 @@ def settle_open(record: EffectRecord, policy: Effect, receipt: Any = None, *,
 
 def answer_message(record: EffectRecord, content: Any, status: str = "success") -> ToolMessage:
     """The answer a resumed step replays for `record`'s call."""
-    if not isinstance(content, str | list):
-        content = json.dumps(content, ensure_ascii=False, default=str)
-    return ToolMessage(content=content, name=record.tool, tool_call_id=record.tool_call_id,
-                       status=status)
+    return receipt_message(content, record.tool, record.tool_call_id, status)

@@ -25,7 +25,7 @@ from langgraph.prebuilt import tools_condition
 from langgraph.types import Command, Send
 
 from graph_durable import Effect, EffectGuardNode, EffectStatus, current_effect
-from graph_durable.ledger import IntentWrite, TransitionWrite
+from graph_durable.ledger import RESULT_FROM_RECEIPT, IntentWrite, TransitionWrite
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
 from graph_durable.testing.models import ScriptedChatModel
 
@@ -162,6 +162,64 @@ def test_a_plain_result_still_rides_on_the_steps_commit(make_saver, provider) ->
     receipt = provider.effects()[0]["receipt"]
     assert answer(result).content == json.dumps(receipt, ensure_ascii=False)
     assert after.effect(record.key, "t").receipt == receipt
+
+
+# -- a result that is its receipt's own message is stored once -----------------------------
+
+
+@pytest.mark.parametrize("content", [
+    {"zone": "Zürich", "id": "p-1", "nested": {"b": [1.5, None], "a": True}},
+    "booked p-1 (plain text)",
+])
+def test_a_result_that_is_its_receipt_is_rebuilt_from_it_for_replay(make_saver, provider,
+                                                                      content) -> None:
+    """A plain ToolMessage carrying the receipt is not stored beside it: the replay of a
+    blind call (receipt committed at once) rebuilds the very message the model got,
+    keys in the tool's order, without a lookup or a send."""
+
+    @tool
+    def book(room: str) -> Any:
+        """Book a room."""
+        provider.apply(current_effect().key, {"room": room})
+        return content
+
+    def blind(saver: Any) -> Any:
+        model = ScriptedChatModel(script=[AIMessage(content="", tool_calls=[dict(CALL)]),
+                                          AIMessage(content="done")])
+        builder = StateGraph(State)
+        builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
+        builder.add_node("tools", EffectGuardNode([book], effects={"book": Effect()}))
+        builder.add_edge(START, "agent")
+        builder.add_conditional_edges("agent", tools_condition)
+        builder.add_edge("tools", "agent")
+        return builder.compile(checkpointer=saver)
+
+    sent = run(blind(make_saver()), {"messages": [HumanMessage("go")]})
+    thread = {"configurable": {"thread_id": "t2"}}
+    crash_graph = blind(make_saver())
+    arm(FaultPlan("after_receipt", action="raise"))
+    with pytest.raises(InjectedCrash):
+        crash_graph.invoke({"messages": [HumanMessage("go")]}, thread, durability="sync")
+    disarm()
+
+    after = make_saver()
+    [record] = after.effects("t2")
+    assert record.status is EffectStatus.APPLIED
+    replayed = blind(after).invoke(None, thread, durability="sync")
+    assert provider.count() == 2  # one for each thread, none again on replay
+    expected = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+    assert answer(sent).content == expected
+    assert answer(replayed).content == expected  # the tool's key order, not sorted
+    assert answer(replayed).model_copy(update={"id": None}) == answer(sent).model_copy(
+        update={"id": None})
+    assert after.stored_result("t2", record.key) == ToolMessage(
+        expected, name="book", tool_call_id="c1")
+    assert record.receipt == content
+    # Stored once: the row holds the receipt, and no serialised (or sealed) copy of it.
+    query = ("SELECT result_type, result FROM effects WHERE thread_id = ?", ("t2",))
+    [(result_type, stored)] = (after._query(*query) if hasattr(after, "_query")
+                               else after._sync(after._aquery(*query)))
+    assert (result_type, stored) == (RESULT_FROM_RECEIPT, None)
 
 
 # -- a lookup that returns the tool's result ---------------------------------------------
