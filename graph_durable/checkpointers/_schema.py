@@ -221,6 +221,10 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX task_runs_thread ON task_runs (thread_id, seq);
     """,
+    # 6: a stored result may be rebuilt from its receipt (`result_type` 'gd-receipt', no
+    # result bytes). No table changes; a release before this one cannot read such a row,
+    # and learns from this version that a newer release writes here.
+    "",
 ]
 
 # Pieces the two claim functions (migrations 8 and 10) share, written once; each is
@@ -549,4 +553,8 @@ PG_MIGRATIONS: list[str] = [
     END
     $fn$
     """,
+    # 11: a stored result may be rebuilt from its receipt (`result_type` 'gd-receipt', no
+    # result bytes). No table changes; a release before this one cannot read such a row,
+    # and learns from this version that a newer release writes here.
+    "",
 ]
