@@ -53,6 +53,7 @@ __all__ = [
     "canonical_json",
     "derive_key",
     "receipt_message",
+    "trusted_record",
 ]
 
 
@@ -192,6 +193,24 @@ class EffectRecord(BaseModel):
     """Unix time of the intent."""
     updated_at: float
     """Unix time of the last transition."""
+
+
+_RECORD_DEFAULTS: dict[str, Any] = {"receipt": None, "error": None, "attempts": 0,
+                                     "decision": None, "asked": False}
+_RECORD_FIELDS = tuple(EffectRecord.model_fields)
+_set = object.__setattr__
+
+
+def trusted_record(**values: Any) -> EffectRecord:
+    """An `EffectRecord` of values already checked (a row the ledger decoded, or an
+    intent it planned): `model_construct`, without its per-field work."""
+    given = {**_RECORD_DEFAULTS, **values}
+    record = EffectRecord.__new__(EffectRecord)
+    _set(record, "__dict__", {name: given[name] for name in _RECORD_FIELDS})
+    _set(record, "__pydantic_fields_set__", set(values))
+    _set(record, "__pydantic_extra__", None)
+    _set(record, "__pydantic_private__", None)
+    return record
 
 
 class EffectEvent(BaseModel):

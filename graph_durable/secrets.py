@@ -87,6 +87,11 @@ def encrypts(serde: Any) -> bool:
     return "+" in type_
 
 
+_SORTED = json.JSONEncoder(ensure_ascii=False, default=str, sort_keys=True)
+_ORDERED = json.JSONEncoder(ensure_ascii=False, default=str)
+"""`json.dumps` with options builds an encoder per call; the columns' two, made once."""
+
+
 class LedgerCodec:
     """Encodes the ledger's JSON columns: plain JSON, or sealed by the saver's `serde`.
 
@@ -105,12 +110,12 @@ class LedgerCodec:
 
     def dump(self, value: Any) -> str:
         """The column text for `value` (JSON; values JSON cannot hold become `str()`)."""
-        return self.seal(json.dumps(value, ensure_ascii=False, default=str, sort_keys=True))
+        return self.seal(_SORTED.encode(value))
 
     def dump_ordered(self, value: Any) -> str:
         """`dump`, keeping the order of `value`'s keys (a receipt a stored result is
         rebuilt from: its JSON must come back as the tool wrote it)."""
-        return self.seal(json.dumps(value, ensure_ascii=False, default=str))
+        return self.seal(_ORDERED.encode(value))
 
     def dump_event(self, data: dict[str, Any]) -> str:
         """The column text of a journal entry's data: sealed only when it says more
@@ -120,7 +125,7 @@ class LedgerCodec:
             k in _CLEAR_EVENT_FIELDS and (k != "decision" or isinstance(v, str))
             for k, v in data.items()
         ):
-            return json.dumps(data, ensure_ascii=False, default=str, sort_keys=True)
+            return _SORTED.encode(data)
         return self.dump(data)
 
     def dump_json(self, text: str) -> str:

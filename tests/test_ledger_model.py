@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from graph_durable.errors import UnkeyableToolCall
-from graph_durable.ledger import EffectStatus, derive_key
+from graph_durable.ledger import EffectRecord, EffectStatus, derive_key
 
 BASE = {"thread_id": "t", "anchor": "msg:m1", "tool_call_id": "c1", "tool": "pay",
         "args": {"cents": 5, "to": "ana"}}
@@ -54,3 +54,22 @@ def test_unknown_is_never_failed() -> None:
     assert not S.UNKNOWN.can_become(S.FAILED)
     assert S.UNKNOWN.can_become(S.APPLIED) and S.UNKNOWN.can_become(S.IN_FLIGHT)
     assert not S.AWAITING_APPROVAL.can_become(S.APPLIED)
+
+
+def test_a_trusted_record_is_the_record_model_construct_makes() -> None:
+    """`trusted_record` (the ledger's fast path for rows it decoded or planned) keeps
+    to the model: the same defaults, fields, equality and immutability."""
+    from graph_durable.ledger import trusted_record
+
+    required = dict(key="k", thread_id="t", checkpoint_ns="", tool_call_id="c", tool="x",
+                    args={"a": 1}, status=EffectStatus.IN_FLIGHT, created_at=1.0,
+                    updated_at=2.0)
+    full = {**required, "receipt": {"id": 1}, "error": "e", "attempts": 3,
+            "decision": {"type": "approve"}, "asked": True}
+    for values in (required, full):
+        made, trusted = EffectRecord.model_construct(**values), trusted_record(**values)
+        assert trusted == made and repr(trusted) == repr(made)
+        assert trusted.model_fields_set == made.model_fields_set
+        assert trusted.model_dump() == made.model_dump()
+    with pytest.raises(ValueError):
+        trusted.key = "other"  # type: ignore[misc]

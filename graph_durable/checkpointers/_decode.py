@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from graph_durable.errors import GraphDurableError, LedgerDamaged
-from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus
+from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus, trusted_record
 from graph_durable.secrets import LedgerCodec, Sealed
 
 __all__ = [
@@ -190,7 +190,7 @@ def effect_from_row(row: Sequence[Any], codec: LedgerCodec = PLAIN) -> EffectRec
     read = _Row("effects", thread_id, key)
     where = f" of thread {thread_id!r}"
     # The columns are checked, then the record built without pydantic's validation.
-    return EffectRecord.model_construct(
+    return trusted_record(
         key=read.text("key", key),
         thread_id=read.text("thread_id", thread_id),
         checkpoint_ns=read.text("checkpoint_ns", ns),

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from graph_durable._langgraph import CALLED_TASK_PATH
 from graph_durable.checkpointers._decode import PLAIN, effect_from_row, event_from_row
 from graph_durable.errors import IllegalTransition
-from graph_durable.ledger import EffectRecord, EffectStatus
+from graph_durable.ledger import EffectRecord, EffectStatus, trusted_record
 from graph_durable.secrets import LedgerCodec
 
 __all__ = [
@@ -256,9 +256,12 @@ def _where(**equal: str | None) -> tuple[str, tuple[str, ...]]:
     return (f"WHERE {clauses}" if given else ""), tuple(given.values())
 
 
+_SORTED = json.JSONEncoder(ensure_ascii=False, default=str, sort_keys=True)
+
+
 def to_json(value: Any) -> str:
     """JSON for a ledger column; values JSON cannot hold are stored as their `str()`."""
-    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+    return _SORTED.encode(value)
 
 
 def plan_intent(
@@ -283,7 +286,7 @@ def plan_intent(
     intent's journal entry (a compensation names the effect it undoes, and who decided).
     """
     attempts = 1 if status is EffectStatus.IN_FLIGHT else 0
-    record = EffectRecord.model_construct(
+    record = trusted_record(
         key=key, thread_id=thread_id, checkpoint_ns=checkpoint_ns, tool_call_id=tool_call_id,
         tool=tool, args=args, status=status, attempts=attempts,
         created_at=now, updated_at=now,

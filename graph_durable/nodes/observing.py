@@ -65,10 +65,24 @@ def refused(info: telemetry.CallInfo, task: Task, error: BaseException) -> None:
 def traced(config: Mapping[str, Any]) -> bool:
     """Whether anyone sees a tool's run: a callback handler of the run, or LangSmith
     tracing (which LangChain adds when the tool runs). Without one the tool is not
-    copied to carry metadata nobody reads."""
+    copied to carry metadata nobody reads.
+
+    The answer for the last callbacks seen is kept: a step's calls share their task's
+    callback manager, and LangSmith's test reads the environment each time."""
+    global _last_traced
     callbacks = config.get("callbacks")
+    last = _last_traced  # one tuple, read and replaced whole: safe across threads
+    if callbacks is not None and last[0] is callbacks:
+        return last[1]
     handlers = getattr(callbacks, "handlers", callbacks)
-    return bool(handlers) or bool(_tracing_v2_is_enabled())
+    seen = bool(handlers) or bool(_tracing_v2_is_enabled())
+    if callbacks is not None:
+        _last_traced = (callbacks, seen)
+    return seen
+
+
+_last_traced: tuple[Any, bool] = (None, False)
+"""`(callbacks, traced)` of the last call to `traced` that had callbacks."""
 
 
 def with_metadata(tool: Any, info: telemetry.CallInfo, attempts: int) -> Any:

@@ -53,12 +53,14 @@ class CheckpointWrite:
 class QueuedWrite:
     """A ledger or checkpoint write waiting for the group commit that will hold it."""
 
-    __slots__ = ("write", "config", "result", "error", "done")
+    __slots__ = ("write", "config", "actor", "result", "error", "done")
 
     def __init__(self, write: LedgerWrite | CheckpointWrite,
                  config: RunnableConfig | None) -> None:
         self.write = write
         self.config = config
+        self.actor = actor_of(config)
+        """The lease owner and fencing token the write was made with (`actor_of`)."""
         self.result: list[EffectRecord] = []
         self.error: BaseException | None = None
         self.done = False
@@ -365,20 +367,20 @@ class SqliteTransactions:
                 item.done = True
 
     def _write_alone_txn(self, cur: sqlite3.Cursor, item: QueuedWrite) -> None:
-        write, config = item.write, item.config
-        self._check_write_txn(cur, write.thread_id, config)
+        write = item.write
+        self._check_write_txn(cur, write.thread_id, item.config)
         if isinstance(write, CheckpointWrite):
             write.body(cur)
         elif isinstance(write, IntentWrite):
-            self._claim_txn(cur, [item], actor_of(config))
+            self._claim_txn(cur, [item], item.actor)
         else:
-            self._apply_txn(cur, item, actor_of(config))
+            self._apply_txn(cur, item, item.actor)
 
     def _write_batch_txn(self, cur: sqlite3.Cursor, batch: Sequence[QueuedWrite]) -> None:
         """Several writes in one transaction. A batch made with one fencing token for
         one thread (a step's claim) is fenced without a savepoint: a refused fence
         refuses every write of it, so the transaction rolls back whole."""
-        fences = {(item.write.thread_id, actor_of(item.config)[1]) for item in batch}
+        fences = {(item.write.thread_id, item.actor[1]) for item in batch}
         checked: dict[tuple[str, int | None], BaseException | None] = {}
         if len(fences) == 1:
             first = batch[0]
@@ -386,8 +388,7 @@ class SqliteTransactions:
             checked = dict.fromkeys(fences)
         claims: list[QueuedWrite] = []
         for index, item in enumerate(batch):
-            write, config = item.write, item.config
-            actor = actor_of(config)
+            write, config, actor = item.write, item.config, item.actor
             fenced = (write.thread_id, actor[1])
             if fenced not in checked:
                 checked[fenced] = _in_savepoint(
@@ -402,7 +403,7 @@ class SqliteTransactions:
                 following = batch[index + 1] if index + 1 < len(batch) else None
                 if (following is None or not isinstance(following.write, IntentWrite)
                         or following.write.thread_id != write.thread_id
-                        or actor_of(following.config) != actor):
+                        or following.actor != actor):
                     self._claim_txn(cur, claims, actor)
                     claims = []
             else:
