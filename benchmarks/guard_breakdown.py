@@ -3,7 +3,7 @@
 The turn of `benchmarks.turn_overhead` (model -> tools -> model on a fresh thread, a
 scripted model, 1 or 5 calls of one idempotent tool, `durability="sync"`), on sync SQLite:
 stock (`ToolNode` + `SqliteSaver`) against guarded (`EffectGuardNode` +
-`DurableSqliteSaver`). Five measurements, each printed as a table:
+`DurableSqliteSaver`). Six measurements, each printed as a table:
 
 1. **Totals.** Stock and guarded turns interleaved one by one (`REPETITIONS` x `TURNS`
    each, after a warm-up), timing each turn's wall time and the process's CPU time
@@ -22,7 +22,10 @@ stock (`ToolNode` + `SqliteSaver`) against guarded (`EffectGuardNode` +
    profiler (about 2x for Python code); compare them with each other, not with (1).
 4. **SQLite statements.** `sqlite3`'s trace callback on each side's connection: the
    statements per turn by kind, and `COMMIT`s per turn.
-5. **PostgreSQL statements.** The same turn on a throwaway server
+5. **Function calls.** A profile hook on every thread counts the calls (Python and C)
+   per turn, stock and guarded, each charged to the innermost graph_durable frame on
+   its stack: a count, the same from run to run, where times vary by a tenth.
+6. **PostgreSQL statements.** The same turn on a throwaway server
    (`graph_durable.testing.postgres.PostgresServer`; skipped without one): statements
    (`Execute` and `Query` messages of libpq's protocol trace) and round trips per turn on
    the saver's connection, and commits that wrote (transaction ids the server assigned
@@ -798,6 +801,63 @@ def count_sqlite(agent: Agent, turns: int = COUNTED_TURNS) -> dict[str, float]:
     return per_turn
 
 
+_GD_DIR = os.sep + "graph_durable" + os.sep
+
+
+def count_calls(agent: Agent, turns: int = COUNTED_TURNS) -> dict[str, float]:
+    """Function calls per turn, every thread (a profile hook counts each Python and C
+    call): `total`, and each graph_durable module's share, a call being charged to the
+    innermost graph_durable frame on its stack (`outside` when there is none, as for
+    every call of a stock turn). Unlike time, the count is the same from run to run,
+    so a cut of a few calls per guarded call shows."""
+    counts: Counter[str] = Counter()
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event != "call" and event != "c_call":
+            return
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if _GD_DIR in filename:
+                counts[filename.rsplit(_GD_DIR, 1)[1]] += 1
+                return
+            frame = frame.f_back
+        counts["outside"] += 1
+
+    threading.setprofile(hook)
+    sys.setprofile(hook)
+    try:
+        for _ in range(turns):
+            agent.turn()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    per_turn = {module: n / turns for module, n in counts.items()}
+    per_turn["total"] = sum(counts.values()) / turns
+    return per_turn
+
+
+def _print_call_counts(counts: Mapping[int, Mapping[str, Mapping[str, float]]]) -> None:
+    print()
+    print("Function calls per turn (profile hook, every thread; a call is charged to the "
+          "innermost graph_durable frame; the tool's own run is charged to the guard's "
+          "frame that runs it)")
+    rows = []
+    for n_calls, sides in counts.items():
+        stock, guarded = sides["stock"]["total"], sides["guarded"]["total"]
+        rows.append((_tool_calls(n_calls), f"{stock:.0f}", f"{guarded:.0f}",
+                     f"{guarded - stock:.0f}", f"{(guarded - stock) / n_calls:.0f}"))
+    _print_rows(("turn", "stock", "guarded", "added", "added per call"), rows)
+    last = max(counts)
+    guarded = counts[last]["guarded"]
+    modules = sorted((m for m in guarded if m not in ("total", "outside")
+                      and not m.startswith("testing" + os.sep)),  # the scripted model
+                     key=lambda m: -guarded[m])[:15]
+    print()
+    print(f"  {_tool_calls(last)}, guarded: calls per turn by graph_durable module "
+          "(the 15 most)")
+    _print_rows(("module", "calls/turn"), [(m, f"{guarded[m]:.0f}") for m in modules])
+
+
 def _print_sqlite_counts(counts: Mapping[int, Mapping[str, Mapping[str, float]]]) -> None:
     print()
     print("SQLite statements per turn (sqlite3 trace callback on the saver's connection)")
@@ -883,9 +943,10 @@ def _print_postgres_counts(counts: Mapping[int, Mapping[str, Mapping[str, float]
 
 
 def main() -> list[Comparison]:
-    """Run the five measurements for 1 and 5 calls; print them; report the totals."""
+    """Run the six measurements for 1 and 5 calls; print them; report the totals."""
     comparisons: list[Comparison] = []
     sqlite_counts: dict[int, dict[str, dict[str, float]]] = {}
+    call_counts: dict[int, dict[str, dict[str, float]]] = {}
     print(f"{WARMUP} warm-up turns per variant; totals: {REPETITIONS} x {TURNS} turns per "
           f"variant, interleaved; parts: {TURNS} turns; cProfile: {PROFILED_TURNS} turns; "
           f"statements: {COUNTED_TURNS} turns", flush=True)
@@ -901,16 +962,20 @@ def main() -> list[Comparison]:
                 guarded_profile = profile_turns(guarded, PROFILED_TURNS)
                 sqlite_counts[n_calls] = {"stock": count_sqlite(stock),
                                           "guarded": count_sqlite(guarded)}
+                call_counts[n_calls] = {"stock": count_calls(stock),
+                                        "guarded": count_calls(guarded)}
             _print_parts(n_calls, parts, totals)
             profile = _print_profile(n_calls, stock_profile, guarded_profile, PROFILED_TURNS)
             comparison = totals.comparison(target)
             comparison.details.update({  # type: ignore[attr-defined]
                 "parts_us_per_turn": parts["parts"], "stock_puts_us_per_turn":
                 parts["stock_puts"], "profile": profile,
-                "sqlite_statements": sqlite_counts[n_calls]})
+                "sqlite_statements": sqlite_counts[n_calls],
+                "calls_per_turn": call_counts[n_calls]})
             comparisons.append(comparison)
         _print_totals(all_totals)
         _print_sqlite_counts(sqlite_counts)
+        _print_call_counts(call_counts)
     why = _postgres_available()
     if why is None:
         try:
