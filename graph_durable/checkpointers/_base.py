@@ -98,6 +98,11 @@ class IntentExists(Exception):
         self.record = record
 
 
+_METADATA_JSON = json.JSONEncoder(ensure_ascii=False)
+"""How a checkpoint's metadata column is encoded (LangGraph's SQLite savers' options),
+made once: `json.dumps` with options builds an encoder per call."""
+
+
 def actor_of(config: RunnableConfig | None) -> tuple[str | None, int | None]:
     """The lease owner and fencing token a write was made with, if any."""
     if not config:
@@ -374,8 +379,11 @@ class DurableSaverMixin:
     # -- write guards: fencing and flow-version pin (run inside the write's transaction) --
 
     def _check_fence(self, row: Any, thread_id: str, config: RunnableConfig | None) -> None:
+        token = actor_of(config)[1]
+        if row is None and token is None:
+            return  # no lease, and none claimed: nothing to fence (`check_fence`'s first case)
         check_fence(lease_from_row(thread_id, None if row is None else tuple(row)), thread_id,
-                    actor_of(config)[1], time.time())
+                    token, time.time())
 
     def _needs_flow_check(self, thread_id: str) -> bool:
         return self.flow_version is not None and thread_id not in self._flow_checked
@@ -406,7 +414,7 @@ class DurableSaverMixin:
     ) -> tuple[_sql.Statement, RunnableConfig]:
         conf = config["configurable"]
         type_, blob = self.serde.dumps_typed(checkpoint)
-        meta = json.dumps(get_checkpoint_metadata(config, metadata), ensure_ascii=False)
+        meta = _METADATA_JSON.encode(get_checkpoint_metadata(config, metadata))
         params = (str(conf["thread_id"]), conf["checkpoint_ns"], checkpoint["id"],
                   conf.get("checkpoint_id"), type_, blob, meta.encode("utf-8", "ignore"))
         stored = {"configurable": {"thread_id": conf["thread_id"],

@@ -81,6 +81,8 @@ def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any]) -> BaseExcepti
 
 def _journal_txn(cur: sqlite3.Cursor, entries: Sequence[tuple[Any, ...]]) -> None:
     """Write journal entries (`_sql.INSERT_EVENT`'s parameters each), in their order."""
+    if not entries:
+        return
     for statement in _sql.insert_events(entries):
         cur.execute(*statement)
 
@@ -145,6 +147,8 @@ class SqliteTransactions:
 
     def _flush_deferred_txn(self, cur: sqlite3.Cursor, thread_id: str) -> None:
         """Carry out the thread's deferred transitions, then journal them together."""
+        if thread_id not in self._deferred:  # type: ignore[attr-defined]
+            return  # nothing deferred (a write deferred meanwhile rides on the next one)
         entries: list[tuple[Any, ...]] = []
         for write, write_config in self._take_deferred(thread_id):  # type: ignore[attr-defined]
             try:

@@ -266,7 +266,7 @@ class DurableSqliteSaver(DurableSaverMixin, CheckedCheckpoints, SqliteTransactio
     ) -> list[QueuedWrite]:
         items = self._enqueue(writes, config)
         with self.lock:
-            if not all(item.done for item in items):
+            if items and not items[-1].done:  # one enqueue is committed whole, in one batch
                 self.setup()
                 self._commit_queue(self.conn)
         return items
