@@ -1316,3 +1316,27 @@ def test_a_guarded_write_requested_before_a_copy_is_sent_once_in_the_family(tmp_
 
     result = _replay(tmp_path, Episode.from_json(SEED_981478))
     assert result.ok, result.problems
+
+
+SEED_993623 = (
+    '{"after":{"pick":7,"via":"time_travel"},"crashes":[{"occurrence":3,"phase":0,"point":"'
+    'before_put_writes","then":{"pick":5,"via":"checkpoint_config"},"tool":null},{"occurren'
+    'ce":2,"phase":0,"point":"after_put","then":{"pick":3,"via":"checkpoint_config"},"tool"'
+    ':null}],"flavour":"sync","fresh_ids":false,"history":"","leased":false,"reviewer":{"ed'
+    'it_unchanged":false,"malformed":false,"raw":false,"seed":1256867554},"sealed":true,"se'
+    'ed":993623,"sequential":true,"stack":"","tools":{"charge":{"approval":false,"mode":"lo'
+    'okup","policy":"blind","result":"receipt","retries":0,"timeout":null}},"topology":"sub'
+    'graph","turns":[[{"faults":[],"id":"call_0_0","item":"x11","n":0,"tool":"charge"}]]}')
+
+
+@pytest.mark.crash
+def test_a_subgraph_restarted_twice_then_time_travelled_repeats_its_one_effect(tmp_path) -> None:
+    """Seed 993623 (`subgraph`, sealed ledger): a worker killed twice, each time resumed
+    from a named checkpoint, so the subgraph ran three times, the later runs taking the
+    first run's key; then a time travel. Two earlier runs matched the restarted call,
+    and the guard refused it as ambiguous, though both had asked for the same effect:
+    now it replays that effect, sending nothing."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_993623))
+    assert result.ok, result.problems
