@@ -39,6 +39,7 @@ __all__ = [
     "SEALED_PREFIX",
     "Sealed",
     "SecretUnavailable",
+    "column_json",
     "explained",
     "redact_keys",
 ]
@@ -92,6 +93,12 @@ _ORDERED = json.JSONEncoder(ensure_ascii=False, default=str)
 """`json.dumps` with options builds an encoder per call; the columns' two, made once."""
 
 
+def column_json(value: Any) -> str:
+    """JSON for a ledger column, before any sealing: keys sorted, values JSON cannot
+    hold stored as their `str()`."""
+    return _SORTED.encode(value)
+
+
 class LedgerCodec:
     """Encodes the ledger's JSON columns: plain JSON, or sealed by the saver's `serde`.
 
@@ -110,7 +117,7 @@ class LedgerCodec:
 
     def dump(self, value: Any) -> str:
         """The column text for `value` (JSON; values JSON cannot hold become `str()`)."""
-        return self.seal(_SORTED.encode(value))
+        return self.seal(column_json(value))
 
     def dump_ordered(self, value: Any) -> str:
         """`dump`, keeping the order of `value`'s keys (a receipt a stored result is
@@ -125,7 +132,7 @@ class LedgerCodec:
             k in _CLEAR_EVENT_FIELDS and (k != "decision" or isinstance(v, str))
             for k, v in data.items()
         ):
-            return _SORTED.encode(data)
+            return column_json(data)
         return self.dump(data)
 
     def dump_json(self, text: str) -> str:

@@ -47,12 +47,12 @@ from graph_durable.leases import (
 )
 from graph_durable.ledger import (
     _UNSET,
+    FROM_RECEIPT,
+    RESULT_FROM_RECEIPT,
     EffectEvent,
     EffectRecord,
     IntentWrite,
     Keying,
-    FROM_RECEIPT,
-    RESULT_FROM_RECEIPT,
     TransitionWrite,
     canonical_json,
     receipt_message,

@@ -18,7 +18,7 @@ from graph_durable._langgraph import CALLED_TASK_PATH
 from graph_durable.checkpointers._decode import PLAIN, effect_from_row, event_from_row
 from graph_durable.errors import IllegalTransition
 from graph_durable.ledger import EffectRecord, EffectStatus, trusted_record
-from graph_durable.secrets import LedgerCodec
+from graph_durable.secrets import LedgerCodec, column_json
 
 __all__ = [
     "EFFECT_COLUMNS",
@@ -256,12 +256,9 @@ def _where(**equal: str | None) -> tuple[str, tuple[str, ...]]:
     return (f"WHERE {clauses}" if given else ""), tuple(given.values())
 
 
-_SORTED = json.JSONEncoder(ensure_ascii=False, default=str, sort_keys=True)
-
-
 def to_json(value: Any) -> str:
     """JSON for a ledger column; values JSON cannot hold are stored as their `str()`."""
-    return _SORTED.encode(value)
+    return column_json(value)
 
 
 def plan_intent(

@@ -239,12 +239,10 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
             matches[_input_id(first)] = (records, sorted(inherited))
     if not matches:
         return None
+    # Earlier runs that all asked for the same effects (a restart that took the keys of
+    # the run before it, seed 993623) are one: whichever the call repeats, it repeats those.
     if len({(tuple(record.key for record in records), tuple(inherited))
-            for records, inherited in matches.values()}) == 1:
-        # Each earlier run asked for the same effects (a restart that took the keys of
-        # the run before it, seed 993623): whichever it repeats, it repeats those.
-        matches = dict([next(iter(matches.items()))])
-    if len(matches) > 1:
+            for records, inherited in matches.values()}) > 1:
         raise GraphDurableError(
             f"Tool call {ctx.tool_call_id!r} ({ctx.tool}) in thread {ctx.thread_id!r} runs in "
             f"a subgraph that this run from a named checkpoint restarted, and "
@@ -254,7 +252,7 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
             "{'thread_id': ...}})), or settle the earlier effects first (graph-durable "
             "pending lists them).",
             thread_id=ctx.thread_id, tool_call_id=ctx.tool_call_id)
-    [(earlier, inherited)] = matches.values()
+    earlier, inherited = next(iter(matches.values()))
     mine = [tool_call_id for _, _, tool_call_id in
             _fresh_calls(current, set(inherited), ctx.tool, ctx.args_json)]
     if ctx.tool_call_id not in mine:

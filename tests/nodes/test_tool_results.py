@@ -52,14 +52,16 @@ def provider(tmp_path: Path) -> FakeProvider:
     return FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
 
 
-def build(saver: Any, book: Any, lookup: Callable[[str], Any]) -> Any:
-    """agent -> tools -> agent; a Command's `goto="follow"` leads through `follow`."""
+def build(saver: Any, book: Any, lookup: Callable[[str], Any] | None,
+          policy: Effect | None = None) -> Any:
+    """agent -> tools -> agent; a Command's `goto="follow"` leads through `follow`.
+    `book` is looked up with `lookup` unless another `policy` is given."""
     model = ScriptedChatModel(script=[AIMessage(content="", tool_calls=[dict(CALL)]),
                                       AIMessage(content="done")])
     builder = StateGraph(State)
     builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
-    builder.add_node("tools", EffectGuardNode([book], effects={"book": Effect(lookup=lookup)}),
-                     destinations=("follow",))
+    builder.add_node("tools", EffectGuardNode([book], effects={
+        "book": policy or Effect(lookup=lookup)}), destinations=("follow",))
     builder.add_node("follow", lambda s: {"followed": True})
     builder.add_edge(START, "agent")
     builder.add_conditional_edges("agent", tools_condition)
@@ -184,15 +186,7 @@ def test_a_result_that_is_its_receipt_is_rebuilt_from_it_for_replay(make_saver, 
         return content
 
     def blind(saver: Any) -> Any:
-        model = ScriptedChatModel(script=[AIMessage(content="", tool_calls=[dict(CALL)]),
-                                          AIMessage(content="done")])
-        builder = StateGraph(State)
-        builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
-        builder.add_node("tools", EffectGuardNode([book], effects={"book": Effect()}))
-        builder.add_edge(START, "agent")
-        builder.add_conditional_edges("agent", tools_condition)
-        builder.add_edge("tools", "agent")
-        return builder.compile(checkpointer=saver)
+        return build(saver, book, None, Effect())
 
     sent = run(blind(make_saver()), {"messages": [HumanMessage("go")]})
     thread = {"configurable": {"thread_id": "t2"}}
