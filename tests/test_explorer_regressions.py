@@ -1340,3 +1340,28 @@ def test_a_subgraph_restarted_twice_then_time_travelled_repeats_its_one_effect(t
 
     result = _replay(tmp_path, Episode.from_json(SEED_993623))
     assert result.ok, result.problems
+
+
+SEED_994371 = (
+    '{"after":null,"crashes":[{"occurrence":3,"phase":0,"point":"before_put","then":{"pick"'
+    ':0,"via":"copy_both"},"tool":null}],"flavour":"sync","fresh_ids":false,"history":"","l'
+    'eased":false,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":false,"seed":1'
+    '237229171},"sealed":false,"seed":994371,"sequential":true,"stack":"","tools":{"crm":{"'
+    'approval":false,"mode":"lookup","policy":"lookup","retries":0,"timeout":null}},"topolo'
+    'gy":"guarded_node","turns":[[{"faults":[],"id":"call_0_3","item":"x04","n":0,"tool":"c'
+    'rm"}]]}')
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, reason="the class of seed 981478: guarded writes anchor "
+                   "to the step's root checkpoint, made after the copy in each thread")
+def test_a_looked_up_guarded_write_requested_before_a_copy_is_applied_once_in_the_family(
+        tmp_path) -> None:
+    """Seed 994371 (`guarded_node`, `copy_both`, a looked-up CRM): as seed 981478, the
+    worker is killed before the step's checkpoint is saved and the thread is copied;
+    each thread keys the write from its own root checkpoint, and the lookup, asking
+    under the copy's key, finds nothing: the write is applied in both threads."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_994371))
+    assert result.ok, result.problems
