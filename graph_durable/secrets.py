@@ -25,7 +25,7 @@ import hmac
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from graph_durable.errors import GraphDurableError
@@ -41,11 +41,23 @@ __all__ = [
     "SecretUnavailable",
     "column_json",
     "explained",
+    "ordered_json",
     "redact_keys",
 ]
 
 SEALED_PREFIX = "gd-sealed:"
-"""How a sealed ledger value starts: `gd-sealed:<serde type>:<base64 of the bytes>`."""
+"""How a sealed ledger value starts: `gd-sealed:<serde type>:<base64 of the bytes>`, or
+for a member of a sealed set, `gd-sealed:set.<index>:<serde type>:<base64>`."""
+
+_SET_PREFIX = "set."
+"""How a sealed set member's type starts (no serde type starts so)."""
+
+SET_MEMBERS = 8
+"""At most this many values share one sealed set (`LedgerCodec.seal_together`)."""
+
+SET_CHARS = 4096
+"""A sealed set holds at most this many characters of JSON (a larger value is sealed
+alone)."""
 
 _CLEAR_EVENT_FIELDS = frozenset({
     "status", "tool", "tool_call_id", "source", "attempt", "inherited", "decision",
@@ -99,6 +111,12 @@ def column_json(value: Any) -> str:
     return _SORTED.encode(value)
 
 
+def ordered_json(value: Any) -> str:
+    """`column_json`, keeping the order of `value`'s keys (a receipt a stored result is
+    rebuilt from: its JSON must come back as the tool wrote it)."""
+    return _ORDERED.encode(value)
+
+
 class LedgerCodec:
     """Encodes the ledger's JSON columns: plain JSON, or sealed by the saver's `serde`.
 
@@ -118,11 +136,6 @@ class LedgerCodec:
     def dump(self, value: Any) -> str:
         """The column text for `value` (JSON; values JSON cannot hold become `str()`)."""
         return self.seal(column_json(value))
-
-    def dump_ordered(self, value: Any) -> str:
-        """`dump`, keeping the order of `value`'s keys (a receipt a stored result is
-        rebuilt from: its JSON must come back as the tool wrote it)."""
-        return self.seal(_ORDERED.encode(value))
 
     def dump_event(self, data: dict[str, Any]) -> str:
         """The column text of a journal entry's data: sealed only when it says more
@@ -153,6 +166,42 @@ class LedgerCodec:
         self._remember(sealed, text)
         return sealed
 
+    def seal_together(self, texts: Sequence[str]) -> list[str]:
+        """The column texts of `texts` (each already JSON), in order, sealed in sets.
+
+        A cipher such as AES-EAX costs more per value than the bytes it seals (a tenth
+        of a millisecond here), and a step writes a value per call together (its
+        intents' args, its receipts). Values written together are sealed as one JSON
+        list, up to `SET_MEMBERS` values and `SET_CHARS` characters a set, and each column
+        holds its set and its index in it: a row still opens alone, and the set is
+        opened once for all its members. A lone value is sealed as `seal` seals it.
+        """
+        if not self.seals:
+            return list(texts)
+        sealed: list[str] = []
+        start = 0
+        while start < len(texts):
+            end, size = start, 0
+            while (end < len(texts) and end - start < SET_MEMBERS
+                   and (end == start or size + len(texts[end]) <= SET_CHARS)):
+                size += len(texts[end])
+                end += 1
+            if end - start == 1:
+                sealed.append(self.seal(texts[start]))
+            else:
+                sealed.extend(self._seal_set(texts[start:end]))
+            start = end
+        return sealed
+
+    def _seal_set(self, texts: Sequence[str]) -> list[str]:
+        members = json.dumps(list(texts), ensure_ascii=False)
+        type_, blob = self.serde.dumps_typed(members.encode("utf-8"))
+        body = f"{type_}:{base64.b64encode(blob).decode('ascii')}"
+        sealed = [f"{SEALED_PREFIX}{_SET_PREFIX}{index}:{body}" for index in range(len(texts))]
+        for one, text in zip(sealed, texts, strict=True):
+            self._remember(one, text)
+        return sealed
+
     def _remember(self, sealed: str, text: str) -> None:
         opened = self._opened
         opened[sealed] = text
@@ -180,9 +229,19 @@ class LedgerCodec:
         if known is not None:
             return known
         type_, _, body = text[len(SEALED_PREFIX):].partition(":")
+        member: int | None = None
+        if type_.startswith(_SET_PREFIX):
+            member = int(type_[len(_SET_PREFIX):])
+            type_, _, body = body.partition(":")
         try:
             raw = self.serde.loads_typed((type_, base64.b64decode(body)))
             opened = bytes(raw).decode("utf-8")
+            if member is not None:
+                members = json.loads(opened)
+                prefix = text[:len(SEALED_PREFIX) + len(_SET_PREFIX)]
+                for index, one in enumerate(members):  # the set's other rows open free
+                    self._remember(f"{prefix}{index}:{type_}:{body}", one)
+                opened = members[member]
             self._remember(text, opened)
             return opened
         except Exception as exc:  # noqa: BLE001 - any failure to open is one answer

@@ -16,7 +16,17 @@ from langgraph.types import Command
 
 from graph_durable import DurableSqliteSaver, Effect, EffectStatus, NotApplied, current_effect
 from graph_durable.ledger import derive_key
-from graph_durable.secrets import SEALED, SEALED_PREFIX, KeySecrets, SecretUnavailable, redact_keys
+from graph_durable.secrets import (
+    SEALED,
+    SEALED_PREFIX,
+    SET_CHARS,
+    SET_MEMBERS,
+    KeySecrets,
+    LedgerCodec,
+    SecretUnavailable,
+    column_json,
+    redact_keys,
+)
 from graph_durable.testing import FakeProvider, FaultPlan, InjectedCrash, arm, disarm
 from tests.nodes.test_guard import CONFIG, build, call, run
 
@@ -92,6 +102,93 @@ def test_an_encrypting_serde_seals_args_receipts_and_journal_and_the_saver_reads
     assert CARD not in text and TOKEN not in text
     args, receipt, _, _ = ledger_rows(db)[0]
     assert args.startswith(SEALED_PREFIX) and receipt.startswith(SEALED_PREFIX)
+
+
+class CountingAes(EncryptedSerializer):
+    """LangGraph's AES serde, counting the ledger's seals and opens (the values it
+    seals are bytes; checkpoints are not; `encrypts` probes with empty bytes)."""
+
+    def __init__(self) -> None:
+        base = aes()
+        super().__init__(base.cipher, base.serde)
+        self.sealed = self.opened = 0
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        self.sealed += isinstance(obj, bytes) and obj != b""
+        return super().dumps_typed(obj)
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        value = super().loads_typed(data)
+        self.opened += isinstance(value, bytes)
+        return value
+
+
+def test_values_sealed_together_open_alone_with_one_cipher_call_a_set() -> None:
+    """`seal_together` seals up to `SET_MEMBERS` values (and `SET_CHARS` characters) as
+    one set; each column opens on its own, in any order, and a set is opened once for
+    all its members; a value too large for a set, or alone, is sealed as `seal` seals."""
+    serde = CountingAes()
+    codec = LedgerCodec(serde)
+    values = [{"card": CARD, "n": n, "é": "ü"} for n in range(SET_MEMBERS + 3)]
+    big = {"blob": "x" * SET_CHARS}
+    texts = [column_json(v) for v in [*values, big]]
+    sealed = codec.seal_together(texts)
+
+    assert serde.sealed == 3  # a full set, a set of three, the large value alone
+    assert all(t.startswith(SEALED_PREFIX + "set.") for t in sealed[:-1])
+    assert not sealed[-1].startswith(SEALED_PREFIX + "set.")
+    assert len({t.partition(":")[2].partition(":")[2] for t in sealed[:SET_MEMBERS]}) == 1
+    assert CARD not in "".join(sealed)
+
+    reader_serde = CountingAes()
+    reader = LedgerCodec(reader_serde)  # another process: nothing remembered
+    assert [reader.load(t) for t in reversed(sealed)] == [big, *reversed(values)]
+    assert reader_serde.opened == 3
+    assert codec.seal_together(texts[:1]) != texts[:1] and reader_serde.opened == 3
+    assert LedgerCodec(None).seal_together(texts) == texts  # a plain ledger stays plain
+    with pytest.raises(SecretUnavailable):
+        LedgerCodec(aes(b"x" * 32)).load(sealed[0])
+
+
+def test_a_steps_calls_seal_their_args_together_and_their_receipts_together(
+        make_saver, tmp_path) -> None:
+    """Three looked-up calls of one step: their intents' args are one sealed set (one
+    cipher call), their receipts, committed with the step, another; another saver on the
+    database reads each call's own args and receipt back."""
+    serde = CountingAes()
+    saver = make_saver(serde=serde)
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "lookup", name="p")
+
+    @tool
+    def charge(card: str, cents: int) -> dict:
+        """Charge a card."""
+        return {**provider.apply(current_effect().key, {"cents": cents}), "token": card[-4:]}
+
+    cards = {f"c{n}": f"{CARD[:-1]}{n}" for n in range(3)}
+    graph = build(saver, [charge], {"charge": Effect(lookup=provider.find)},
+                  *(call("charge", {"card": card, "cents": 100}, call_id)
+                    for call_id, card in cards.items()))
+    set_up = saver.setup()
+    if set_up is not None:  # an async saver, driven from this thread
+        saver._sync(set_up)
+    serde.sealed = 0  # the set-up sealed the database's key secret
+    run(graph)
+
+    assert provider.count() == 3
+    assert serde.sealed == 2  # the step's args, then its receipts
+    query = ("SELECT tool_call_id, args, receipt FROM effects WHERE thread_id = ?", ("t",))
+    rows = saver._query(*query) if hasattr(saver, "_query") else saver._sync(
+        saver._aquery(*query))
+    for column in (1, 2):
+        texts = [row[column] for row in rows]
+        assert all(t.startswith(SEALED_PREFIX + "set.") for t in texts)
+        assert len({t.partition(":")[2].partition(":")[2] for t in texts}) == 1
+    assert not any(card in str(rows) for card in cards.values())
+    reader = make_saver(serde=aes())
+    by_call = {r.tool_call_id: r for r in reader.effects("t")}
+    assert {c: r.args["card"] for c, r in by_call.items()} == cards
+    assert {c: r.receipt["token"] for c, r in by_call.items()} == {
+        c: card[-4:] for c, card in cards.items()}
 
 
 def test_a_plain_serde_keeps_the_ledger_plain_json(tmp_path) -> None:

@@ -58,7 +58,7 @@ from graph_durable.ledger import (
     receipt_message,
 )
 from graph_durable.telemetry.emit import log_lease_takeover
-from graph_durable.secrets import KeySecrets, LedgerCodec
+from graph_durable.secrets import KeySecrets, LedgerCodec, column_json, ordered_json
 
 __all__ = ["DurableSaverMixin", "IntentExists", "actor_of", "claims_of", "durable_saver"]
 
@@ -84,6 +84,24 @@ def _redact_result(result: Any, redact: Any) -> Any:
         return Command(graph=result.graph, update=update, resume=result.resume,
                        goto=result.goto)
     return result
+
+
+def _args_json(write: IntentWrite) -> str:
+    """An intent's args column before sealing: redacted as its policy says, else its
+    canonical JSON."""
+    if write.redact is not None:
+        return column_json(write.redact(write.args))
+    return write.args_json if write.args_json is not None else canonical_json(write.args)
+
+
+def _receipt_json(write: TransitionWrite) -> str | None:
+    """A transition's receipt column before sealing (`None`: it sets no receipt). A
+    receipt a result is rebuilt from keeps the tool's key order."""
+    if write.receipt is _UNSET:
+        return None
+    if write.result is FROM_RECEIPT:
+        return ordered_json(write.receipt)
+    return column_json((write.redact or _keep)(write.receipt))
 
 
 class IntentExists(Exception):
@@ -530,22 +548,33 @@ class DurableSaverMixin:
         SQLite; the database server's for PostgreSQL."""
         return time.time()
 
+    def _plan_intents(
+        self, writes: Sequence[IntentWrite], actor: tuple[str | None, int | None]
+    ) -> list[tuple[tuple[_sql.Statement, _sql.Statement], list[_sql.Statement],
+                    EffectRecord]]:
+        """`_plan_intent` of each write claimed together, their args sealed together
+        (`LedgerCodec.seal_together`) when the serde encrypts."""
+        codec = self._codec
+        if len(writes) < 2 or not codec.seals:
+            return [self._plan_intent(write, actor) for write in writes]
+        texts = codec.seal_together([_args_json(write) for write in writes])
+        return [self._plan_intent(write, actor, text)
+                for write, text in zip(writes, texts, strict=True)]
+
     def _plan_intent(
-        self, write: IntentWrite, actor: tuple[str | None, int | None]
+        self, write: IntentWrite, actor: tuple[str | None, int | None],
+        args_text: str | None = None,
     ) -> tuple[tuple[_sql.Statement, _sql.Statement], list[_sql.Statement], EffectRecord]:
         """`(inherit, plan, record)`: first take the effect over from the thread's family
         if one of them holds its key (`_sql.plan_inherit`), else run `plan` (the insert,
-        then the statements that follow it)."""
+        then the statements that follow it). `args_text`: the args column, already
+        encoded (`_plan_intents`)."""
         now = time.time()
         inherit = _sql.plan_inherit(key=write.key, thread_id=write.thread_id,
                                     checkpoint_ns=write.checkpoint_ns, now=now, actor=actor)
         codec = self._codec
-        if write.redact is not None:
-            args_text = codec.dump(write.redact(write.args))
-        elif write.args_json is not None:
-            args_text = codec.dump_json(write.args_json)
-        else:
-            args_text = codec.dump_json(canonical_json(write.args))
+        if args_text is None:
+            args_text = codec.dump_json(_args_json(write))
         plan, record = _sql.plan_intent(
             key=write.key,
             thread_id=write.thread_id,
@@ -565,21 +594,38 @@ class DurableSaverMixin:
                          (write.thread_id, write.thread_id, write.key_scheme, now)))
         return inherit, plan, record
 
-    def _transition_columns(self, write: TransitionWrite) -> dict[str, Any]:
+    def _receipt_texts(self, writes: Sequence[TransitionWrite]) -> list[str | None]:
+        """The receipt column of each transition written together (`None`: it sets no
+        receipt), sealed together (`LedgerCodec.seal_together`); for `_plan_update`."""
+        codec = self._codec
+        plain = [_receipt_json(write) for write in writes]
+        if not codec.seals:
+            return plain
+        given = [text for text in plain if text is not None]
+        sealed = iter(codec.seal_together(given) if len(given) > 1 else
+                      [codec.seal(text) for text in given])
+        return [None if text is None else next(sealed) for text in plain]
+
+    def _transition_columns(self, write: TransitionWrite,
+                            receipt_text: str | None = None) -> dict[str, Any]:
         """The encoded column values a transition sets (besides status and time):
-        redacted as the tool's policy says, sealed when the serde encrypts."""
+        redacted as the tool's policy says, sealed when the serde encrypts.
+        `receipt_text`: the receipt column, already encoded (`_receipt_texts`)."""
         columns: dict[str, Any] = {}
         codec, redact = self._codec, write.redact or _keep
         if write.error is not _UNSET:
             columns["error"] = codec.dump_text(
                 None if write.error is None else str(redact(write.error)))
+        if receipt_text is None:
+            plain = _receipt_json(write)
+            receipt_text = None if plain is None else codec.seal(plain)
         if write.result is FROM_RECEIPT:
             # The result is the receipt's own message: the receipt, in its own key order,
             # is all that is stored (`_load_result` rebuilds the message).
-            columns["receipt"] = codec.dump_ordered(write.receipt)
+            columns["receipt"] = receipt_text
             columns["result_type"], columns["result"] = RESULT_FROM_RECEIPT, None
         elif write.receipt is not _UNSET:
-            columns["receipt"] = codec.dump(redact(write.receipt))
+            columns["receipt"] = receipt_text
         if write.result is not _UNSET and write.result is not FROM_RECEIPT:
             result = write.result if write.redact is None else _redact_result(write.result,
                                                                               redact)
@@ -601,12 +647,14 @@ class DurableSaverMixin:
         return columns
 
     def _plan_update(self, write: TransitionWrite, now: float,
-                     returning: str | None = _sql.EFFECT_COLUMNS) -> _sql.Statement:
-        """The conditional `UPDATE ... RETURNING` that carries out `write`."""
+                     returning: str | None = _sql.EFFECT_COLUMNS,
+                     receipt_text: str | None = None) -> _sql.Statement:
+        """The conditional `UPDATE ... RETURNING` that carries out `write`
+        (`receipt_text`: its receipt column, already encoded)."""
         return _sql.plan_update(
             thread_id=write.thread_id, key=write.key, to=write.to, now=now,
-            columns=self._transition_columns(write), bump_attempts=write.bump_attempts,
-            returning=returning,
+            columns=self._transition_columns(write, receipt_text),
+            bump_attempts=write.bump_attempts, returning=returning,
         )
 
     def _transition_event(

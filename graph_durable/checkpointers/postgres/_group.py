@@ -160,7 +160,8 @@ class AsyncGroupCommit:
         each of them."""
         config = batch[0].config
         actor = actor_of(config)
-        planned = [self._plan_intent(item.write, actor)[1:] for item in batch]
+        planned = [plan[1:] for plan in self._plan_intents(  # type: ignore[attr-defined]
+            [item.write for item in batch], actor)]
         try:
             try:
                 claimed = await self._claim_planned(thread_id, planned, config)

@@ -526,11 +526,12 @@ class TransactionDeferred:
         mine.extend(taken)
         now = time.time()
         carried = []
-        for write, config in taken:
+        receipts = self._receipt_texts([write for write, _ in taken])  # type: ignore[attr-defined]
+        for (write, config), receipt in zip(taken, receipts, strict=True):
             # The journal entry needs only what the transition sets (no attempt number).
             after = _sql.Journaled(write.key, write.thread_id, write.to, 0)
             carried.append((write, carried_transition(
-                self._plan_update(write, now, returning="key, thread_id"),  # type: ignore[attr-defined]
+                self._plan_update(write, now, "key, thread_id", receipt),  # type: ignore[attr-defined]
                 self._transition_event(after, write, now, actor_of(config)))))  # type: ignore[attr-defined]
         return carried
 

@@ -644,7 +644,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     ) -> list[tuple[EffectRecord, bool]]:
         """`claim_many` as one `FENCED_CLAIM` call in a one-round-trip fenced write."""
         actor = actor_of(config)
-        planned = [self._plan_intent(intent, actor)[1:] for intent in intents]
+        planned = [plan[1:] for plan in self._plan_intents(intents, actor)]
         try:
             return self._claim_planned(thread_id, planned, config)
         except ImplicitNotReadCommitted:  # nothing was written: now begun explicitly

@@ -150,23 +150,28 @@ class SqliteTransactions:
         if thread_id not in self._deferred:  # type: ignore[attr-defined]
             return  # nothing deferred (a write deferred meanwhile rides on the next one)
         entries: list[tuple[Any, ...]] = []
-        for write, write_config in self._take_deferred(thread_id):  # type: ignore[attr-defined]
+        taken = self._take_deferred(thread_id)  # type: ignore[attr-defined]
+        receipts = self._receipt_texts([write for write, _ in taken])  # type: ignore[attr-defined]
+        for (write, write_config), receipt in zip(taken, receipts, strict=True):
             try:
-                entries.append(self._apply_deferred_txn(cur, write, actor_of(write_config)))
+                entries.append(self._apply_deferred_txn(cur, write, actor_of(write_config),
+                                                        receipt))
             except IllegalTransition as refused:
                 self._refused_deferred(write, refused)  # type: ignore[attr-defined]
         _journal_txn(cur, entries)
 
     def _apply_deferred_txn(
         self, cur: sqlite3.Cursor, one: TransitionWrite, actor: tuple[str | None, int | None],
+        receipt_text: str | None = None,
     ) -> tuple[Any, ...]:
-        """Carry out a deferred transition (a receipt); its journal entry, for the caller
-        to write. No caller reads its record, and its journal entry needs only what the
-        write says (and the attempt count, when it counts one more), so the update returns
-        no row unless then, and none is decoded."""
+        """Carry out a deferred transition (a receipt, its column `receipt_text` when
+        already encoded); its journal entry, for the caller to write. No caller reads
+        its record, and its journal entry needs only what the write says (and the
+        attempt count, when it counts one more), so the update returns no row unless
+        then, and none is decoded."""
         now = time.time()
         returning = "attempts" if one.bump_attempts else None
-        cur.execute(*self._plan_update(one, now, returning))  # type: ignore[attr-defined]
+        cur.execute(*self._plan_update(one, now, returning, receipt_text))  # type: ignore[attr-defined]
         if returning is None:
             moved, attempts = cur.rowcount == 1, 0
         else:
@@ -191,10 +196,10 @@ class SqliteTransactions:
         order)."""
         entries: list[tuple[Any, ...]] = []
         pinned: set[tuple[Any, ...]] = set()
-        for item in items:
+        plans = self._plan_intents([item.write for item in items], actor)  # type: ignore[attr-defined]
+        for item, planned in zip(items, plans, strict=True):
             write = item.write
             assert isinstance(write, IntentWrite)
-            planned = self._plan_intent(write, actor)  # type: ignore[attr-defined]
             (_insert_sql, params), (_event_sql, entry), *pins = planned[1]
             if cur.execute(_sql.INSERT_NEW_INTENT,
                            (*params, write.key, write.thread_id)).rowcount == 1:
