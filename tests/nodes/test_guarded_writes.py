@@ -272,3 +272,63 @@ async def test_a_run_from_a_checkpoint_saved_late_keeps_the_write_key(
         saver.conn.close()
     assert provider.count() == 1, f"sent again: {provider.requests()}"
     assert out["receipts"][0]["key"] == provider.effects()[0]["key"]
+
+
+# -- a copy made before the step's checkpoint was saved ------------------------------------
+
+
+def _killed_before_the_steps_checkpoint_then_copied(saver: Any, provider: FakeProvider,
+                                                     name: str) -> Any:
+    """`a` runs `pay` (a blind guarded write) after its input; the run fails before the
+    checkpoint `pay` runs from is saved (the input's, and its writes, are), `a` is
+    copied to `b`, and both resume: each makes that checkpoint anew, under its own id."""
+
+    @guarded(Effect(), name=name)
+    def pay(cents: int) -> Any:
+        return provider.apply(current_effect().key, {"cents": cents})
+
+    graph = one_node_graph(saver, lambda state: {"receipts": [pay(state["amounts"][0])]})
+    a = {"configurable": {"thread_id": "a"}}
+    arm(FaultPlan("before_put", occurrence=2, action="raise"))
+    with pytest.raises(InjectedCrash):
+        graph.invoke({"amounts": [5]}, a, durability="sync")
+    disarm()
+    assert provider.count() == 0 and saver.get_tuple(a) is not None
+    saver.copy_thread("a", "b")
+    for thread in ("a", "b"):
+        graph.invoke(None, {"configurable": {"thread_id": thread}}, durability="sync")
+    return graph
+
+
+def test_a_write_requested_before_a_copy_is_sent_once_in_the_family(
+        saver: Any, provider: FakeProvider) -> None:
+    """The two threads' checkpoints for `pay`'s step differ, but follow the same step of
+    the same parent: the write is keyed by that, pinned with the thread's key scheme
+    (`STEP_ANCHORS`), and the copy replays the source's receipt."""
+    from graph_durable.ledger import STEP_ANCHORS
+
+    _killed_before_the_steps_checkpoint_then_copied(saver, provider, "pay_copied")
+    assert provider.count() == 1
+    [record_a] = saver.effects("a")
+    [record_b] = saver.effects("b")
+    assert record_a.key == record_b.key
+    [(scheme,)] = saver.conn.execute(
+        "SELECT scheme FROM thread_key_schemes WHERE thread_id = 'a'").fetchall()
+    assert scheme.endswith(STEP_ANCHORS) and saver.keying("b").step_anchors
+
+
+def test_a_thread_keyed_before_step_anchors_keeps_its_writes_keys(
+        saver: Any, provider: FakeProvider) -> None:
+    """A key thread pinned by an earlier release (no `STEP_ANCHORS` suffix) keeps
+    anchoring its writes to their root checkpoint's id: a key never changes under a
+    thread in flight, so here the copy, whose step's checkpoint is its own, sends
+    again, as it did before."""
+    saver.setup()
+    saver.conn.execute("INSERT INTO thread_key_schemes (thread_id, scheme, pinned_at) "
+                       "VALUES ('a', 'sha256', 0)")
+    saver.conn.commit()
+    _killed_before_the_steps_checkpoint_then_copied(saver, provider, "pay_pinned")
+    assert not saver.keying("a").step_anchors and saver.keying("a").pin is None
+    [record_a] = saver.effects("a")
+    [record_b] = saver.effects("b")
+    assert record_a.key != record_b.key and provider.count() == 2
