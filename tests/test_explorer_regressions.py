@@ -1364,3 +1364,38 @@ def test_a_looked_up_guarded_write_requested_before_a_copy_is_applied_once_in_th
 
     result = _replay(tmp_path, Episode.from_json(SEED_994371))
     assert result.ok, result.problems
+
+
+SEED_1002043 = (
+    '{"after":null,"crashes":[],"flavour":"sync","fresh_ids":false,"history":"","leased":fa'
+    'lse,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":true,"seed":1003685761}'
+    ',"sealed":false,"seed":1002043,"sequential":true,"stack":"hitl_before_guard","tools":{'
+    '"charge":{"approval":true,"errors":"raise","mode":"blind","policy":"blind","result":"a'
+    'rtifact","retries":0,"timeout":null}},"topology":"create_agent","turns":[[{"faults":[]'
+    ',"id":"call_0_0","item":"x00","n":0,"tool":"charge"}],[{"faults":["lost"],"id":"call_1'
+    '_0","item":"x10","n":0,"tool":"charge"},{"faults":[],"id":"call_1_0","item":"x11","n":'
+    '0,"tool":"charge"}]]}')
+
+
+@pytest.mark.crash
+def test_a_thread_refused_as_documented_may_leave_what_it_sent_unknown(tmp_path) -> None:
+    """Seed 1002043 (`create_agent`, `HumanInTheLoopMiddleware` before the guard, two
+    calls under one tool_call_id): the reviewer approved the first call, whose blind
+    provider applied it and lost the answer (`unknown`), and edited the second, which the
+    guard refused (`UnkeyableToolCall`, as documented: the edited call could be either).
+    The thread stops there; the first call's outcome waits for a person once the thread's
+    calls are renumbered, and the ledger says `unknown`, as it should. The explorer took
+    the stopped thread for a finished one and that for a lost receipt."""
+    from graph_durable.testing.explorer.checks import _check_ledger
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_1002043))
+    assert result.ok, result.problems
+    assert any(line.startswith("refused as documented: UnkeyableToolCall")
+               for line in result.log), result.log
+    # The same open key in a thread that was not refused is still a problem.
+    record = type("Record", (), {"status": EffectStatus.UNKNOWN, "tool_call_id": "c",
+                                 "tool": "charge", "args": {}, "decision": None})()
+    held = {"k": [{"tool": "charge", "operation": "x10", "key": "k", "receipt": {}}]}
+    assert _check_ledger({"t": {"k": record}}, held, True, refused=["t"]) == []
+    assert _check_ledger({"t": {"k": record}}, held, True) != []

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
@@ -212,7 +213,8 @@ def _check_finished(thread_id: str, messages: list[Any], tools: dict[str, dict[s
 
 
 def _check_ledger(records_by_thread: dict[str, dict[str, Any]],
-                  by_key: dict[str, list[dict[str, Any]]], all_finished: bool) -> list[str]:
+                  by_key: dict[str, list[dict[str, Any]]], all_finished: bool,
+                  refused: Sequence[str] = ()) -> list[str]:
     problems = []
     for thread_id, records in records_by_thread.items():
         for key, record in records.items():
@@ -248,7 +250,10 @@ def _check_ledger(records_by_thread: dict[str, dict[str, Any]],
         what = f"{held[0]['tool']} applied {held[0]['operation']} under {key}"
         if not statuses:
             problems.append(f"LEDGER {what}; no thread's ledger knows the key")
-        elif all_finished and not statuses & {S.APPLIED, S.SKIPPED}:
+        elif (all_finished and not statuses & {S.APPLIED, S.SKIPPED}
+              # A thread refused as documented stopped before anyone could settle what it
+              # had sent (an unknown outcome waits for a person, once the thread is fixed).
+              and not any(key in records_by_thread.get(t, {}) for t in refused)):
             problems.append(f"LEDGER {what}; every thread has finished and the ledger says "
                             f"{sorted(s.value for s in statuses)}")
     return problems
@@ -257,7 +262,8 @@ def _check_ledger(records_by_thread: dict[str, dict[str, Any]],
 def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
                   threads: list[str], finished: list[str], abandoned: list[str] = (),
                   forked: bool = False, sealed: bool = False,
-                  one_request_per_item: bool = False) -> list[str]:
+                  one_request_per_item: bool = False, refused: Sequence[str] = ()
+                  ) -> list[str]:
     """The broken invariants of an episode (see the module docstring); `[]` if none.
 
     Args:
@@ -265,11 +271,14 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
         tools: The episode's tools (`scenario`).
         threads: Every thread the episode ran (copies included).
         finished: The threads that ran to their end.
-        abandoned: Threads left behind on purpose (the original of a copy).
+        abandoned: Threads left behind on purpose (the original of a copy, or one
+            refused as documented).
         forked: Whether a time travel or fork left a branch of a thread behind.
         sealed: Whether the episode's saver encrypts (`scenario.explorer_serde`).
         one_request_per_item: Each item is one logical request however many messages
             asked for it (the guarded tools sit in a subgraph).
+        refused: The threads among `abandoned` that a documented refusal stopped: what
+            they sent may still wait for a person to settle it.
     """
     effects = provider_effects(provider_dir, tools)
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -295,7 +304,7 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
                 problems.append(f"DUPLICATE call {item} applied {count} times, requested by "
                                 f"{allowed} model message(s)")
         settled = not forked and set(finished) | set(abandoned) >= set(threads)
-        problems += _check_ledger(records_by_thread, by_key, settled)
+        problems += _check_ledger(records_by_thread, by_key, settled, refused)
         for thread_id in finished:
             final = _final_messages(saver, thread_id)
             problems += _check_finished(thread_id, final, tools,

@@ -120,6 +120,8 @@ class _Run:
         self.threads = ["t"]
         self.finished: list[str] = []
         self.abandoned: list[str] = []
+        self.refused: list[str] = []
+        """The abandoned threads a documented refusal stopped."""
         self.queue: list[str] = []
         self.dead_lease_until = 0.0
         """When the lease of the last process killed holding one has surely expired;
@@ -142,6 +144,7 @@ class _Run:
                 # Refused as documented for the episode's setup (a requesting message
                 # without an id, an edit of a call under a shared id): the thread stops, and what it left is checked.
                 self.abandoned.append(refused.thread_id)
+                self.refused.append(refused.thread_id)
                 self.result.log.append(f"refused as documented: {refused}")
             if not self.queue:
                 return
@@ -459,7 +462,8 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
         run.files["db_path"], run.files["provider_dir"], episode.tools, run.threads,
         run.finished, run.abandoned,
         forked=bool({"time_travel", "update_state"} & set(run.result.vias)),
-        sealed=episode.sealed, one_request_per_item=episode.topology in SUBGRAPHS)
+        sealed=episode.sealed, one_request_per_item=episode.topology in SUBGRAPHS,
+        refused=run.refused)
     run.result.costs.update(_resume_costs(run.files["db_path"], run.threads, episode.sealed))
     run.result.duration = time.monotonic() - started
     return run.result
