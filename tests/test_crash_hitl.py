@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from graph_durable import DurableSqliteSaver, review
+from graph_durable.operators.orphans import ANSWERED_WITHOUT_GUARD
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.crash.child import load_factory, run_child
 
@@ -63,8 +64,9 @@ def test_a_call_approved_through_hitl_and_killed_after_its_charge_is_charged_onc
     if again == "reject":
         assert answered.done
         agent = load_factory(FACTORY)(**kw)
-        assert [o.key for o in review(agent.graph, {"configurable": {"thread_id": "t"}}
-                                      ).orphans] == [sent["key"]]
+        [orphan] = review(agent.graph, {"configurable": {"thread_id": "t"}}).orphans
+        assert orphan.key == sent["key"]
+        assert orphan.reason == ANSWERED_WITHOUT_GUARD  # says what happened, and why
         return
     [unknown] = answered.interrupts
     assert (unknown["type"], unknown["key"]) == ("effect_unknown", sent["key"])

@@ -1399,3 +1399,31 @@ def test_a_thread_refused_as_documented_may_leave_what_it_sent_unknown(tmp_path)
     held = {"k": [{"tool": "charge", "operation": "x10", "key": "k", "receipt": {}}]}
     assert _check_ledger({"t": {"k": record}}, held, True, refused=["t"]) == []
     assert _check_ledger({"t": {"k": record}}, held, True) != []
+
+
+SEED_1002816 = (
+    '{"after":null,"crashes":[{"occurrence":2,"phase":0,"point":"after_effect","then":{"pic'
+    'k":0,"via":"plain"},"tool":"charge"}],"flavour":"sync","fresh_ids":false,"history":"",'
+    '"leased":false,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":false,"seed"'
+    ':1757509255},"sealed":false,"seed":1002816,"sequential":false,"stack":"hitl_before_gua'
+    'rd","tools":{"charge":{"approval":"odd","mode":"blind","policy":"blind","result":"non_'
+    'json","retries":0,"timeout":null}},"topology":"create_agent","turns":[[{"faults":[],"i'
+    'd":"call_1_0","item":"x10","n":0,"tool":"charge"}],[{"faults":[],"id":"call_0_1","item'
+    '":"x21","n":0,"tool":"charge"},{"faults":[],"id":"call_2_3","item":"x23","n":0,"tool":'
+    '"charge"}]]}')
+
+
+@pytest.mark.crash
+def test_a_call_rejected_after_a_crash_by_a_middleware_before_the_guard_is_an_orphan(
+        tmp_path) -> None:
+    """Seed 1002816 (`create_agent`, `HumanInTheLoopMiddleware` before the guard, two
+    calls run in parallel): the worker was killed after one approved charge was applied;
+    on resume the middleware asked about it again and the reviewer rejected it, so the
+    middleware answered the model without reaching the guard. As documented, the charge
+    sent is then an orphaned intent, listed to be settled (`ANSWERED_WITHOUT_GUARD`),
+    not a finished thread's lost receipt. (Which call is killed depends on the order the
+    two run in; the reject reaches the one asked again.)"""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_1002816))
+    assert result.ok, result.problems

@@ -67,8 +67,9 @@ from graph_durable.nodes.compensation import is_compensation
 from graph_durable.nodes.decisions import check_decision
 from graph_durable.policy import Effect
 
-__all__ = ["ORPHAN_DECISIONS", "Orphan", "OrphanList", "afind_orphans", "aresolve_orphan",
-           "check_orphan_decision", "find_orphans", "orphan_reason", "resolve_orphan"]
+__all__ = ["ANSWERED_WITHOUT_GUARD", "ORPHAN_DECISIONS", "Orphan", "OrphanList",
+           "afind_orphans", "aresolve_orphan", "check_orphan_decision", "find_orphans",
+           "orphan_reason", "resolve_orphan"]
 
 S = EffectStatus
 OPEN = (S.IN_FLIGHT, S.UNKNOWN)
@@ -122,6 +123,9 @@ def orphan_reason(saver: Any, record: EffectRecord, root: Any) -> str | None:
             return f"{where} has no checkpoint any more (its run was rolled back or deleted)"
         nodes = next_nodes(checkpoint.checkpoint["channel_values"])
         if node not in nodes and SENT_TASKS not in nodes:
+            if (depth == len(segments) - 1 and written_at(checkpoint) > record.updated_at
+                    and _answered(checkpoint, record.tool_call_id)):
+                return ANSWERED_WITHOUT_GUARD
             return (f"the latest checkpoint of {where} has no step {node!r} to run: the run "
                     "that held the call was rolled back, restarted or forked away")
         if task_id in finished_tasks(checkpoint):
@@ -139,6 +143,24 @@ def orphan_reason(saver: Any, record: EffectRecord, root: Any) -> str | None:
                     "parent was resumed from another checkpoint, so the subgraph restarted)")
         parent_ns, checkpoint = inner_ns, inner
     return None  # pragma: no cover - the loop returns at its last level
+
+
+ANSWERED_WITHOUT_GUARD = (
+    "its call was answered without the guard: a middleware listed before it replied to "
+    "the model after the call had been sent (a reviewer's reject or respond, asked again "
+    "after a crash)")
+"""`Orphan.reason` of an effect whose call a middleware answered in the guard's place
+(see docs/how-to/create-agent.md, "After a crash")."""
+
+
+def _answered(checkpoint: Any, tool_call_id: str) -> bool:
+    """Whether a message list of the checkpoint's state holds the call's ToolMessage."""
+    for value in checkpoint.checkpoint["channel_values"].values():
+        if isinstance(value, list) and any(
+                getattr(m, "type", None) == "tool" and getattr(m, "tool_call_id", None)
+                == tool_call_id for m in value):
+            return True
+    return False
 
 
 def _asked_keys(root: Any) -> set[str]:
