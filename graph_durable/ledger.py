@@ -325,15 +325,6 @@ class Keying(NamedTuple):
     """The key secret (`None`: plain SHA-256 keys, as before key secrets)."""
     pin: str | None = None
     """The key scheme to pin the key thread to with its first intent (`None`: pinned)."""
-    step_anchors: bool = False
-    """Whether guarded writes are anchored to the step their root checkpoint follows
-    (`STEP_ANCHORS`), rather than to the root checkpoint's own id."""
-
-
-STEP_ANCHORS = "/steps"
-"""The key-scheme suffix of threads whose guarded writes are anchored to the step their
-root checkpoint follows (its parent and step: `graph_durable.nodes.write_keys`). Key
-threads pinned before it keep their writes' anchors, so their keys never change."""
 
 
 @dataclass(frozen=True)

@@ -354,14 +354,11 @@ class KeySecrets:
 
     def secret_for(self, scheme: str | None, thread_id: str) -> tuple[bytes | None, str]:
         """`(secret, scheme)` to key `thread_id`'s calls with, given its pinned scheme
-        (`None`: not pinned yet, so the current one). A pinned scheme may carry a
-        suffix after `/` (how its guarded writes are anchored, `ledger.STEP_ANCHORS`);
-        the scheme returned is the secret's alone.
+        (`None`: not pinned yet, so the current one).
 
         Raises:
             SecretUnavailable: the thread is pinned to a secret this saver lacks.
         """
-        scheme = None if scheme is None else scheme.partition("/")[0]
         if scheme is None:
             scheme = self.current or "sha256"
         if scheme == "sha256":

@@ -52,7 +52,6 @@ from graph_durable.ledger import (
     EffectEvent,
     EffectRecord,
     IntentWrite,
-    STEP_ANCHORS,
     Keying,
     TransitionWrite,
     canonical_json,
@@ -255,10 +254,7 @@ class DurableSaverMixin:
                                   or "")
             self._db_secret_seen = db_secret
         secret, used = self._key_secrets.secret_for(scheme, str(key_thread))
-        if scheme:
-            return Keying(str(key_thread), bool(legacy), secret, None,
-                          scheme.endswith(STEP_ANCHORS))
-        return Keying(str(key_thread), bool(legacy), secret, used + STEP_ANCHORS, True)
+        return Keying(str(key_thread), bool(legacy), secret, None if scheme else used)
 
     def _db_secret_params(self) -> tuple[str]:
         """Parameters of `INSERT_DB_KEY_SECRET`: a new random secret (the first writer's

@@ -225,11 +225,9 @@ MIGRATIONS: list[str] = [
     # result bytes). No table changes; a release before this one cannot read such a row,
     # and learns from this version that a newer release writes here.
     "",    # 7: sealed values written together may share one sealed set
-    # (`gd-sealed:set.<index>:...`, see `graph_durable.secrets`), and a new key thread's
-    # scheme carries `/steps` (its guarded writes anchored to the step their root
-    # checkpoint follows, `ledger.STEP_ANCHORS`). No table changes; a release before
-    # this one cannot open such a value and refuses such a thread (an unknown key
-    # secret: nothing sent), and learns from this version that a newer release writes here.
+    # (`gd-sealed:set.<index>:...`, see `graph_durable.secrets`). No table changes; a
+    # release before this one cannot open such a value, and learns from this version
+    # that a newer release writes here.
     "",
 ]
 
@@ -563,10 +561,8 @@ PG_MIGRATIONS: list[str] = [
     # result bytes). No table changes; a release before this one cannot read such a row,
     # and learns from this version that a newer release writes here.
     "",    # 12: sealed values written together may share one sealed set
-    # (`gd-sealed:set.<index>:...`, see `graph_durable.secrets`), and a new key thread's
-    # scheme carries `/steps` (its guarded writes anchored to the step their root
-    # checkpoint follows, `ledger.STEP_ANCHORS`). No table changes; a release before
-    # this one cannot open such a value and refuses such a thread (an unknown key
-    # secret: nothing sent), and learns from this version that a newer release writes here.
+    # (`gd-sealed:set.<index>:...`, see `graph_durable.secrets`). No table changes; a
+    # release before this one cannot open such a value, and learns from this version
+    # that a newer release writes here.
     "",
 ]

@@ -44,7 +44,7 @@ async drivers perform.
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from langchain_core.messages import AIMessage
 
@@ -54,14 +54,9 @@ from graph_durable.ledger import EffectRecord, canonical_json, key_of_encoded
 from graph_durable.nodes.anchor import messages_of
 from graph_durable.nodes.protocol import CallContext, Read
 
-__all__ = ["ForkOrigin", "earlier_effect", "fork_links", "fork_sources", "node_path",
-           "restart_root"]
+__all__ = ["fork_sources", "node_path", "earlier_effect", "restart_root"]
 
 _FORK_SOURCES = ("fork", "update")
-_STEP_SOURCE = "loop"
-"""The source of a checkpoint a run makes as it goes, from its parent and the parent's
-saved writes (an `input` checkpoint holds input no earlier run saved: a run killed
-before saving it leaves nothing to resume)."""
 _MAX_LINKS = 64
 
 
@@ -90,46 +85,22 @@ def restart_root(conf: Mapping[str, Any]) -> tuple[str, str, str] | None:
     return str(conf.get("thread_id", "")), "", str(root)
 
 
-class ForkOrigin(NamedTuple):
-    """Where a root checkpoint comes from (`fork_links`)."""
-
-    sources: tuple[str, ...]
-    """The root checkpoints it was forked or updated from, nearest first; empty when it
-    is an ordinary step of the thread."""
-    step: str | None
-    """For the checkpoint the links end at (the last source, or the root itself) when it
-    is an ordinary step (`loop`) with a parent: `<parent id>+<step>`, which a copy of
-    the thread made before that checkpoint was saved shares (the copy makes its own,
-    under another id, from the same parent and its saved writes); else `None`."""
-
-
-def fork_links(thread_id: str, root_checkpoint_id: str) -> Generator[Read, Any, ForkOrigin]:
-    """`ForkOrigin` of the root checkpoint `root_checkpoint_id`: one read per link."""
-    sources: list[str] = []
-    checkpoint_id = root_checkpoint_id
-    for _ in range(_MAX_LINKS):
-        found = yield Read("get_tuple", (_at(thread_id, "", checkpoint_id),))
-        if found is None:
-            break
-        metadata = found.metadata or {}
-        parent = (found.parent_config or {}).get("configurable", {}).get("checkpoint_id")
-        if metadata.get("source") not in _FORK_SOURCES:
-            step = metadata.get("step")
-            ordinary = (metadata.get("source") == _STEP_SOURCE and parent is not None
-                        and isinstance(step, int))
-            return ForkOrigin(tuple(sources), f"{parent}+{step}" if ordinary else None)
-        if parent is None:
-            break
-        sources.append(parent)
-        checkpoint_id = parent
-    return ForkOrigin(tuple(sources), None)
-
-
 def fork_sources(thread_id: str, root_checkpoint_id: str
                  ) -> Generator[Read, Any, tuple[str, ...]]:
     """The root checkpoints `root_checkpoint_id` was forked or updated from, nearest
     first; empty when it is an ordinary step of the thread."""
-    return (yield from fork_links(thread_id, root_checkpoint_id)).sources
+    sources: list[str] = []
+    checkpoint_id = root_checkpoint_id
+    for _ in range(_MAX_LINKS):
+        found = yield Read("get_tuple", (_at(thread_id, "", checkpoint_id),))
+        if found is None or (found.metadata or {}).get("source") not in _FORK_SOURCES:
+            break
+        parent = (found.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+        if parent is None:
+            break
+        sources.append(parent)
+        checkpoint_id = parent
+    return tuple(sources)
 
 
 def _same_calls(messages: Sequence[Any], tool: str, args_json: str

@@ -4,17 +4,7 @@ No AIMessage asks for such a write, so its key is anchored to where it is made: 
 root checkpoint the run started the step from (through fork links, for a run from a
 fork, time travel or an `update_state`), the node path, a subgraph's own step, the
 task's path (a `Send` or `@task` call's index) and the write's position among the
-guarded writes of that run of the task (see the `writes` module docstring).
-
-When that checkpoint is an ordinary step of the thread (a `loop` checkpoint), a thread
-keyed since `ledger.STEP_ANCHORS` anchors to the step it follows instead: its parent's
-id and its step number. A worker killed after the step before was saved, but before this
-step's checkpoint, leaves the step to be made again on resume, under a new id; a copy of
-the thread made then makes its own under another. Both follow the same parent, so the
-write is sent once in the family, as a tool call (keyed by its AIMessage) is. Threads
-keyed before keep their writes' anchors (the suffix is pinned with the first intent).
-
-`WritePlace`
+guarded writes of that run of the task (see the `writes` module docstring). `WritePlace`
 reads that from the task's config, `WriteRequest` is the request the guard runs, and
 `WriteKeys` is the guard's keying strategy for it (`graph_durable.nodes.call_keys`).
 """
@@ -128,16 +118,12 @@ class WriteKeys:
     def context(self, task: Task, request: WriteRequest, policy: Effect, keying: Keying
                 ) -> Generator[Read, Any, CallContext]:
         """The write's context: anchored to the root checkpoint the step was first run
-        from (for a thread keyed with `STEP_ANCHORS`, to the step that checkpoint
-        follows, when it is an ordinary step), its key derived from `name#position`
-        (its id without the place)."""
+        from, its key derived from `name#position` (its id without the place)."""
         root = request.where.root
         origin = ""
         if root is not None:
-            links = yield from self.forks.origin(task.thread_id, str(root))
-            origin = links.sources[-1] if links.sources else str(root)
-            if keying.step_anchors and links.step is not None:
-                origin = links.step
+            sources = yield from self.forks.sources(task.thread_id, str(root))
+            origin = sources[-1] if sources else str(root)
         call = request.tool_call
         ctx = CallContext(task.thread_id, task.checkpoint_ns, dict(call), policy,
                           keying.key_thread, request.where.anchor(origin),
