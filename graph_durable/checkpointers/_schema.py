@@ -224,7 +224,8 @@ MIGRATIONS: list[str] = [
     # 6: a stored result may be rebuilt from its receipt (`result_type` 'gd-receipt', no
     # result bytes). No table changes; a release before this one cannot read such a row,
     # and learns from this version that a newer release writes here.
-    "",    # 7: sealed values written together may share one sealed set
+    "",
+    # 7: sealed values written together may share one sealed set
     # (`gd-sealed:set.<index>:...`, see `graph_durable.secrets`). No table changes; a
     # release before this one cannot open such a value, and learns from this version
     # that a newer release writes here.
@@ -560,7 +561,8 @@ PG_MIGRATIONS: list[str] = [
     # 11: a stored result may be rebuilt from its receipt (`result_type` 'gd-receipt', no
     # result bytes). No table changes; a release before this one cannot read such a row,
     # and learns from this version that a newer release writes here.
-    "",    # 12: sealed values written together may share one sealed set
+    "",
+    # 12: sealed values written together may share one sealed set
     # (`gd-sealed:set.<index>:...`, see `graph_durable.secrets`). No table changes; a
     # release before this one cannot open such a value, and learns from this version
     # that a newer release writes here.
