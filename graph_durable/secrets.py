@@ -56,8 +56,8 @@ SET_MEMBERS = 8
 """At most this many values share one sealed set (`LedgerCodec.seal_together`)."""
 
 SET_CHARS = 4096
-"""A sealed set holds at most this many characters of JSON (a larger value is sealed
-alone)."""
+"""A sealed set holds at most this many characters of JSON, as sealed (a larger value is
+sealed alone)."""
 
 _CLEAR_EVENT_FIELDS = frozenset({
     "status", "tool", "tool_call_id", "source", "attempt", "inherited", "decision",
@@ -175,26 +175,29 @@ class LedgerCodec:
         list, up to `SET_MEMBERS` values and `SET_CHARS` characters a set, and each column
         holds its set and its index in it: a row still opens alone, and the set is
         opened once for all its members. A lone value is sealed as `seal` seals it.
+        Each row stores its whole set, so its ciphertext also holds its siblings' values
+        (the same step's, in the same thread): they leave the database with the thread.
         """
         if not self.seals:
             return list(texts)
+        encoded = [json.dumps(text, ensure_ascii=False) for text in texts]  # in the set
         sealed: list[str] = []
         start = 0
         while start < len(texts):
             end, size = start, 0
             while (end < len(texts) and end - start < SET_MEMBERS
-                   and (end == start or size + len(texts[end]) <= SET_CHARS)):
-                size += len(texts[end])
+                   and (end == start or size + len(encoded[end]) + 1 <= SET_CHARS)):
+                size += len(encoded[end]) + 1
                 end += 1
             if end - start == 1:
                 sealed.append(self.seal(texts[start]))
             else:
-                sealed.extend(self._seal_set(texts[start:end]))
+                sealed.extend(self._seal_set(texts[start:end], encoded[start:end]))
             start = end
         return sealed
 
-    def _seal_set(self, texts: Sequence[str]) -> list[str]:
-        members = json.dumps(list(texts), ensure_ascii=False)
+    def _seal_set(self, texts: Sequence[str], encoded: Sequence[str]) -> list[str]:
+        members = "[" + ",".join(encoded) + "]"
         type_, blob = self.serde.dumps_typed(members.encode("utf-8"))
         body = f"{type_}:{base64.b64encode(blob).decode('ascii')}"
         sealed = [f"{SEALED_PREFIX}{_SET_PREFIX}{index}:{body}" for index in range(len(texts))]
@@ -229,19 +232,23 @@ class LedgerCodec:
         if known is not None:
             return known
         type_, _, body = text[len(SEALED_PREFIX):].partition(":")
-        member: int | None = None
+        member: str | None = None
         if type_.startswith(_SET_PREFIX):
-            member = int(type_[len(_SET_PREFIX):])
+            member = type_[len(_SET_PREFIX):]
             type_, _, body = body.partition(":")
         try:
             raw = self.serde.loads_typed((type_, base64.b64decode(body)))
             opened = bytes(raw).decode("utf-8")
             if member is not None:
                 members = json.loads(opened)
+                if not (member.isdigit() and isinstance(members, list)
+                        and int(member) < len(members)
+                        and all(isinstance(one, str) for one in members)):
+                    raise ValueError("not a member of a sealed set")
                 prefix = text[:len(SEALED_PREFIX) + len(_SET_PREFIX)]
                 for index, one in enumerate(members):  # the set's other rows open free
                     self._remember(f"{prefix}{index}:{type_}:{body}", one)
-                opened = members[member]
+                opened = members[int(member)]
             self._remember(text, opened)
             return opened
         except Exception as exc:  # noqa: BLE001 - any failure to open is one answer

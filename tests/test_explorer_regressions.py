@@ -1400,6 +1400,9 @@ def test_a_thread_refused_as_documented_may_leave_what_it_sent_unknown(tmp_path)
     held = {"k": [{"tool": "charge", "operation": "x10", "key": "k", "receipt": {}}]}
     assert _check_ledger({"t": {"k": record}}, held, True, refused=["t"]) == []
     assert _check_ledger({"t": {"k": record}}, held, True) != []
+    # ... and in a copy that finished, though its source was refused.
+    assert _check_ledger({"t": {"k": record}, "c": {"k": record}}, held, True,
+                         refused=["t"]) != []
 
 
 SEED_1002816 = (

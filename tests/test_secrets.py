@@ -149,6 +149,21 @@ def test_values_sealed_together_open_alone_with_one_cipher_call_a_set() -> None:
     with pytest.raises(SecretUnavailable):
         LedgerCodec(aes(b"x" * 32)).load(sealed[0])
 
+    # The bound is on the set as sealed, where quotes are escaped: 6 values of 669
+    # characters (1,335 escaped) make 2 sets of 3.
+    quoted = [column_json({"k": '"' * 330})] * 6
+    serde.sealed = 0
+    assert [reader.load(t) for t in codec.seal_together(quoted)] == [{"k": '"' * 330}] * 6
+    assert serde.sealed == 2
+
+    # A damaged index is a value that cannot be opened, never another member's.
+    body = sealed[0].partition(":")[2].partition(":")[2]
+    for index in ("x", "", "-1", "99", "1e1"):
+        damaged = f"{SEALED_PREFIX}set.{index}:{body}"
+        with pytest.raises(SecretUnavailable):
+            LedgerCodec(aes()).load(damaged)
+        assert LedgerCodec(aes(), strict=False).load(damaged) is SEALED
+
 
 def test_a_steps_calls_seal_their_args_together_and_their_receipts_together(
         make_saver, tmp_path) -> None:

@@ -254,8 +254,11 @@ def _check_ledger(records_by_thread: dict[str, dict[str, Any]],
             problems.append(f"LEDGER {what}; no thread's ledger knows the key")
         elif (all_finished and not statuses & {S.APPLIED, S.SKIPPED}
               # A thread refused as documented stopped before anyone could settle what it
-              # had sent (an unknown outcome waits for a person, once the thread is fixed).
-              and not any(key in records_by_thread.get(t, {}) for t in refused)
+              # had sent (an unknown outcome waits for a person, once the thread is fixed);
+              # a thread that was not refused and holds the key must have settled it.
+              and not (refused and all(thread_id in refused
+                                       for thread_id, records in records_by_thread.items()
+                                       if key in records))
               # An orphan a middleware before the guard answered in its place (a reject
               # after the call was sent, asked again after a crash): listed to be settled.
               and key not in answered_elsewhere):
