@@ -1431,3 +1431,54 @@ def test_a_call_rejected_after_a_crash_by_a_middleware_before_the_guard_is_an_or
 
     result = _replay(tmp_path, Episode.from_json(SEED_1002816))
     assert result.ok, result.problems
+
+
+SEED_1006086 = (
+    '{"after":null,"crashes":[{"occurrence":7,"phase":0,"point":"before_put_writes","then":'
+    '{"pick":2,"via":"recover"},"tool":null}],"flavour":"sync","fresh_ids":false,"history":'
+    '"","leased":false,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":false,"se'
+    'ed":238172296},"sealed":false,"seed":1006086,"sequential":true,"stack":"tool_retry_ins'
+    'ide","tools":{"charge":{"approval":false,"mode":"blind","policy":"blind","retries":0,"'
+    'timeout":null},"email":{"approval":false,"errors":"error_message","mode":"lookup","pol'
+    'icy":"blind","result":"non_json","retries":0,"timeout":null},"ticket":{"approval":"odd'
+    '","mode":"lookup","policy":"lookup","retries":1,"timeout":0.1}},"topology":"create_age'
+    'nt","turns":[[{"faults":[],"id":"call_0_0","item":"x00","n":0,"tool":"charge"},{"fault'
+    's":[],"id":"call_0_1","item":"x01","n":0,"tool":"charge"},{"faults":[],"id":"call_0_2"'
+    ',"item":"x02","n":0,"tool":"ticket"},{"faults":["permanent"],"id":"call_0_3","item":"x'
+    '03","n":0,"tool":"email"},{"faults":[],"id":"call_0_4","item":"x04","n":0,"tool":"tick'
+    'et"}]]}')
+
+SEED_1006086_CANCELLED = (
+    '{"after":null,"crashes":[{"occurrence":7,"phase":0,"point":"before_put_writes","then":'
+    '{"pick":2,"via":"recover"},"tool":null}],"flavour":"sync","fresh_ids":false,"history":'
+    '"","leased":false,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":false,"se'
+    'ed":238172296},"sealed":false,"seed":1006086,"sequential":true,"stack":"tool_retry_ins'
+    'ide","tools":{"charge":{"approval":false,"mode":"blind","policy":"blind","retries":0,"'
+    'timeout":null},"email":{"approval":false,"errors":"error_message","mode":"lookup","pol'
+    'icy":"blind","result":"non_json","retries":0,"timeout":null},"ticket":{"approval":"odd'
+    '","mode":"lookup","policy":"lookup","retries":1,"timeout":0.1}},"topology":"create_age'
+    'nt","turns":[[{"faults":[],"id":"call_0_0","item":"x00","n":0,"tool":"charge"},{"fault'
+    's":["hang"],"id":"call_0_1","item":"x01","n":0,"tool":"charge"},{"faults":[],"id":"cal'
+    'l_0_2","item":"x02","n":0,"tool":"ticket"},{"faults":[],"id":"call_0_3","item":"x03","'
+    'n":0,"tool":"email"},{"faults":[],"id":"call_0_4","item":"x04","n":0,"tool":"ticket"}]'
+    ']}')
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("episode", [SEED_1006086, SEED_1006086_CANCELLED])
+def test_an_unsafe_middleware_order_refused_in_a_recovered_run_is_fixed_and_run_again(
+        tmp_path, episode) -> None:
+    """Seed 1006086 (`create_agent` with `ToolRetryMiddleware` after the guard): the
+    worker was killed mid-step; `recover()` resumed the thread, the retry called a tool
+    a second time and the guard refused it (`MiddlewareOrderError`, as documented:
+    nothing sent twice, the call left in flight), so the thread is failed and
+    `recover()` leaves it to a person. Put in order and run again, it reconciles the
+    call and finishes. The explorer took the failed thread for one `thread_status`
+    misjudged. In the second episode a hanging tool makes the step's other tasks
+    cancelled: `thread_status` names the refusal, not their `CancelledError`."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(episode))
+    assert result.ok, result.problems
+    assert any("MiddlewareOrderError, in a run recover() resumed" in line
+               for line in result.log), result.log

@@ -330,3 +330,23 @@ def test_on_postgres_an_orphan_is_found_and_a_humans_word_settles_it(tmp_path,
     assert record.status is S.APPLIED and record.receipt == sent["receipt"]
     assert [e.kind for e in saver.events(THREAD, key)][-3:] == ["unknown", "decision", "receipt"]
     assert find_orphans(saver) == [] and thread_status(saver, THREAD).status == "done"
+
+
+def test_a_failed_step_is_reported_by_its_cause_not_a_cancellation() -> None:
+    """When a task raises, LangGraph cancels its step's other tasks; their
+    `CancelledError`s, saved after the cause, say nothing of why the step failed."""
+    import asyncio
+    import concurrent.futures
+
+    from graph_durable.operators.recovery import step_error
+
+    cause = ValueError("refused")
+    assert step_error([cause, asyncio.CancelledError()]) is cause
+    assert step_error([concurrent.futures.CancelledError(), cause,
+                       asyncio.CancelledError()]) is cause
+    only = asyncio.CancelledError()
+    assert step_error([only]) is only
+    assert step_error([cause, KeyError("later")]).args == ("later",)  # the last cause
+    # LangGraph saves an error write as the error's repr.
+    assert step_error(["MiddlewareOrderError('...')", "CancelledError()"]) == (
+        "MiddlewareOrderError('...')")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,7 +46,7 @@ from graph_durable.operators.orphans import Orphan, find_orphans, resolve_orphan
 from graph_durable.operators._worker_thread import twin_of
 
 __all__ = ["RecoveryOutcome", "ThreadStatus", "arecover", "athread_status", "damaged_status",
-           "open_interrupts", "recover", "thread_status"]
+           "open_interrupts", "recover", "step_error", "thread_status"]
 
 Status = Literal["running", "waiting", "needs_human", "done", "failed", "orphaned",
                  "cancelled", "damaged"]
@@ -66,6 +66,16 @@ class ThreadStatus:
     """Nodes the thread would run next."""
     pending: tuple[str, ...] = field(default=())
     """tool_call_ids a human is asked about."""
+
+
+def step_error(errors: Sequence[Any]) -> Any:
+    """The error a failed step is reported by: the last one that is not a cancellation
+    (when a task raises, LangGraph cancels its step's other tasks, and their
+    `CancelledError`s say nothing of why), else the last."""
+    causes = [e for e in errors
+              if not (type(e).__name__ if isinstance(e, BaseException) else str(e)
+                      ).startswith("CancelledError")]  # saved as the error, or its repr
+    return (causes or list(errors))[-1]
 
 
 def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
@@ -150,7 +160,7 @@ def _settled_status(saver: Any, thread_id: str, latest: Any, nxt: tuple[str, ...
     errors = [w[2] for w in latest.pending_writes if w[1] == ERROR and w[0] not in finished
               and not _refusal_taken_up(saver, thread_id, w[0], w[2])]
     if errors:
-        return ThreadStatus(thread_id, "failed", f"a step raised: {errors[-1]!r}", nxt)
+        return ThreadStatus(thread_id, "failed", f"a step raised: {step_error(errors)!r}", nxt)
     if nxt:
         return ThreadStatus(thread_id, "orphaned",
                             f"has next steps {list(nxt)}, no pending interrupt and no live "

@@ -374,8 +374,10 @@ class _Run:
                     "were journaled before it; a new answer would be ignored")
 
     def misjudged(self, thread_id: str, report: dict[str, Any]) -> bool:
-        """Whether `recover()` passed over an unfinished thread with nothing pending
-        because `thread_status` misjudges it (not `orphaned`, and no live lease)."""
+        """Whether to run an unfinished thread with nothing pending, which `recover()`
+        passed over, plainly: `thread_status` misjudges it (not `orphaned`, and no live
+        lease), or a documented refusal of an unsafe middleware order failed it and the
+        order is now fixed."""
         from graph_durable.operators.recovery import thread_status
 
         with explorer_saver(self.files["db_path"], self.episode.sealed) as saver:
@@ -386,6 +388,16 @@ class _Run:
                 and "UnkeyableToolCall" in (status.reason or "")):
             # recover() leaves a thread refused as documented alone: it is failed.
             raise _Refused(f"recover: {status.reason[:300]}", thread_id)
+        if (status.status == "failed" and self.stack in UNSAFE_STACKS
+                and "MiddlewareOrderError" in (status.reason or "")):
+            # The documented refusal of an unsafe order, met by the run recover()
+            # resumed (which then leaves the failed thread to a person): fix the order,
+            # run the thread again.
+            self.result.log.append("refused as documented (MiddlewareOrderError, in a run "
+                                   f"recover() resumed); the middleware put in order: "
+                                   f"{SAFE_ORDER[self.stack]}")
+            self.stack = SAFE_ORDER[self.stack]
+            return True
         self.known_bug("recover_misjudged", (
             f"STATUS {thread_id} has not finished and nothing is pending (next="
             f"{report['next']}), but thread_status says {status.status} ({status.reason}), "
