@@ -1482,3 +1482,29 @@ def test_an_unsafe_middleware_order_refused_in_a_recovered_run_is_fixed_and_run_
     assert result.ok, result.problems
     assert any("MiddlewareOrderError, in a run recover() resumed" in line
                for line in result.log), result.log
+
+
+SEED_1007335 = (
+    '{"after":null,"crashes":[{"occurrence":2,"phase":0,"point":"after_put_writes","then":{'
+    '"pick":3,"via":"copy_both"},"tool":null}],"flavour":"sync","fresh_ids":false,"history"'
+    ':"","leased":false,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":false,"s'
+    'eed":487025479},"sealed":false,"seed":1007335,"sequential":true,"stack":"","tools":{"c'
+    'harge":{"approval":false,"mode":"blind","policy":"blind","retries":0,"timeout":null}},'
+    '"topology":"guarded_node","turns":[[{"faults":[],"id":"call_0_4","item":"x04","n":0,"t'
+    'ool":"charge"}]]}')
+
+
+@pytest.mark.crash
+@pytest.mark.xfail(strict=True, reason="the class of seed 981478: guarded writes anchor "
+                   "to the step's root checkpoint, made after the copy in each thread")
+def test_a_guarded_write_whose_request_was_saved_before_a_copy_is_sent_once_in_the_family(
+        tmp_path) -> None:
+    """Seed 1007335 (`guarded_node`, `copy_both`, a blind charge): killed right after
+    the model task's writes were saved (`after_put_writes`), before the next checkpoint;
+    the thread copied and both resumed: each remade that checkpoint under its own id,
+    and the charge, keyed from it, was sent in each. The class of seed 981478, met at
+    another point of the same window."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_1007335))
+    assert result.ok, result.problems
