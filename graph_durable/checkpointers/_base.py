@@ -554,10 +554,7 @@ class DurableSaverMixin:
                     EffectRecord]]:
         """`_plan_intent` of each write claimed together, their args sealed together
         (`LedgerCodec.seal_together`) when the serde encrypts."""
-        codec = self._codec
-        if len(writes) < 2 or not codec.seals:
-            return [self._plan_intent(write, actor) for write in writes]
-        texts = codec.seal_together([_args_json(write) for write in writes])
+        texts = self._codec.seal_together([_args_json(write) for write in writes])
         return [self._plan_intent(write, actor, text)
                 for write, text in zip(writes, texts, strict=True)]
 
@@ -597,13 +594,8 @@ class DurableSaverMixin:
     def _receipt_texts(self, writes: Sequence[TransitionWrite]) -> list[str | None]:
         """The receipt column of each transition written together (`None`: it sets no
         receipt), sealed together (`LedgerCodec.seal_together`); for `_plan_update`."""
-        codec = self._codec
         plain = [_receipt_json(write) for write in writes]
-        if not codec.seals:
-            return plain
-        given = [text for text in plain if text is not None]
-        sealed = iter(codec.seal_together(given) if len(given) > 1 else
-                      [codec.seal(text) for text in given])
+        sealed = iter(self._codec.seal_together([text for text in plain if text is not None]))
         return [None if text is None else next(sealed) for text in plain]
 
     def _transition_columns(self, write: TransitionWrite,
@@ -619,13 +611,12 @@ class DurableSaverMixin:
         if receipt_text is None:
             plain = _receipt_json(write)
             receipt_text = None if plain is None else codec.seal(plain)
+        if receipt_text is not None:
+            columns["receipt"] = receipt_text
         if write.result is FROM_RECEIPT:
             # The result is the receipt's own message: the receipt, in its own key order,
             # is all that is stored (`_load_result` rebuilds the message).
-            columns["receipt"] = receipt_text
             columns["result_type"], columns["result"] = RESULT_FROM_RECEIPT, None
-        elif write.receipt is not _UNSET:
-            columns["receipt"] = receipt_text
         if write.result is not _UNSET and write.result is not FROM_RECEIPT:
             result = write.result if write.redact is None else _redact_result(write.result,
                                                                               redact)
