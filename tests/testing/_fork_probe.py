@@ -13,3 +13,10 @@ def modules_imported_by(spec: dict[str, Any]) -> list[str]:
     before = set(sys.modules)
     run_spec(spec)
     return sorted(set(sys.modules) - before)
+
+
+def crash_below_python() -> None:
+    """Die of SIGSEGV inside a C call, as a faulty extension would."""
+    import ctypes
+
+    ctypes.string_at(0)

@@ -31,3 +31,11 @@ def test_a_child_run_of_the_demo_imports_nothing_its_server_had_not(tmp_path: Pa
                                  {"spec": spec})
             assert outcome.error is None, outcome.error
             assert outcome.result == [], (action, outcome.result)
+
+
+def test_a_child_that_dies_below_python_leaves_its_stack() -> None:
+    with ForkServer(["tests.testing._fork_probe"]) as server:
+        outcome = server.run("tests.testing._fork_probe:crash_below_python", {})
+    assert outcome.exitcode == -11, outcome
+    assert "Fatal Python error: Segmentation fault" in outcome.stderr, outcome.stderr
+    assert "crash_below_python" in outcome.stderr, outcome.stderr

@@ -19,6 +19,7 @@ platforms or debugging sessions where forking is not wanted); results are the sa
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
 import os
@@ -63,6 +64,9 @@ class ChildOutcome:
 def _call(request: dict[str, Any]) -> None:
     """Body of a child: arm the plan, call the function, store its answer; never returns."""
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    # A child that dies below Python (SIGSEGV, SIGABRT) leaves its threads' stacks in
+    # its output, which the parent reports.
+    faulthandler.enable(all_threads=True)
     signal.alarm(max(1, int(request["timeout"] + 0.999)))
     if request["fault"] is not None:
         arm(FaultPlan(**request["fault"]))
