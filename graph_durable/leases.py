@@ -48,6 +48,9 @@ def _cancelled(thread_id: str, holder: str, token: int | None) -> ThreadCancelle
         "cancel that stopped half way.",
         thread_id=thread_id, token=token, cancelled_by=who or holder)
 
+RENEWAL_WAIT = 10.0
+"""Seconds a stopped lease waits for a renewal under way (see `Lease.join_renewal`)."""
+
 OWNER_KEY = "graph_durable_owner"
 TOKEN_KEY = "graph_durable_fencing_token"
 
@@ -72,6 +75,7 @@ class Lease:
     """`time.monotonic()` until which this process may act (default: from `expires_at`
     and the local wall clock)."""
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _renewer: threading.Thread | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.deadline is None:
@@ -122,12 +126,26 @@ class Lease:
                     self.lost = True
                     return
 
-        threading.Thread(target=loop, daemon=True,
-                         name=f"graph-durable-lease-{self.thread_id}").start()
+        self._renewer = threading.Thread(target=loop, daemon=True,
+                                         name=f"graph-durable-lease-{self.thread_id}")
+        self._renewer.start()
 
-    def stop_renewing(self) -> None:
-        """Stop the background renewal."""
+    def stop_renewing(self, *, wait: bool = True) -> None:
+        """Stop the background renewal and, with `wait`, wait for a renewal under way
+        (see `join_renewal`)."""
         self._stop.set()
+        if wait:
+            self.join_renewal()
+
+    def join_renewal(self) -> None:
+        """Wait for the renewal thread to end once stopped: a renewal under way finishes
+        its statement first, so the saver's connection may be closed after this returns
+        (closing a SQLite connection while another thread runs a statement on it can
+        crash the process). A renewal that hangs is waited for `RENEWAL_WAIT` seconds
+        (or `ttl`, if longer)."""
+        renewer = self._renewer
+        if renewer is not None and renewer is not threading.current_thread():
+            renewer.join(timeout=max(self.ttl, RENEWAL_WAIT))
 
 
 _ACTIVE: dict[tuple[str, int], Lease] = {}

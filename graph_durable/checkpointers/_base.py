@@ -162,15 +162,17 @@ def durable_saver(saver: Any) -> DurableSaverMixin | None:
 
 
 @contextmanager
-def renewed(lease: Lease, renew: Any) -> Iterator[Lease]:
+def renewed(lease: Lease, renew: Any, *, wait: bool = True) -> Iterator[Lease]:
     """Keep `lease` renewed (by `renew`, every `ttl / 3`) and registered while the block
-    runs; the caller releases it after."""
+    runs; the caller releases it after. With `wait`, a renewal under way has ended when
+    the block exits (an event loop that `renew` needs calls `lease.join_renewal` off
+    the loop instead)."""
     register(lease)
     lease.start_renewing(renew)
     try:
         yield lease
     finally:
-        lease.stop_renewing()
+        lease.stop_renewing(wait=wait)
         unregister(lease)
 
 

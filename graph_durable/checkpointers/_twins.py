@@ -212,9 +212,11 @@ class AsyncLeaseScope:
             else self.aacquire_lease  # type: ignore[attr-defined]
         lease = await acquire(thread_id, owner, ttl)
         try:
-            with renewed(lease, self.renew_lease):  # type: ignore[attr-defined]
+            # The renewal runs its coroutine on this loop: wait for it off the loop.
+            with renewed(lease, self.renew_lease, wait=False):  # type: ignore[attr-defined]
                 yield lease
         finally:
+            await asyncio.to_thread(lease.join_renewal)
             await self.arelease_lease(lease)  # type: ignore[attr-defined]
 
 
