@@ -16,6 +16,7 @@ a provider without fencing relies on the idempotency key alone.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from graph_durable.errors import LeaseHeld, LeaseLost, ThreadCancelled
 
 __all__ = ["CANCEL_PREFIX", "Lease", "active_lease", "cancelled_by", "check_fence",
            "check_lease_available"]
+
+logger = logging.getLogger("graph_durable")
 
 CANCEL_PREFIX = "cancelled-by:"
 """Lease owners of `cancel()` start with this. The lease row of a cancelled thread keeps
@@ -144,8 +147,15 @@ class Lease:
         crash the process). A renewal that hangs is waited for `RENEWAL_WAIT` seconds
         (or `ttl`, if longer)."""
         renewer = self._renewer
-        if renewer is not None and renewer is not threading.current_thread():
-            renewer.join(timeout=max(self.ttl, RENEWAL_WAIT))
+        if renewer is None or renewer is threading.current_thread():
+            return
+        renewer.join(timeout=max(self.ttl, RENEWAL_WAIT))
+        if renewer.is_alive():
+            logger.warning(
+                "lease of thread %s (owner %s): a renewal still runs after %.0f s; its "
+                "saver's connection must stay open until it ends", self.thread_id,
+                self.owner, max(self.ttl, RENEWAL_WAIT),
+                extra={"thread_id": self.thread_id, "owner": self.owner})
 
 
 _ACTIVE: dict[tuple[str, int], Lease] = {}

@@ -331,11 +331,16 @@ def test_a_lease_taken_over_from_a_stopped_worker_is_logged(make_saver, caplog) 
         "t", "worker-b", "worker-a", taken.token)
 
 
-def _slowed(renew: Callable[[Any], bool]) -> tuple[Callable[[Any], bool], Any, Any]:
-    """`renew` made slow (0.3 s before it runs), and the events it sets: entered, done."""
+def _slowed(saver: Any, *, released: str) -> tuple[Any, Any, list[bool]]:
+    """Make `saver`'s renewal slow (0.3 s before it runs) and note, when the lease is
+    released (by its method `released`), whether that renewal had ended: the events the
+    renewal sets (entered, done) and the list of those notes."""
+    import inspect
     import threading
 
     entered, done = threading.Event(), threading.Event()
+    renew, release = saver.renew_lease, getattr(saver, released)
+    renewal_ended_before_release: list[bool] = []
 
     def slow(lease: Any) -> bool:
         entered.set()
@@ -345,20 +350,31 @@ def _slowed(renew: Callable[[Any], bool]) -> tuple[Callable[[Any], bool], Any, A
         finally:
             done.set()
 
-    return slow, entered, done
+    if inspect.iscoroutinefunction(release):
+        async def noted(lease: Any) -> None:
+            renewal_ended_before_release.append(done.is_set())
+            await release(lease)
+    else:
+        def noted(lease: Any) -> None:  # type: ignore[misc]
+            renewal_ended_before_release.append(done.is_set())
+            release(lease)
+
+    saver.renew_lease = slow
+    setattr(saver, released, noted)
+    return entered, done, renewal_ended_before_release
 
 
 def test_a_lease_block_ends_after_the_renewal_under_way(make_saver) -> None:
-    """A renewal runs on its own thread. Leaving `saver.lease` waits for one under way, so
-    the connection can be closed next: closing a SQLite connection while the renewal
-    runs a statement on it crashed the process (SIGSEGV), about once in a thousand
-    leases of a fraction of a second."""
+    """A renewal runs on its own thread. Leaving `saver.lease` waits for one under way
+    before the lease is released, so the connection can be closed next: closing a SQLite
+    connection while the renewal ran a statement on it crashed the process (SIGSEGV),
+    about once in a thousand leases of a fraction of a second."""
     saver = make_saver()
-    saver.renew_lease, entered, done = _slowed(saver.renew_lease)
+    entered, done, ended_first = _slowed(saver, released="release_lease")
     with saver.lease("t", "worker-a", ttl=0.06):
         assert entered.wait(5)
     assert done.is_set()
-    assert saver.live_leases() == {}  # released after the renewal, not before it
+    assert ended_first == [True]
 
 
 async def test_an_async_lease_block_ends_after_the_renewal_under_way(amake_saver) -> None:
@@ -369,9 +385,8 @@ async def test_an_async_lease_block_ends_after_the_renewal_under_way(amake_saver
     saver = await amake_saver()
     if not hasattr(saver, "alease"):
         pytest.skip("a sync saver (here, for `ainvoke`) is leased with `lease`")
-    saver.renew_lease, entered, done = _slowed(saver.renew_lease)
+    entered, done, ended_first = _slowed(saver, released="arelease_lease")
     async with saver.alease("t", "worker-a", ttl=0.06):
-        while not entered.is_set():
-            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(entered.wait, 5)
     assert done.is_set()
-    assert await saver.alive_leases() == {}
+    assert ended_first == [True]

@@ -172,8 +172,10 @@ def renewed(lease: Lease, renew: Any, *, wait: bool = True) -> Iterator[Lease]:
     try:
         yield lease
     finally:
-        lease.stop_renewing(wait=wait)
-        unregister(lease)
+        try:
+            lease.stop_renewing(wait=wait)
+        finally:
+            unregister(lease)
 
 
 class DurableSaverMixin:

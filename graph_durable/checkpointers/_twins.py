@@ -216,8 +216,10 @@ class AsyncLeaseScope:
             with renewed(lease, self.renew_lease, wait=False):  # type: ignore[attr-defined]
                 yield lease
         finally:
-            await asyncio.to_thread(lease.join_renewal)
-            await self.arelease_lease(lease)  # type: ignore[attr-defined]
+            try:
+                await asyncio.to_thread(lease.join_renewal)
+            finally:  # released even if cancelled again while waiting
+                await self.arelease_lease(lease)  # type: ignore[attr-defined]
 
 
 class AsyncFromSync:
