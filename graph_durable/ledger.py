@@ -29,6 +29,7 @@ import hmac
 import json
 from dataclasses import dataclass, field
 from enum import Enum
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from langchain_core.messages import ToolMessage
@@ -48,6 +49,7 @@ __all__ = [
     "TransitionWrite",
     "WriteBatch",
     "FROM_RECEIPT",
+    "sent_from",
     "RESULT_FROM_RECEIPT",
     "answered",
     "canonical_json",
@@ -140,6 +142,18 @@ was sent: re-running its step replays, it never sends again)."""
 SENT_STATUSES = frozenset({_S.APPLIED, _S.COMPENSATED, _S.COMPENSATION_FAILED,
                            _S.COMPENSATION_UNKNOWN})
 """Statuses of an effect known to have reached its provider."""
+
+
+def sent_from(records: Iterable[EffectRecord]) -> EffectRecord | None:
+    """The first of `records` (another family thread's rows of one key, oldest first,
+    each sent, on its way or settled) that stands against sending the call again: not
+    one paused on its tool's own question (`in_flight` with a `resume_tool` decision),
+    which has sent nothing there (the tool asks before it acts)."""
+    for record in records:
+        if not (record.status is _S.IN_FLIGHT
+                and (record.decision or {}).get("type") == "resume_tool"):
+            return record
+    return None
 
 
 def answered(record: EffectRecord | None, asks: str | None = None) -> bool:

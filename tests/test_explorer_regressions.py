@@ -1498,3 +1498,60 @@ def test_a_guarded_write_whose_request_was_saved_before_a_copy_is_sent_once_in_t
 
     result = _replay(tmp_path, Episode.from_json(SEED_1007335))
     assert result.ok, result.problems
+
+
+SEED_1011557 = (
+    '{"after":null,"crashes":[{"occurrence":1,"phase":0,"point":"after_effect","then":{"pic'
+    'k":6,"via":"copy_both"},"tool":"charge"}],"flavour":"sync","fresh_ids":false,"history"'
+    ':"","leased":false,"reviewer":{"edit_unchanged":false,"malformed":false,"raw":true,"se'
+    'ed":945429045},"sealed":true,"seed":1011557,"sequential":true,"stack":"hitl_after_guar'
+    'd","tools":{"charge":{"approval":false,"errors":"raise","mode":"blind","policy":"blind'
+    '","retries":0,"timeout":null},"email":{"approval":true,"mode":"blind","policy":"blind"'
+    ',"result":"artifact","retries":0,"timeout":0.1}},"topology":"create_agent","turns":[[{'
+    '"faults":["hang"],"id":"call_0_1","item":"x02","n":0,"tool":"charge"},{"faults":[],"id'
+    '":"call_0_3","item":"x03","n":0,"tool":"email"},{"faults":[],"id":"call_0_4","item":"x'
+    '04","n":0,"tool":"charge"}]]}')
+
+
+@pytest.mark.crash
+def test_a_tool_paused_on_its_own_question_then_resumed_in_a_copy_is_sent_once(
+        tmp_path) -> None:
+    """Seed 1011557 (`create_agent`, HITL middleware after the guard, `copy_both`): the
+    email's tool paused on its own question inside the guard, the thread was copied, and
+    each thread resumed the tool: the copy sent the email, then the source sent it again
+    under the same key (a blind provider keeps both). A paused tool now checks the
+    family before it is resumed, as an approved call does: the copy's send answers it. A
+    copy still paused itself has sent nothing, so it does not hold the call back."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_1011557))
+    assert result.ok, result.problems
+
+
+SEED_1011825 = (
+    '{"after":null,"crashes":[{"occurrence":3,"phase":2,"point":"after_intent","then":{"pic'
+    'k":7,"via":"copy_both"},"tool":"email"}],"flavour":"sync","fresh_ids":false,"history":'
+    '"","leased":false,"reviewer":{"edit_unchanged":false,"malformed":true,"raw":false,"see'
+    'd":1946954029},"sealed":false,"seed":1011825,"sequential":true,"stack":"","tools":{"ch'
+    'arge":{"approval":true,"errors":"error_message","mode":"lookup","policy":"blind","retr'
+    'ies":2,"timeout":null},"email":{"approval":"odd","errors":"error_message","mode":"dedu'
+    'pe","policy":"idempotent","result":"non_json","retries":2,"timeout":0.1}},"topology":"'
+    'flat","turns":[[{"faults":[],"id":"call_0_2","item":"x02","n":0,"tool":"charge"},{"fau'
+    'lts":["hang"],"id":"call_0_3","item":"x03","n":0,"tool":"email"}],[{"faults":[],"id":"'
+    'call_1_0","item":"x10","n":0,"tool":"email"}],[{"faults":["lost"],"id":"call_2_0","ite'
+    'm":"x20","n":0,"tool":"email"},{"faults":["lost"],"id":"call_2_0","item":"x21","n":0,"'
+    'tool":"email"}]]}')
+
+
+@pytest.mark.crash
+def test_a_call_edited_in_a_copy_then_retried_in_its_source_is_sent_once(tmp_path) -> None:
+    """Seed 1011825 (`copy_both`, an idempotent email needing approval): a reviewer edited
+    the call in the copy, whose edited email was sent with its answer lost and then
+    skipped; in the source, the same question was answered, the family's doubt put to a
+    human, and a retry sent the call as first asked, under its own key: a second email.
+    Now the source takes the copy's edit over (the edited call, under its key, is this
+    call), so the retry re-sends that call under its key and the provider dedupes it."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_1011825))
+    assert result.ok, result.problems

@@ -73,3 +73,23 @@ def test_a_trusted_record_is_the_record_model_construct_makes() -> None:
         assert trusted.model_dump() == made.model_dump()
     with pytest.raises(ValueError):
         trusted.key = "other"  # type: ignore[misc]
+
+
+def test_a_copy_paused_on_its_tools_own_question_has_sent_nothing() -> None:
+    """`sent_from` picks, of another family thread's rows of a key, the first that stands
+    against sending again: a call paused on its tool's own question there (in flight with
+    a `resume_tool` decision) is passed by; the same call on its way (no decision) is not."""
+    from graph_durable.ledger import sent_from
+
+    def row(thread: str, status: EffectStatus, decision: dict | None = None) -> EffectRecord:
+        return EffectRecord(key="k", thread_id=thread, checkpoint_ns="", tool_call_id="c",
+                            tool="email", args={}, status=status, decision=decision,
+                            created_at=1.0, updated_at=1.0)
+
+    paused = row("copy-1", EffectStatus.IN_FLIGHT, {"type": "resume_tool"})
+    applied = row("copy-2", EffectStatus.APPLIED)
+    on_its_way = row("copy-3", EffectStatus.IN_FLIGHT)
+    assert sent_from([paused, applied]) is applied
+    assert sent_from([paused]) is None
+    assert sent_from([on_its_way, applied]) is on_its_way
+    assert sent_from([]) is None

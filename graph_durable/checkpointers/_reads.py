@@ -30,7 +30,14 @@ from graph_durable.checkpointers._decode import (
     task_run_from_row,
 )
 from graph_durable.leases import cancelled_by
-from graph_durable.ledger import EffectEvent, EffectRecord, EffectStatus, IntentWrite, Keying
+from graph_durable.ledger import (
+    EffectEvent,
+    EffectRecord,
+    EffectStatus,
+    IntentWrite,
+    Keying,
+    sent_from,
+)
 from graph_durable.telemetry.stats import LedgerStats, stats_of
 
 __all__ = ["AsyncLedgerReads", "SyncLedgerReads"]
@@ -111,9 +118,10 @@ class SyncLedgerReads:
 
     def sent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
         """The effect `key` as another thread of the family (a copy, or the thread a
-        copy came from) holds it once sent or on its way, or `None`."""
+        copy came from) holds it once sent or on its way, or `None`. A call paused there
+        on its tool's own question has sent nothing (see `sent_from`)."""
         rows = self._query(_sql.SELECT_SENT_IN_FAMILY, (key, str(thread_id)))
-        return self._record(rows[0]) if rows else None
+        return sent_from(self._record(row) for row in rows)  # type: ignore[attr-defined]
 
     def effects(
         self, thread_id: str | None = None, status: EffectStatus | str | None = None
@@ -249,7 +257,7 @@ class AsyncLedgerReads:
     async def asent_in_family(self, key: str, thread_id: str) -> EffectRecord | None:
         """Async `sent_in_family`."""
         rows = await self._aquery(_sql.SELECT_SENT_IN_FAMILY, (key, str(thread_id)))
-        return self._record(rows[0]) if rows else None  # type: ignore[attr-defined,no-any-return]
+        return sent_from(self._record(row) for row in rows)  # type: ignore[attr-defined]
 
     async def aeffects(
         self, thread_id: str | None = None, status: EffectStatus | str | None = None

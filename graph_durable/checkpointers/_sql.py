@@ -51,11 +51,13 @@ SELECT_EFFECT_BY_KEY = (
 # The same requested call, sent (or on its way) by another thread of the family, as
 # asked or as a reviewer edited it there. `skipped` is either (an unknown outcome left
 # in place, or an edit sent under another key); `failed` and `rejected` were not sent.
+# Every such row, oldest first: the caller passes by a call paused there on its tool's
+# own question (`sent_from`), which the decision column, sealed or not, tells.
 SELECT_SENT_IN_FAMILY = (
     f"SELECT {EFFECT_COLUMNS} FROM effects WHERE key = ? AND thread_id <> ? "
     "AND status IN ('in_flight', 'unknown', 'applied', 'skipped', 'compensated', "
     "'compensation_failed', 'compensation_unknown') "
-    "ORDER BY created_at LIMIT 1"
+    "ORDER BY created_at"
 )
 SELECT_RESULT = ("SELECT result_type, result, receipt, tool, tool_call_id FROM effects "
                  "WHERE thread_id = ? AND key = ?")

@@ -359,12 +359,16 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
     replay its receipt, or reconcile its outcome; never send it a second time."""
     how = "already sent" if sent.status in SENT_STATUSES else f"{sent.status.value}"
     why = {**data, "reason": f"{how} in thread {sent.thread_id!r} of the same family"}
-    [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt", decision=None,
-                                          data=why))
     edited_key = (sent.decision or {}).get("edited_key")
     if sent.status is S.SKIPPED and edited_key is not None:
         # Sent there as a reviewer edited it: that effect is this call's.
-        sent = (yield Read("effect", (edited_key, sent.thread_id))) or sent
+        edited = yield Read("effect", (edited_key, sent.thread_id))
+        if (edited is not None and edited.status not in SENT_STATUSES
+                and record.status is S.AWAITING_APPROVAL):
+            return (yield from _take_over_edit(ctx, record, sent, why))
+        sent = edited or sent
+    [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt", decision=None,
+                                          data=why))
     if sent.status in SENT_STATUSES:
         result = rebound((yield Read("stored_result", (sent.thread_id, sent.key))),
                          ctx.tool_call_id, (sent.tool_call_id, record.tool_call_id))
@@ -377,6 +381,29 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
         ctx, record, may_resend=False,
         why=f"thread {sent.thread_id!r} of the same family has this call {sent.status.value} "
             "(it may be on its way there), so it is not sent again from here"))
+
+
+def _take_over_edit(ctx: CallContext, record: EffectRecord, edited_there: EffectRecord,
+                    data: dict[str, Any]) -> Protocol:
+    """A call still awaiting its approval here (so never sent from here) that a reviewer
+    edited in another thread of the family into a call whose outcome is not known there:
+    that edited call is this one, under its own key. It is claimed here (taking over
+    what the family knows of it: an outcome skipped there is unknown here), and this call
+    is resolved in its favour as it was there, so that whatever is decided next (a
+    lookup, a re-send under the same key, a human's word) is about the call that may
+    have reached the provider, never a second one under this call's key."""
+    decision = dict(edited_there.decision or {})
+    edited_key = decision["edited_key"]
+    edited = yield Read("effect", (edited_key, ctx.thread_id))
+    if edited is None:
+        # Claimed before this call is resolved: a crash in between asks here again and
+        # finds the edited call claimed.
+        edited, _ = yield Claim(_intent(
+            ctx, S.IN_FLIGHT, record_args=dict(decision["edited_action"]["args"]),
+            key=edited_key))
+    yield Write(ctx.transition(record, S.SKIPPED, "resolved", decision=decision,
+                               data={**data, "edited_key": edited_key}))
+    return (yield from _resume(ctx, edited))
 
 
 def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
@@ -400,8 +427,13 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
     match kind:
         case "resume_tool":
             # The tool paused on its own question; LangGraph hands it the answer when it
-            # is called again. Clearing the mark first means a crash from here on is an
-            # ordinary in-flight effect, reconciled, never silently sent twice.
+            # is called again. A copy of this thread (or its source) that resumed it
+            # first has sent it: that send is this call's. Clearing the mark first means
+            # a crash from here on is an ordinary in-flight effect, reconciled, never
+            # silently sent twice.
+            sent = yield from _sent_in_family(ctx, record, kind)
+            if sent is not None:
+                return (yield from _adopt_family_send(ctx, record, sent, data))
             [record] = yield Write(ctx.transition(
                 record, S.IN_FLIGHT, "attempt", decision=None,
                 data={"reason": "resume the paused tool"}))
