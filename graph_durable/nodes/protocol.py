@@ -183,10 +183,8 @@ def _intent(ctx: CallContext, status: EffectStatus, *, record_args: dict[str, An
 def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
     """An effect the ledger already knows: replay, reconcile, or act on a decision."""
     if record.status in TERMINAL_STATUSES:
-        edited_key = (record.decision or {}).get("edited_key")
-        if edited_key is not None:
-            edited = yield Read("effect", (edited_key, ctx.thread_id))
-            return (yield from _resume(ctx, edited))
+        if (record.decision or {}).get("edited_key") is not None:
+            return (yield from _resume(ctx, (yield from _edited_call(ctx, record.decision))))
         stored = yield Read("stored_result", (ctx.thread_id, record.key))
         ctx.outcome = "replayed"
         return rebound(stored, ctx.tool_call_id, (record.tool_call_id,))
@@ -354,17 +352,20 @@ def _ask(ctx: CallContext, record: EffectRecord) -> Protocol:
 
 
 def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecord,
-                       data: dict[str, Any]) -> Protocol:
+                       data: dict[str, Any], *, unsent_here: bool = False) -> Protocol:
     """A decision to send a call that a copy of this thread (or its source) already sent:
-    replay its receipt, or reconcile its outcome; never send it a second time."""
+    replay its receipt, or reconcile its outcome; never send it a second time.
+    `unsent_here`: nothing of the call left from this thread (its tool paused on its own
+    question; a call awaiting its approval is known to be unsent)."""
     how = "already sent" if sent.status in SENT_STATUSES else f"{sent.status.value}"
     why = {**data, "reason": f"{how} in thread {sent.thread_id!r} of the same family"}
+    unsent_here = unsent_here or record.status is S.AWAITING_APPROVAL
     edited_key = (sent.decision or {}).get("edited_key")
     if sent.status is S.SKIPPED and edited_key is not None:
         # Sent there as a reviewer edited it: that effect is this call's.
         edited = yield Read("effect", (edited_key, sent.thread_id))
-        if (edited is not None and edited.status not in SENT_STATUSES
-                and record.status is S.AWAITING_APPROVAL):
+        if (unsent_here and edited is not None
+                and edited.status in (S.IN_FLIGHT, S.UNKNOWN, S.SKIPPED)):
             return (yield from _take_over_edit(ctx, record, sent, why))
         sent = edited or sent
     [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt", decision=None,
@@ -385,25 +386,42 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
 
 def _take_over_edit(ctx: CallContext, record: EffectRecord, edited_there: EffectRecord,
                     data: dict[str, Any]) -> Protocol:
-    """A call still awaiting its approval here (so never sent from here) that a reviewer
-    edited in another thread of the family into a call whose outcome is not known there:
-    that edited call is this one, under its own key. It is claimed here (taking over
-    what the family knows of it: an outcome skipped there is unknown here), and this call
-    is resolved in its favour as it was there, so that whatever is decided next (a
-    lookup, a re-send under the same key, a human's word) is about the call that may
-    have reached the provider, never a second one under this call's key."""
+    """A call never sent from here that a reviewer edited, in another thread of the
+    family, into a call whose outcome is not known there: that edited call is this one,
+    under its own key. This call is resolved in its favour as it was there, then the
+    edited call is taken up here (claimed, taking over what the family knows of it: an
+    outcome skipped there is unknown here), so that what is decided next (a lookup, a
+    re-send under the same key, a human's word) is about the call that may have reached
+    the provider, never a second one under this call's key."""
     decision = dict(edited_there.decision or {})
+    edited_key = decision["edited_key"]
+    resolved = ctx.transition(record, S.SKIPPED, "resolved", decision=decision,
+                              data={**data, "edited_key": edited_key})
+    if record.status is S.IN_FLIGHT:
+        # A tool paused on its own question sent nothing; an intent on its way is never
+        # skipped, so the call passes through unknown in the same transaction.
+        yield Write(WriteBatch(ctx.thread_id, (ctx.transition(
+            record, S.UNKNOWN, "unknown", decision=None,
+            data={**data, "reason": "paused on its tool's own question, not sent from "
+                                    "here; the family's edit of it is taken over"}),
+            resolved)))
+    else:
+        yield Write(resolved)
+    return (yield from _resume(ctx, (yield from _edited_call(ctx, decision))))
+
+
+def _edited_call(ctx: CallContext, decision: dict[str, Any]
+                 ) -> Generator[Read | Claim, Any, EffectRecord]:
+    """The record, in this thread, of the call a reviewer's edit (`decision`) made. A
+    call resolved in favour of one not claimed here yet (taken over from the family, and
+    stopped before its claim) claims it now."""
     edited_key = decision["edited_key"]
     edited = yield Read("effect", (edited_key, ctx.thread_id))
     if edited is None:
-        # Claimed before this call is resolved: a crash in between asks here again and
-        # finds the edited call claimed.
         edited, _ = yield Claim(_intent(
             ctx, S.IN_FLIGHT, record_args=dict(decision["edited_action"]["args"]),
             key=edited_key))
-    yield Write(ctx.transition(record, S.SKIPPED, "resolved", decision=decision,
-                               data={**data, "edited_key": edited_key}))
-    return (yield from _resume(ctx, edited))
+    return edited  # type: ignore[no-any-return]
 
 
 def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
@@ -427,16 +445,18 @@ def _act_on_decision(ctx: CallContext, record: EffectRecord) -> Protocol:
     match kind:
         case "resume_tool":
             # The tool paused on its own question; LangGraph hands it the answer when it
-            # is called again. A copy of this thread (or its source) that resumed it
-            # first has sent it: that send is this call's. Clearing the mark first means
-            # a crash from here on is an ordinary in-flight effect, reconciled, never
-            # silently sent twice.
-            sent = yield from _sent_in_family(ctx, record, kind)
-            if sent is not None:
-                return (yield from _adopt_family_send(ctx, record, sent, data))
+            # is called again. Clearing the mark first means a crash from here on is an
+            # ordinary in-flight effect, reconciled, never silently sent twice; and that
+            # a copy of this thread (or its source) resuming it at the same time sees
+            # this one on its way. A copy that resumed it first has sent it: that send
+            # is this call's.
             [record] = yield Write(ctx.transition(
                 record, S.IN_FLIGHT, "attempt", decision=None,
                 data={"reason": "resume the paused tool"}))
+            sent = yield from _sent_in_family(ctx, record, kind)
+            if sent is not None:
+                return (yield from _adopt_family_send(ctx, record, sent, data,
+                                                      unsent_here=True))
             return (yield from _send(ctx, record, may_resend=False))
         case "approve" | "retry":
             if kind == "retry" and ctx.policy.lookup is not None:
@@ -495,11 +515,18 @@ def _sent_in_family(ctx: CallContext, record: EffectRecord, kind: str
     an answer in place of the tool) comes too late then: the effect exists, so the
     ledger and the model get what became of it, not a "not sent" that is no longer true
     (the decision stays in the journal). A retry answers the very doubt a sibling's open
-    attempt raises; only a sibling's receipt still stands against it.
+    attempt raises; only a sibling's receipt still stands against it (or that of the
+    call a reviewer edited it into there).
     """
     sent = yield Read("sent_in_family", (record.key, ctx.thread_id))
-    if sent is not None and (kind != "retry" or sent.status in SENT_STATUSES):
+    if sent is None or kind != "retry" or sent.status in SENT_STATUSES:
         return sent
+    edited_key = (sent.decision or {}).get("edited_key")
+    if sent.status is S.SKIPPED and edited_key is not None:
+        # Edited there into a call of its own key: a receipt of that one stands too.
+        edited = yield Read("effect", (edited_key, sent.thread_id))
+        if edited is not None and edited.status in SENT_STATUSES:
+            return sent
     return None
 
 
