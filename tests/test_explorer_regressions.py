@@ -1555,3 +1555,32 @@ def test_a_call_edited_in_a_copy_then_retried_in_its_source_is_sent_once(tmp_pat
 
     result = _replay(tmp_path, Episode.from_json(SEED_1011825))
     assert result.ok, result.problems
+
+
+SEED_1015818 = (
+    '{"after":null,"crashes":[{"occurrence":1,"phase":0,"point":"after_intent","then":{"pic'
+    'k":5,"via":"recover"},"tool":"email"}],"flavour":"async","fresh_ids":false,"history":"'
+    '","leased":false,"reviewer":{"edit_unchanged":true,"malformed":false,"raw":false,"seed'
+    '":1915635314},"sealed":false,"seed":1015818,"sequential":true,"stack":"tool_retry_insi'
+    'de","tools":{"charge":{"approval":false,"mode":"blind","policy":"blind","retries":0,"t'
+    'imeout":0.1},"email":{"approval":false,"errors":"tool_exception","lookup_faults":["err'
+    'or","bool"],"mode":"lookup","policy":"lookup","retries":1,"timeout":0.1},"ticket":{"ap'
+    'proval":false,"mode":"dedupe","policy":"blind","result":"artifact","retries":1,"timeou'
+    't":null}},"topology":"create_agent","turns":[[{"faults":["transient"],"id":"call_0_0",'
+    '"item":"x10","n":0,"tool":"ticket"},{"faults":[],"id":"call_1_4","item":"x14","n":0,"t'
+    'ool":"email"}]]}')
+
+
+@pytest.mark.crash
+def test_tasks_cancelled_by_a_refusal_a_later_run_took_up_leave_the_thread_orphaned(
+        tmp_path) -> None:
+    """Seed 1015818 (async `create_agent`, `ToolRetryMiddleware` after the guard): the
+    guard refused the retry's second call (`MiddlewareOrderError`) and LangGraph cancelled
+    the step's other task; the order put right, a run took the calls up and was killed
+    mid-effect. The refusal was stale (seed 1006086), but the cancelled task's
+    `CancelledError` still made `thread_status` say `failed`, so `recover()` passed the
+    thread by. Those cancellations are stale with the refusal that caused them."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SEED_1015818))
+    assert result.ok, result.problems

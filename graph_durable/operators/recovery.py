@@ -72,10 +72,14 @@ def step_error(errors: Sequence[Any]) -> Any:
     """The error a failed step is reported by: the last one that is not a cancellation
     (when a task raises, LangGraph cancels its step's other tasks, and their
     `CancelledError`s say nothing of why), else the last."""
-    causes = [e for e in errors
-              if not (type(e).__name__ if isinstance(e, BaseException) else str(e)
-                      ).startswith("CancelledError")]  # saved as the error, or its repr
+    causes = [e for e in errors if not _cancellation(e)]
     return (causes or list(errors))[-1]
+
+
+def _cancellation(error: Any) -> bool:
+    """Whether an `__error__` write (the error, or its repr) is a `CancelledError`."""
+    return (type(error).__name__ if isinstance(error, BaseException) else str(error)
+            ).startswith("CancelledError")
 
 
 def thread_status(saver: Any, thread_id: str, *, ignore_owner: str | None = None
@@ -155,10 +159,15 @@ def _settled_status(saver: Any, thread_id: str, latest: Any, nxt: tuple[str, ...
                             else "waiting for input to an interrupt", nxt, approvals)
     # An error of a task that has since written its results is stale: a refused answer
     # raised, and a later run of the same task succeeded before the worker stopped. So is
-    # a middleware-order refusal whose call a later run has taken up since.
+    # a middleware-order refusal whose call a later run has taken up since, and with it
+    # the cancellations of the tasks LangGraph stopped when it was raised.
     finished = finished_tasks(latest)
-    errors = [w[2] for w in latest.pending_writes if w[1] == ERROR and w[0] not in finished
-              and not _refusal_taken_up(saver, thread_id, w[0], w[2])]
+    pending = [(w[0], w[2]) for w in latest.pending_writes
+               if w[1] == ERROR and w[0] not in finished]
+    errors = [error for task_id, error in pending
+              if not _refusal_taken_up(saver, thread_id, task_id, error)]
+    if len(errors) < len(pending) and all(_cancellation(error) for error in errors):
+        errors = []
     if errors:
         return ThreadStatus(thread_id, "failed", f"a step raised: {step_error(errors)!r}", nxt)
     if nxt:
