@@ -360,14 +360,12 @@ def _adopt_family_send(ctx: CallContext, record: EffectRecord, sent: EffectRecor
     how = "already sent" if sent.status in SENT_STATUSES else f"{sent.status.value}"
     why = {**data, "reason": f"{how} in thread {sent.thread_id!r} of the same family"}
     unsent_here = unsent_here or record.status is S.AWAITING_APPROVAL
-    edited_key = (sent.decision or {}).get("edited_key")
-    if sent.status is S.SKIPPED and edited_key is not None:
+    edited = yield from _edited_there(sent)
+    if edited is not None:
         # Sent there as a reviewer edited it: that effect is this call's.
-        edited = yield Read("effect", (edited_key, sent.thread_id))
-        if (unsent_here and edited is not None
-                and edited.status in (S.IN_FLIGHT, S.UNKNOWN, S.SKIPPED)):
+        if unsent_here and edited.status in (S.IN_FLIGHT, S.UNKNOWN, S.SKIPPED):
             return (yield from _take_over_edit(ctx, record, sent, why))
-        sent = edited or sent
+        sent = edited
     [record] = yield Write(ctx.transition(record, S.IN_FLIGHT, "attempt", decision=None,
                                           data=why))
     if sent.status in SENT_STATUSES:
@@ -521,13 +519,18 @@ def _sent_in_family(ctx: CallContext, record: EffectRecord, kind: str
     sent = yield Read("sent_in_family", (record.key, ctx.thread_id))
     if sent is None or kind != "retry" or sent.status in SENT_STATUSES:
         return sent
+    # Edited there into a call of its own key: a receipt of that one stands too.
+    edited = yield from _edited_there(sent)
+    return sent if edited is not None and edited.status in SENT_STATUSES else None
+
+
+def _edited_there(sent: EffectRecord) -> Generator[Read, Any, EffectRecord | None]:
+    """The call a reviewer edited `sent` into, in its own thread (`sent` was resolved
+    as skipped in its favour), or `None`."""
     edited_key = (sent.decision or {}).get("edited_key")
-    if sent.status is S.SKIPPED and edited_key is not None:
-        # Edited there into a call of its own key: a receipt of that one stands too.
-        edited = yield Read("effect", (edited_key, sent.thread_id))
-        if edited is not None and edited.status in SENT_STATUSES:
-            return sent
-    return None
+    if sent.status is not S.SKIPPED or edited_key is None:
+        return None
+    return (yield Read("effect", (edited_key, sent.thread_id)))  # type: ignore[no-any-return]
 
 
 def _not_sent(ctx: CallContext, record: EffectRecord, kind: str, decision: dict[str, Any],

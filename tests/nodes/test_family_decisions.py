@@ -68,6 +68,16 @@ class Ledger:
             decision={**decision, "decided_at": time.time()}))
 
 
+def _edited_in_copy(ledger: Ledger) -> tuple[Any, Any]:
+    """The call asked in S, then copied into C, where a reviewer edited it and the
+    edited call's answer was lost: the call's record in S and the edited one in C."""
+    _, asked = ledger.run("S", [])
+    ledger.saver.copy_thread("S", "C")
+    ledger.decide("C", asked.key, {"type": "edit", "edited_action": EDITED})
+    _, unknown = ledger.run("C", [Raised(RuntimeError("connection reset"))])
+    return asked, unknown
+
+
 def _paused(ledger: Ledger, thread: str) -> None:
     with pytest.raises(GraphInterrupt):
         ledger.run(thread, [Paused(GraphInterrupt())])
@@ -131,10 +141,7 @@ def test_a_call_edited_in_a_copy_is_that_call_in_its_source(tmp_path: Path,
 def test_a_call_takes_over_a_copys_edit_once_it_was_sent(tmp_path: Path) -> None:
     """As above, the copy's edited call then settled as applied: the source replays it."""
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    _, asked = ledger.run("S", [])
-    ledger.saver.copy_thread("S", "C")
-    ledger.decide("C", asked.key, {"type": "edit", "edited_action": EDITED})
-    _, unknown = ledger.run("C", [Raised(RuntimeError("connection reset"))])
+    asked, unknown = _edited_in_copy(ledger)
     ledger.decide("S", asked.key, {"type": "approve"})
     state, asked_here = ledger.run("S", [])
     ledger.decide("C", unknown.key, {"type": "applied", "receipt": {"id": "m-1"}})
@@ -150,10 +157,7 @@ def test_a_worker_stopped_while_taking_over_an_edit_takes_it_up_again(tmp_path: 
     the edited call here: the next run claims it and asks about it, so no call is left
     that nothing asks about."""
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    _, asked = ledger.run("S", [])
-    ledger.saver.copy_thread("S", "C")
-    ledger.decide("C", asked.key, {"type": "edit", "edited_action": EDITED})
-    _, unknown = ledger.run("C", [Raised(RuntimeError("connection reset"))])
+    asked, unknown = _edited_in_copy(ledger)
     ledger.decide("S", asked.key, {"type": "approve"})
     state, _ = ledger.run("S", [], stop_after=lambda op: isinstance(op, ops.Write))
     assert state == "stopped"
