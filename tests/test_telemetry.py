@@ -338,3 +338,57 @@ def test_a_runnable_outside_a_graph_reports_to_its_handlers_too() -> None:
 
     RunnableLambda(body).invoke(1, {"callbacks": [recorder]})
     assert [d["outcome"] for _, d in recorder.events] == ["replayed"]
+
+
+def test_global_providers_set_after_the_first_call_are_used_from_then_on() -> None:
+    """Until the application sets a global provider, the guard tells so without asking
+    the API (whose getters read the environment on every call); one set later, after
+    calls were observed, gets the spans and measurements of the calls after it."""
+    out = run_python("""
+        from opentelemetry import metrics, trace
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from graph_durable.telemetry import CallInfo, CallOutcome, observe
+
+        def one_call():
+            with observe(CallInfo("t", "pay", "c", "gd-1")) as call:
+                with call.provider_call():
+                    pass
+                call.outcome(CallOutcome.SENT)
+
+        one_call()
+        exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        one_call()
+        names = sorted(span.name for span in exporter.get_finished_spans())
+        data = reader.get_metrics_data()
+        measured = sorted(metric.name for rm in data.resource_metrics
+                          for sm in rm.scope_metrics for metric in sm.metrics)
+        print(names, measured)
+        """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("['guarded_call pay', 'provider_call'] "
+                                  "['graph_durable.calls', 'graph_durable.provider.duration']")
+
+
+def test_a_global_tracer_provider_named_in_the_environment_is_loaded() -> None:
+    """`OTEL_PYTHON_TRACER_PROVIDER` names the global provider the API loads on first
+    use: the guard's spans go to it, though nothing set one in code."""
+    out = run_python("""
+        import os
+        os.environ["OTEL_PYTHON_TRACER_PROVIDER"] = "sdk_tracer_provider"
+        from opentelemetry import trace
+        from graph_durable.telemetry import CallInfo, CallOutcome, observe
+
+        with observe(CallInfo("t", "pay", "c", "gd-1")) as call:
+            call.outcome(CallOutcome.SENT)
+        print(type(trace.get_tracer_provider()).__module__, call._span is not None)
+        """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["opentelemetry.sdk.trace", "True"]

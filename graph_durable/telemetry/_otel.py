@@ -10,13 +10,35 @@ providers make them nearly free until the application installs an SDK.
 from __future__ import annotations
 
 import importlib.metadata
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 __all__ = ["Instruments", "configure", "instruments"]
 
 SCOPE = "graph_durable"
 """The instrumentation scope of every tracer and meter this library gets."""
+
+
+def _never() -> bool:
+    return False
+
+
+def _unset_global(module: ModuleType, name: str, env: str) -> Callable[[], bool]:
+    """What tells, in one read, that the API's global provider `module.<name>` is still
+    unset: while it is, the API's getter looks for `env` in the environment on every
+    call (and loads the provider it names, once). Without `env` at first use, a global
+    provider appears only by `set_*_provider` (or a getter another caller made load
+    it), which sets `<name>`; with it, or an API without that global, the getter is
+    asked every time, as before."""
+    if env in os.environ or getattr(module, name, _MISSING) is not None:
+        return _never
+    return lambda: getattr(module, name, None) is None
+
+
+_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -43,6 +65,10 @@ class Instruments:
     proxies: tuple[Any, Any] = (None, None)
     """The API's proxy tracer and meter provider classes: the global providers until the
     application sets its own."""
+    unset_globals: tuple[Callable[[], bool], Callable[[], bool]] = (_never, _never)
+    """Whether the global tracer (meter) provider is certainly still unset, told without
+    asking the API: its getter reads the environment on every call until one is set
+    (`_unset_global`)."""
     _set: list[bool] = field(default_factory=lambda: [False, False])
 
     def tracing(self) -> bool:
@@ -51,6 +77,8 @@ class Instruments:
         makes non-recording spans, which are not worth making, nor their context."""
         if self.own_tracer or self._set[0]:
             return True
+        if self.unset_globals[0]():
+            return False
         self._set[0] = not isinstance(self.trace.get_tracer_provider(), self.proxies[0])
         return self._set[0]
 
@@ -58,6 +86,8 @@ class Instruments:
         """Whether measurements are recorded (as `tracing`, for the meter provider)."""
         if self.own_meter or self._set[1]:
             return True
+        if self.unset_globals[1]():
+            return False
         self._set[1] = not isinstance(self.metrics.get_meter_provider(), self.proxies[1])
         return self._set[1]
 
@@ -89,10 +119,21 @@ def _load(tracer_provider: Any = None, meter_provider: Any = None) -> Instrument
         from opentelemetry.metrics._internal import _ProxyMeterProvider as proxy_meters
     except ImportError:  # pragma: no cover - an API that moved it: always measure
         proxy_meters = type(None)
+    try:
+        from opentelemetry.environment_variables import (
+            OTEL_PYTHON_METER_PROVIDER,
+            OTEL_PYTHON_TRACER_PROVIDER,
+        )
+        from opentelemetry.metrics import _internal as metrics_internal
+        unset = (_unset_global(trace, "_TRACER_PROVIDER", OTEL_PYTHON_TRACER_PROVIDER),
+                 _unset_global(metrics_internal, "_METER_PROVIDER", OTEL_PYTHON_METER_PROVIDER))
+    except ImportError:  # pragma: no cover - an API that moved them: always ask
+        unset = (_never, _never)
     return Instruments(trace, context, tracer, calls, duration, meter,
                        own_tracer=tracer_provider is not None,
                        own_meter=meter_provider is not None, metrics=metrics,
-                       proxies=(trace.ProxyTracerProvider, proxy_meters))
+                       proxies=(trace.ProxyTracerProvider, proxy_meters),
+                       unset_globals=unset)
 
 
 def instruments() -> Instruments | None:
