@@ -36,7 +36,7 @@ from langchain_core.messages import AIMessage
 
 from graph_durable.errors import UnkeyableToolCall
 
-__all__ = ["call_anchor", "messages_of", "requested_args"]
+__all__ = ["Request", "call_anchor", "messages_of", "request_of", "requested_args"]
 
 
 def messages_of(state: Any, messages_key: str = "messages") -> Sequence[Any]:
@@ -50,19 +50,40 @@ def messages_of(state: Any, messages_key: str = "messages") -> Sequence[Any]:
     return found if isinstance(found, list) else ()
 
 
-def call_anchor(state: Any, tool_call_id: str | None, fallback: str,
-                messages_key: str = "messages", *, thread_id: str | None = None) -> str:
-    """The anchor of the call `tool_call_id` in `state` (see the module docstring).
+Request = tuple[AIMessage, list[Mapping[str, Any]]] | None
+"""The AIMessage that requested a call and its calls under the call's id (`request_of`),
+or `None` when no message of the state asked for it."""
 
-    Raises:
-        UnkeyableToolCall: the requesting AIMessage has no id.
-    """
+
+def request_of(state: Any, tool_call_id: str | None, messages_key: str = "messages"
+               ) -> Request:
+    """The last AIMessage in `state` whose `tool_calls` hold `tool_call_id`, with those
+    calls: what `call_anchor` and `requested_args` read (found once for both)."""
     for message in reversed(messages_of(state, messages_key)):
         if not isinstance(message, AIMessage):
             continue
         asked = [call for call in message.tool_calls if call.get("id") == tool_call_id]
-        if not asked:
-            continue
+        if asked:
+            return message, asked
+    return None
+
+
+_UNREAD: Any = object()
+
+
+def call_anchor(state: Any, tool_call_id: str | None, fallback: str,
+                messages_key: str = "messages", *, thread_id: str | None = None,
+                request: Request = _UNREAD) -> str:
+    """The anchor of the call `tool_call_id` in `state` (see the module docstring);
+    `request` is its `request_of`, when already found.
+
+    Raises:
+        UnkeyableToolCall: the requesting AIMessage has no id.
+    """
+    if request is _UNREAD:
+        request = request_of(state, tool_call_id, messages_key)
+    if request is not None:
+        message, asked = request
         if message.id:
             return f"msg:{message.id}"
         raise UnkeyableToolCall(
@@ -80,8 +101,8 @@ def call_anchor(state: Any, tool_call_id: str | None, fallback: str,
 
 
 def requested_args(state: Any, tool_call: Mapping[str, Any],
-                   messages_key: str = "messages", *,
-                   thread_id: str | None = None) -> dict[str, Any] | None:
+                   messages_key: str = "messages", *, thread_id: str | None = None,
+                   request: Request = _UNREAD) -> dict[str, Any] | None:
     """The args the model asked for, when `tool_call` reaches the guard with others.
 
     A middleware listed before the guard may change a call's args before it runs (a
@@ -100,12 +121,10 @@ def requested_args(state: Any, tool_call: Mapping[str, Any],
         UnkeyableToolCall: the args were changed and the requesting message holds several
             calls to the tool under the call's id.
     """
-    for message in reversed(messages_of(state, messages_key)):
-        if not isinstance(message, AIMessage):
-            continue
-        asked = [call for call in message.tool_calls if call.get("id") == tool_call.get("id")]
-        if not asked:
-            continue
+    if request is _UNREAD:
+        request = request_of(state, tool_call.get("id"), messages_key)
+    if request is not None:
+        asked = request[1]
         if any(call.get("args") == tool_call.get("args") for call in asked):
             return None
         same_tool = [call for call in asked if call.get("name") == tool_call.get("name")]

@@ -25,7 +25,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP
 from graph_durable.ledger import Keying
-from graph_durable.nodes.anchor import call_anchor, requested_args
+from graph_durable.nodes.anchor import call_anchor, request_of, requested_args
 from graph_durable.nodes.call_context import CallContext
 from graph_durable.nodes.operations import Read
 from graph_durable.nodes.restarts import earlier_effect, fork_sources, restart_root
@@ -134,13 +134,15 @@ class ToolCallKeys:
         The key's anchor is that AIMessage; one without an id is refused here, before
         anything is claimed or sent.
         """
+        request = request_of(state, tool_call.get("id"), self.messages_key)
         anchor = call_anchor(state, tool_call.get("id"), task.checkpoint_ns,
-                             self.messages_key, thread_id=task.thread_id)
+                             self.messages_key, thread_id=task.thread_id, request=request)
         ctx = CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call), policy,
                           keying.key_thread, anchor, secret=keying.secret,
                           key_scheme=keying.pin,
                           requested_args=requested_args(state, tool_call, self.messages_key,
-                                                        thread_id=task.thread_id),
+                                                        thread_id=task.thread_id,
+                                                        request=request),
                           # A receipt deferred to the step's writes is lost with an answer
                           # they carry, and with it the only run that would reconcile the
                           # call: committed at once (seed 870232).
