@@ -1303,15 +1303,16 @@ SEED_981478 = (
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason="guarded writes anchor to the step's root "
-                   "checkpoint; a copy made before it was saved runs the step from its own")
 def test_a_guarded_write_requested_before_a_copy_is_sent_once_in_the_family(tmp_path) -> None:
     """Seed 981478 (`guarded_node`, `copy_both`): the worker was killed before the
     checkpoint of the step after the model's request (the request itself saved, as the
     model task's pending write); the thread was copied, and both threads resumed. Each
     ran the tools step from a root checkpoint of its own, made after the copy, so the
     blind ticket took a different key in each and was sent twice. A tool call under
-    `EffectGuardNode` is keyed by its AIMessage and is sent once in the family."""
+    `EffectGuardNode` is keyed by its AIMessage and is sent once in the family; now a
+    step made again from the checkpoint the copy was made at, with the writes saved
+    there before the copy, is anchored to that checkpoint in both threads
+    (`copy_thread` records it), and the write is sent once too."""
     from graph_durable.testing.explorer.model import Episode
 
     result = _replay(tmp_path, Episode.from_json(SEED_981478))
@@ -1353,8 +1354,6 @@ SEED_994371 = (
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason="the class of seed 981478: guarded writes anchor "
-                   "to the step's root checkpoint, made after the copy in each thread")
 def test_a_looked_up_guarded_write_requested_before_a_copy_is_applied_once_in_the_family(
         tmp_path) -> None:
     """Seed 994371 (`guarded_node`, `copy_both`, a looked-up CRM): as seed 981478, the
@@ -1485,8 +1484,6 @@ SEED_1007335 = (
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason="the class of seed 981478: guarded writes anchor "
-                   "to the step's root checkpoint, made after the copy in each thread")
 def test_a_guarded_write_whose_request_was_saved_before_a_copy_is_sent_once_in_the_family(
         tmp_path) -> None:
     """Seed 1007335 (`guarded_node`, `copy_both`, a blind charge): killed right after
@@ -1627,13 +1624,12 @@ killed between a step's saved writes and its next checkpoint), each shrunk."""
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason="the class of seed 981478: guarded writes anchor "
-                   "to the step's root checkpoint, made after the copy in each thread")
 @pytest.mark.parametrize("seed", sorted(SEEDS_OF_CLASS_981478))
 def test_later_seeds_of_the_class_of_981478_send_once_in_the_family(tmp_path, seed) -> None:
     """Seeds 1013932 (killed `before_put`, a looked-up ticket), 1016193, 1017400 and
     1017764 (`after_put_writes` and `before_put`, blind and deduped providers): a
-    guarded write requested before a copy, sent once per thread."""
+    guarded write requested before a copy, sent once per thread before copy points
+    were recorded; now once in the family."""
     from graph_durable.testing.explorer.model import Episode
 
     result = _replay(tmp_path, Episode.from_json(SEEDS_OF_CLASS_981478[seed]))

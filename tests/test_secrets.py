@@ -429,6 +429,8 @@ def test_a_thread_with_effects_from_before_key_secrets_keeps_plain_keys(tmp_path
         conn.execute("DROP TABLE ledger_meta")
         conn.execute("ALTER TABLE effects DROP COLUMN edited_key")
         conn.execute("DROP TABLE task_runs")  # migration 5, which came later
+        conn.execute("DROP TABLE copy_points")  # migration 8, later still
+        conn.execute("DROP TABLE step_anchors")
         conn.execute("DELETE FROM graph_durable_migrations WHERE v >= 4")
     conn.close()
     provider_conn = sqlite3.connect(tmp_path / "p.sqlite")

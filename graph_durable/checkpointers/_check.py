@@ -35,7 +35,8 @@ from graph_durable.secrets import LedgerCodec
 __all__ = ["CheckReport", "acheck_database", "check_database"]
 
 LEDGER_TABLES = ("effects", "effect_events", "thread_leases", "thread_flow_versions",
-                 "thread_origins", "task_runs", "graph_durable_migrations")
+                 "thread_origins", "task_runs", "copy_points", "step_anchors",
+                 "graph_durable_migrations")
 
 
 @dataclass

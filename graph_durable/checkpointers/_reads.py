@@ -19,7 +19,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
-from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers import _sql, _steps
 from graph_durable.checkpointers._check import CheckReport, acheck_database, check_database
 from graph_durable.checkpointers._decode import (
     Listing,
@@ -52,6 +52,8 @@ class SyncLedgerReads:
 
     _SELECT_CALLED_TASKS = _sql.SELECT_CALLED_TASKS
     """`_sql.SELECT_CALLED_TASKS` on this database's table of writes."""
+    _SELECT_STEP_WRITES = _sql.SELECT_STEP_WRITES
+    """`_sql.SELECT_STEP_WRITES` on this database's table of writes."""
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
@@ -184,6 +186,27 @@ class SyncLedgerReads:
                            (str(thread_id), checkpoint_ns, checkpoint_id))
         return {row[0] for row in rows}
 
+    def step_anchor(self, thread_id: str, checkpoint_id: str, parent_id: str | None
+                    ) -> str | None:
+        """The anchor of the step the root checkpoint `checkpoint_id` begins (made by a
+        run from its parent `parent_id` and the parent's saved writes) when the family
+        was copied at that parent, else `None`: its guarded writes are anchored to the
+        checkpoint's own id (see `_steps.step_anchor`, `graph_durable.nodes.write_keys`).
+        One read, unless a copy point was recorded there."""
+        if parent_id is None:
+            return None
+        thread_id = str(thread_id)
+        [(anchor, copied)] = self._query(_sql.SELECT_STEP_ANCHOR,
+                                         (checkpoint_id, parent_id, thread_id, thread_id))
+        if anchor is not None or not copied:
+            return anchor  # type: ignore[no-any-return]
+        return self._run_statements(  # type: ignore[no-any-return]
+            _steps.step_anchor(thread_id, checkpoint_id, parent_id, self._SELECT_STEP_WRITES))
+
+    def _run_statements(self, statements: _steps.Statements) -> Any:
+        """Run `statements` in one write transaction; what they return."""
+        raise NotImplementedError
+
     def claim(
         self, intent: IntentWrite, config: RunnableConfig | None = None
     ) -> tuple[EffectRecord, bool]:
@@ -204,6 +227,7 @@ class AsyncLedgerReads:
     """
 
     _SELECT_CALLED_TASKS = _sql.SELECT_CALLED_TASKS
+    _SELECT_STEP_WRITES = _sql.SELECT_STEP_WRITES
 
     async def _aquery(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
@@ -305,6 +329,23 @@ class AsyncLedgerReads:
         rows = await self._aquery(self._SELECT_CALLED_TASKS,
                                   (str(thread_id), checkpoint_ns, checkpoint_id))
         return {row[0] for row in rows}
+
+    async def astep_anchor(self, thread_id: str, checkpoint_id: str, parent_id: str | None
+                           ) -> str | None:
+        """Async `step_anchor` (see `SyncLedgerReads.step_anchor`)."""
+        if parent_id is None:
+            return None
+        thread_id = str(thread_id)
+        [(anchor, copied)] = await self._aquery(
+            _sql.SELECT_STEP_ANCHOR, (checkpoint_id, parent_id, thread_id, thread_id))
+        if anchor is not None or not copied:
+            return anchor  # type: ignore[no-any-return]
+        return await self._arun_statements(  # type: ignore[no-any-return]
+            _steps.step_anchor(thread_id, checkpoint_id, parent_id, self._SELECT_STEP_WRITES))
+
+    async def _arun_statements(self, statements: _steps.Statements) -> Any:
+        """Run `statements` in one write transaction; what they return."""
+        raise NotImplementedError
 
     async def aclaim(
         self, intent: IntentWrite, config: RunnableConfig | None = None

@@ -122,6 +122,27 @@ CREATE TABLE IF NOT EXISTS graph_durable_migrations (
 )
 """
 
+_STEP_ANCHORS = """
+    CREATE TABLE copy_points (
+        key_thread TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        writes_digest TEXT NOT NULL,
+        copied_at {real} NOT NULL,
+        PRIMARY KEY (key_thread, checkpoint_id, writes_digest)
+    );
+    CREATE TABLE step_anchors (
+        key_thread TEXT NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        anchor TEXT NOT NULL,
+        anchored_at {real} NOT NULL,
+        PRIMARY KEY (key_thread, checkpoint_id)
+    );
+"""
+"""Where the threads of a family were copied (the checkpoint, and a digest of the writes
+saved under it then), and the steps made again after such a point, anchored once
+(SQLite's migration 8, PostgreSQL's 13; see `graph_durable.nodes.write_keys`), given
+the type of a time."""
+
 MIGRATIONS: list[str] = [
     # 0: the effect ledger and its append-only journal.
     """
@@ -230,6 +251,10 @@ MIGRATIONS: list[str] = [
     # release before this one cannot open such a value, and learns from this version
     # that a newer release writes here.
     "",
+    # 8: the checkpoint each copy was made at (`copy_thread`), and the anchor of a step
+    # that a thread of the family made again after it, recorded when first used (the
+    # guarded writes of `graph_durable.nodes.write_keys`).
+    _STEP_ANCHORS.format(real="REAL"),
 ]
 
 # Pieces the two claim functions (migrations 8 and 10) share, written once; each is
@@ -567,4 +592,6 @@ PG_MIGRATIONS: list[str] = [
     # release before this one cannot open such a value, and learns from this version
     # that a newer release writes here.
     "",
+    # 13: copy points and step anchors, as SQLite's migration 8.
+    _STEP_ANCHORS.format(real="DOUBLE PRECISION"),
 ]

@@ -170,6 +170,43 @@ RENEW_LEASE = (
     "AND expires_at > ?"
 )
 RELEASE_LEASE = "UPDATE thread_leases SET expires_at = 0 WHERE thread_id = ? AND token = ?"
+# Copy points and step anchors (`graph_durable.nodes.write_keys`): the checkpoint the
+# source stood at when it was copied (its newest root checkpoint) and a digest of the
+# writes saved under it then, recorded for the family, unless a thread of the family
+# already made a step from it; a step made again after such a point, anchored once
+# for the family.
+SELECT_NEWEST_ROOT = (
+    "SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' "
+    "ORDER BY checkpoint_id DESC LIMIT 1"
+)
+SELECT_FAMILY_STEP_FROM = (
+    f"SELECT 1 FROM checkpoints c, (SELECT {ORIGIN_OF_COPY} AS key_thread) k "
+    "WHERE c.checkpoint_ns = '' AND c.parent_checkpoint_id = ? "
+    "AND (c.thread_id = k.key_thread OR c.thread_id IN (SELECT o.thread_id "
+    "FROM thread_origins o WHERE o.origin_thread_id = k.key_thread)) LIMIT 1"
+)
+RECORD_COPY_POINT = (
+    "INSERT OR IGNORE INTO copy_points (key_thread, checkpoint_id, writes_digest, "
+    f"copied_at) VALUES ({ORIGIN_OF_COPY}, ?, ?, ?)"
+)
+SELECT_STEP_ANCHOR = (
+    "SELECT (SELECT a.anchor FROM step_anchors a WHERE a.key_thread = k.key_thread "
+    "AND a.checkpoint_id = ?), EXISTS (SELECT 1 FROM copy_points p "
+    "WHERE p.key_thread = k.key_thread AND p.checkpoint_id = ?) "
+    f"FROM (SELECT {ORIGIN_OF_COPY} AS key_thread) k"
+)
+SELECT_COPY_POINT = (
+    "SELECT 1 FROM copy_points WHERE key_thread = "
+    f"{ORIGIN_OF_COPY} AND checkpoint_id = ? AND writes_digest = ?"
+)
+RECORD_STEP_ANCHOR = (
+    "INSERT OR IGNORE INTO step_anchors (key_thread, checkpoint_id, anchor, anchored_at) "
+    f"VALUES ({ORIGIN_OF_COPY}, ?, ?, ?)"
+)
+SELECT_STEP_WRITES = (
+    "SELECT task_id, idx, channel, type, value FROM writes "
+    "WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?"
+)
 # The run log of audited graphs (`graph_durable.operators.audit`).
 INSERT_TASK_RUN = (
     "INSERT INTO task_runs (thread_id, run_id, checkpoint_ns, node, kind, at) "

@@ -370,6 +370,11 @@ class AsyncFromSync:
         """Async `keying`."""
         return self.keying(thread_id)
 
+    async def astep_anchor(self, thread_id: str, checkpoint_id: str, parent_id: str | None
+                           ) -> str | None:
+        """Async `step_anchor`."""
+        return self.step_anchor(thread_id, checkpoint_id, parent_id)  # type: ignore[attr-defined,no-any-return]
+
     async def aclaim_many(
         self, intents: Sequence[IntentWrite], config: RunnableConfig | None = None
     ) -> list[tuple[EffectRecord, bool]]:
@@ -419,6 +424,12 @@ class SyncFromAsync:
     def keying(self, thread_id: str) -> Keying:
         """Sync `akeying`."""
         return self._sync(self.akeying(thread_id))  # type: ignore[attr-defined]
+
+    def step_anchor(self, thread_id: str, checkpoint_id: str, parent_id: str | None
+                    ) -> str | None:
+        """Sync `astep_anchor`."""
+        return self._sync(self.astep_anchor(  # type: ignore[attr-defined,no-any-return]
+            thread_id, checkpoint_id, parent_id))
 
     def effect(self, key: str, thread_id: str | None = None) -> EffectRecord | None:
         """Sync `aeffect`."""

@@ -28,7 +28,7 @@ from graph_durable.ledger import Keying
 from graph_durable.nodes.anchor import call_anchor, request_of, requested_args
 from graph_durable.nodes.call_context import CallContext
 from graph_durable.nodes.operations import Read
-from graph_durable.nodes.restarts import earlier_effect, fork_sources, restart_root
+from graph_durable.nodes.restarts import ForkOrigin, earlier_effect, fork_links, restart_root
 from graph_durable.nodes.task import Task
 from graph_durable.policy import Effect
 
@@ -56,18 +56,23 @@ class BoundedCache(OrderedDict[K, V]):
 
 
 class ForkLinks:
-    """The root checkpoints each root checkpoint was forked or updated from, nearest
-    first (`restarts.fork_sources`), read once per checkpoint: they never change."""
+    """Where each root checkpoint comes from (`restarts.fork_links`: the root
+    checkpoints it was forked or updated from, nearest first), read once per
+    checkpoint: that never changes."""
 
     def __init__(self) -> None:
-        self._known: BoundedCache[tuple[str, str], tuple[str, ...]] = BoundedCache()
+        self._known: BoundedCache[tuple[str, str], ForkOrigin] = BoundedCache()
+
+    def origin(self, thread_id: str, root: str) -> Generator[Read, Any, ForkOrigin]:
+        """Where `root` (a root checkpoint of `thread_id`) comes from."""
+        known = self._known.get((thread_id, root))
+        if known is None:
+            known = self._known[(thread_id, root)] = yield from fork_links(thread_id, root)
+        return known
 
     def sources(self, thread_id: str, root: str) -> Generator[Read, Any, tuple[str, ...]]:
         """What `root` (a root checkpoint of `thread_id`) was forked from."""
-        known = self._known.get((thread_id, root))
-        if known is None:
-            known = self._known[(thread_id, root)] = yield from fork_sources(thread_id, root)
-        return known
+        return (yield from self.origin(thread_id, root)).sources
 
 
 class CallKeys(Protocol):

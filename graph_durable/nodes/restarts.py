@@ -44,7 +44,7 @@ async drivers perform.
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from langchain_core.messages import AIMessage
 
@@ -54,9 +54,13 @@ from graph_durable.ledger import EffectRecord, canonical_json, key_of_encoded
 from graph_durable.nodes.anchor import messages_of
 from graph_durable.nodes.protocol import CallContext, Read
 
-__all__ = ["fork_sources", "node_path", "earlier_effect", "restart_root"]
+__all__ = ["ForkOrigin", "earlier_effect", "fork_links", "fork_sources", "node_path",
+           "restart_root"]
 
 _FORK_SOURCES = ("fork", "update")
+_STEP_SOURCE = "loop"
+"""The source of a checkpoint a run makes as it goes, from its parent and the parent's
+saved writes."""
 _MAX_LINKS = 64
 
 
@@ -85,22 +89,43 @@ def restart_root(conf: Mapping[str, Any]) -> tuple[str, str, str] | None:
     return str(conf.get("thread_id", "")), "", str(root)
 
 
-def fork_sources(thread_id: str, root_checkpoint_id: str
-                 ) -> Generator[Read, Any, tuple[str, ...]]:
-    """The root checkpoints `root_checkpoint_id` was forked or updated from, nearest
-    first; empty when it is an ordinary step of the thread."""
+class ForkOrigin(NamedTuple):
+    """Where a root checkpoint comes from (`fork_links`)."""
+
+    sources: tuple[str, ...]
+    """The root checkpoints it was forked or updated from, nearest first; empty when it
+    is an ordinary step of the thread."""
+    step_parent: str | None = None
+    """When the checkpoint the links end at (the last source, or the root itself) is a
+    `loop` checkpoint (a step a run made from its parent and the parent's saved
+    writes): that parent's id. `None` otherwise (an input, a fork, one not found)."""
+
+
+def fork_links(thread_id: str, root_checkpoint_id: str) -> Generator[Read, Any, ForkOrigin]:
+    """`ForkOrigin` of the root checkpoint `root_checkpoint_id`: one read per link."""
     sources: list[str] = []
     checkpoint_id = root_checkpoint_id
     for _ in range(_MAX_LINKS):
         found = yield Read("get_tuple", (_at(thread_id, "", checkpoint_id),))
-        if found is None or (found.metadata or {}).get("source") not in _FORK_SOURCES:
+        if found is None:
             break
         parent = (found.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+        source = (found.metadata or {}).get("source")
+        if source not in _FORK_SOURCES:
+            step_parent = str(parent) if source == _STEP_SOURCE and parent else None
+            return ForkOrigin(tuple(sources), step_parent)
         if parent is None:
             break
         sources.append(parent)
         checkpoint_id = parent
-    return tuple(sources)
+    return ForkOrigin(tuple(sources))
+
+
+def fork_sources(thread_id: str, root_checkpoint_id: str
+                 ) -> Generator[Read, Any, tuple[str, ...]]:
+    """The root checkpoints `root_checkpoint_id` was forked or updated from, nearest
+    first; empty when it is an ordinary step of the thread."""
+    return (yield from fork_links(thread_id, root_checkpoint_id)).sources
 
 
 def _same_calls(messages: Sequence[Any], tool: str, args_json: str

@@ -4,7 +4,21 @@ No AIMessage asks for such a write, so its key is anchored to where it is made: 
 root checkpoint the run started the step from (through fork links, for a run from a
 fork, time travel or an `update_state`), the node path, a subgraph's own step, the
 task's path (a `Send` or `@task` call's index) and the write's position among the
-guarded writes of that run of the task (see the `writes` module docstring). `WritePlace`
+guarded writes of that run of the task (see the `writes` module docstring).
+
+One step is anchored otherwise: a step a run made again after the thread's family was
+copied at the checkpoint before it. A worker killed after that checkpoint's writes were
+saved, but before the step's own checkpoint, leaves the step to be made again on resume,
+under a new id; a copy of the thread made then (`copy_thread` records where: the
+source's newest checkpoint) makes its own under another. Both follow the same
+checkpoint with the same saved writes, so such a step is anchored to that checkpoint's
+id and a digest of its writes as stored (`saver.step_anchor`): the write is sent once in
+the family, as a tool call (keyed by its AIMessage) is. A thread that made the step
+from other writes (a node that had not saved its writes when the copy was made, run
+again; an answer given in one thread only) asks anew. The anchor is recorded for the
+family the first time it keys a write, so a later `prune` or write changes nothing.
+Every other step keeps its root checkpoint's id, as before: no key of a thread copied
+before this release, or never copied, changes. `WritePlace`
 reads that from the task's config, `WriteRequest` is the request the guard runs, and
 `WriteKeys` is the guard's keying strategy for it (`graph_durable.nodes.call_keys`).
 """
@@ -20,7 +34,7 @@ from typing import Any, Literal
 from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP, CONFIG_KEY_SCRATCHPAD
 from graph_durable.ledger import Keying
 from graph_durable.nodes.call_context import CallContext
-from graph_durable.nodes.call_keys import ForkLinks, Where, adopt_legacy_key
+from graph_durable.nodes.call_keys import BoundedCache, ForkLinks, Where, adopt_legacy_key
 from graph_durable.nodes.operations import Read
 from graph_durable.nodes.restarts import node_path
 from graph_durable.nodes.task import Task
@@ -101,6 +115,18 @@ class WriteKeys:
 
     def __init__(self) -> None:
         self.forks = ForkLinks()
+        self._steps: BoundedCache[tuple[str, str], tuple[str | None]] = BoundedCache()
+
+    def _step_anchor(self, thread_id: str, origin: str, parent: str
+                     ) -> Generator[Read, Any, str | None]:
+        """The anchor of the step `origin` begins when its thread's family was copied
+        at its parent (`saver.step_anchor`), asked once: it is recorded when first
+        asked, and a step after any other checkpoint never becomes one."""
+        known = self._steps.get((thread_id, origin))
+        if known is None:
+            anchor = yield Read("step_anchor", (thread_id, origin, parent))
+            known = self._steps[(thread_id, origin)] = (anchor,)
+        return known[0]
 
     def config_of(self, request: WriteRequest) -> Mapping[str, Any]:
         """The config of the task the write is made from."""
@@ -122,8 +148,11 @@ class WriteKeys:
         root = request.where.root
         origin = ""
         if root is not None:
-            sources = yield from self.forks.sources(task.thread_id, str(root))
-            origin = sources[-1] if sources else str(root)
+            links = yield from self.forks.origin(task.thread_id, str(root))
+            origin = links.sources[-1] if links.sources else str(root)
+            if links.step_parent is not None:
+                origin = (yield from self._step_anchor(task.thread_id, origin,
+                                                       links.step_parent)) or origin
         call = request.tool_call
         ctx = CallContext(task.thread_id, task.checkpoint_ns, dict(call), policy,
                           keying.key_thread, request.where.anchor(origin),

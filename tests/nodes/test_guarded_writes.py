@@ -272,3 +272,68 @@ async def test_a_run_from_a_checkpoint_saved_late_keeps_the_write_key(
         saver.conn.close()
     assert provider.count() == 1, f"sent again: {provider.requests()}"
     assert out["receipts"][0]["key"] == provider.effects()[0]["key"]
+
+
+def _plan_then_pay(saver: Any, provider: FakeProvider, name: str, **compile: Any) -> Any:
+    """plan (the amounts) -> pay (a guarded write per amount, to a blind provider)."""
+
+    @guarded(Effect(), name=name)
+    def pay(cents: int) -> Any:
+        return provider.apply(current_effect().key, {"cents": cents})
+
+    def plan(state: State) -> dict[str, Any]:
+        return {"amounts": state["amounts"], "error": "planned"}
+
+    def pay_node(state: State) -> dict[str, Any]:
+        return {"receipts": [pay(cents) for cents in state["amounts"]]}
+
+    builder = StateGraph(State)
+    builder.add_node("plan", plan)
+    builder.add_node("pay", pay_node)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "pay")
+    builder.add_edge("pay", END)
+    return builder.compile(checkpointer=saver, **compile)
+
+
+COPY = {"configurable": {"thread_id": "c"}}
+
+
+def test_a_step_made_again_by_a_copy_and_its_source_writes_once_in_the_family(
+        saver: Any, provider: FakeProvider) -> None:
+    """A run stopped after plan's writes were saved, before pay's step was
+    checkpointed (`before_put` raised); the thread copied: each thread makes pay's step
+    again under its own checkpoint id, from the same saved writes, so each write is sent
+    once in the family and the other thread replays its receipt. (Killed for real in
+    `tests/test_explorer_regressions.py`, seeds 981478 and after.)"""
+    graph = _plan_then_pay(saver, provider, "pay_after_copy")
+    arm(FaultPlan("before_put", occurrence=3, action="raise"))
+    try:
+        with pytest.raises(InjectedCrash):
+            graph.invoke({"amounts": [5, 7]}, CONFIG, durability="sync")
+    finally:
+        disarm()
+    [planned] = graph.get_state(CONFIG).tasks
+    assert planned.name == "plan" and planned.result is not None  # saved, step not made
+    saver.copy_thread("t", "c")
+    first = graph.invoke(None, CONFIG, durability="sync")
+    copy = graph.invoke(None, COPY, durability="sync")
+    assert provider.count() == 2
+    assert first["receipts"] == copy["receipts"]
+    assert [r.status for r in saver.effects("c")] == [EffectStatus.APPLIED] * 2
+
+
+def test_a_copy_made_before_the_step_was_planned_writes_in_each_thread(
+        saver: Any, provider: FakeProvider) -> None:
+    """A thread paused before plan ran, then copied: each thread plans after the copy
+    (alike, here), so pay's step is each thread's own request and each sends its
+    writes; the family shares only what was decided before the copy."""
+    graph = _plan_then_pay(saver, provider, "pay_planned_twice", interrupt_before=["plan"])
+    graph.invoke({"amounts": [5, 7]}, CONFIG, durability="sync")
+    assert graph.get_state(CONFIG).next == ("plan",)
+    saver.copy_thread("t", "c")
+    first = graph.invoke(None, CONFIG, durability="sync")
+    copy = graph.invoke(None, COPY, durability="sync")
+    assert provider.count() == 4
+    assert {r["key"] for r in first["receipts"]}.isdisjoint(
+        r["key"] for r in copy["receipts"])

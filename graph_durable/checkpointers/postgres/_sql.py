@@ -164,6 +164,8 @@ DELETE_CHECKPOINT_WRITES = (
 )
 DELETE_NULL_RESUME = _sql.DELETE_NULL_RESUME.replace("FROM writes", "FROM checkpoint_writes")
 SELECT_CALLED_TASKS = _sql.SELECT_CALLED_TASKS.replace("FROM writes", "FROM checkpoint_writes")
+SELECT_STEP_WRITES = _sql.SELECT_STEP_WRITES.replace(
+    "value FROM writes", "blob FROM checkpoint_writes")
 
 
 @functools.lru_cache(maxsize=256)

@@ -52,7 +52,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers import _sql, _steps
 from graph_durable.checkpointers.postgres import _sql as _pg
 from graph_durable.checkpointers._base import DurableSaverMixin, IntentExists, actor_of
 from graph_durable.checkpointers._decode import CheckedCheckpoints, lease_from_row
@@ -128,6 +128,12 @@ async def _read_committed(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
             await conn.set_isolation_level(before)
 
 
+async def _arows(cur: Any, statement: _steps.Statement) -> list[Any] | None:
+    """Run one of `_steps`' statements; its rows, when it asks for them."""
+    await _run(cur, statement.sql, statement.params)
+    return await cur.fetchall() if statement.fetch else None
+
+
 class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedCheckpoints,
                                 AsyncGroupCommit,
                                 AsyncPostgresLeases, AsyncLedgerReads, AsyncEagerListing,
@@ -147,6 +153,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
     """
 
     _SELECT_CALLED_TASKS = _pg.SELECT_CALLED_TASKS
+    _SELECT_STEP_WRITES = _pg.SELECT_STEP_WRITES
 
     def _init_engine(self) -> None:
         self.is_setup = False
@@ -444,6 +451,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
             for statement in _sql.COPY_THREAD_LEDGER:
                 await _run(cur, statement, params)
             await _run(cur, _sql.UPSERT_ORIGIN, self._origin_params(*reversed(params)))
+            await _steps.aperformed(_steps.copy_point(params[1], _pg.SELECT_STEP_WRITES),
+                                    lambda statement: _arows(cur, statement))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace (LangGraph's
@@ -513,6 +522,10 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
         async with self._txn() as cur:
             await _run(cur, _sql.INSERT_TASK_RUN,
                        (str(thread_id), run_id, checkpoint_ns, node, kind, time.time()))
+
+    async def _arun_statements(self, statements: Any) -> Any:
+        async with self._txn() as cur:
+            return await _steps.aperformed(statements, lambda statement: _arows(cur, statement))
 
     # -- the ledger ----------------------------------------------------------------------
 

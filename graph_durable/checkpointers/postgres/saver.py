@@ -64,7 +64,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 from psycopg.rows import dict_row, tuple_row
 
-from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers import _sql, _steps
 from graph_durable.checkpointers.postgres._sql import (
     COPY_THREAD_CHECKPOINTS,
     DELETE_CHECKPOINT,
@@ -76,6 +76,7 @@ from graph_durable.checkpointers.postgres._sql import (
     LANGGRAPH_APPLIED,
     LOCK_THREAD_READ_LEASE,
     SELECT_CALLED_TASKS,
+    SELECT_STEP_WRITES,
     SELECT_LEASE_WITH_CLOCK,
     SCHEMA_TABLES,
     SELECT_RUN_CHECKPOINTS,
@@ -172,6 +173,12 @@ def _read_committed(conn: Connection[Any]) -> Iterator[None]:
             conn.isolation_level = before
 
 
+def _rows(cur: Any, statement: _steps.Statement) -> list[Any] | None:
+    """Run one of `_steps`' statements; its rows, when it asks for them."""
+    ran = _run(cur, statement.sql, statement.params)
+    return ran.fetchall() if statement.fetch else None
+
+
 class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixin,
                            CheckedCheckpoints, SyncLedgerReads,
                            EagerListing, FencedPuts, AsyncFromSync, PostgresSaver):
@@ -190,6 +197,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     """
 
     _SELECT_CALLED_TASKS = SELECT_CALLED_TASKS
+    _SELECT_STEP_WRITES = SELECT_STEP_WRITES
 
     def _init_engine(self) -> None:
         self.is_setup = False
@@ -500,6 +508,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             for statement in _sql.COPY_THREAD_LEDGER:
                 _run(cur, statement, params)
             _run(cur, _sql.UPSERT_ORIGIN, self._origin_params(*reversed(params)))
+            _steps.performed(_steps.copy_point(params[1], SELECT_STEP_WRITES),
+                             lambda statement: _rows(cur, statement))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace (LangGraph's
@@ -567,6 +577,10 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         with self._txn() as cur:
             _run(cur, _sql.INSERT_TASK_RUN,
                  (str(thread_id), run_id, checkpoint_ns, node, kind, time.time()))
+
+    def _run_statements(self, statements: Any) -> Any:
+        with self._txn() as cur:
+            return _steps.performed(statements, lambda statement: _rows(cur, statement))
 
     # -- the ledger ----------------------------------------------------------------------
 

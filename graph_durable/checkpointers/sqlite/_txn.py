@@ -22,7 +22,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
-from graph_durable.checkpointers import _sql
+from graph_durable.checkpointers import _sql, _steps
 from graph_durable.checkpointers._base import IntentExists, actor_of, claims_of
 from graph_durable.checkpointers.sqlite._readonly import WRITE_NEEDS, SqliteReadOnly, is_read_only
 from graph_durable.checkpointers.sqlite._storage import storage_fault
@@ -77,6 +77,12 @@ def _in_savepoint(cur: sqlite3.Cursor, action: Callable[[], Any]) -> BaseExcepti
         error = exc
     cur.execute("RELEASE ledger_write")
     return error
+
+
+def _rows(cur: sqlite3.Cursor, statement: _steps.Statement) -> list[Any] | None:
+    """Run one of `_steps`' statements; its rows, when it asks for them."""
+    rows = cur.execute(statement.sql, statement.params).fetchall()
+    return rows if statement.fetch else None
 
 
 def _journal_txn(cur: sqlite3.Cursor, entries: Sequence[tuple[Any, ...]]) -> None:
@@ -296,6 +302,8 @@ class SqliteTransactions:
                          target_thread_id: str) -> None:
         params = (target_thread_id, source_thread_id)
         self._flush_deferred_txn(cur, source_thread_id)
+        _steps.performed(_steps.copy_point(source_thread_id, _sql.SELECT_STEP_WRITES),
+                         lambda statement: _rows(cur, statement))
         for statement in (*_sql.COPY_THREAD_CHECKPOINTS, *_sql.COPY_THREAD_LEDGER):
             cur.execute(statement, params)
         cur.execute(_sql.UPSERT_ORIGIN, self._origin_params(  # type: ignore[attr-defined]
@@ -321,6 +329,11 @@ class SqliteTransactions:
     @staticmethod
     def _release_lease_txn(cur: sqlite3.Cursor, lease: Lease) -> None:
         cur.execute(_sql.RELEASE_LEASE, (lease.thread_id, lease.token))
+
+    @staticmethod
+    def _statements_txn(cur: sqlite3.Cursor, statements: _steps.Statements) -> Any:
+        """Run `statements` (`_steps`) on `cur`; what they return."""
+        return _steps.performed(statements, lambda statement: _rows(cur, statement))
 
     @staticmethod
     def _record_task_run_txn(cur: sqlite3.Cursor, thread_id: str, run_id: str,

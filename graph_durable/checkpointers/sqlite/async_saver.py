@@ -238,6 +238,9 @@ class AsyncDurableSqliteSaver(DurableSaverMixin, CheckedCheckpoints, SqliteTrans
         await self._write(lambda cur: self._record_task_run_txn(
             cur, str(thread_id), run_id, checkpoint_ns, node, kind))
 
+    async def _arun_statements(self, statements: Any) -> Any:
+        return await self._write(lambda cur: self._statements_txn(cur, statements))
+
     # -- the ledger ----------------------------------------------------------------------
 
     async def aapply(

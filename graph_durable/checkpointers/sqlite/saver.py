@@ -217,6 +217,10 @@ class DurableSqliteSaver(DurableSaverMixin, CheckedCheckpoints, SqliteTransactio
         with self._txn() as cur:
             self._record_task_run_txn(cur, str(thread_id), run_id, checkpoint_ns, node, kind)
 
+    def _run_statements(self, statements: Any) -> Any:
+        with self._txn() as cur:
+            return self._statements_txn(cur, statements)
+
     # -- the ledger ----------------------------------------------------------------------
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
