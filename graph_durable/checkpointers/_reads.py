@@ -189,15 +189,15 @@ class SyncLedgerReads:
     def step_anchor(self, thread_id: str, checkpoint_id: str, parent_id: str | None
                     ) -> str | None:
         """The anchor of the step the root checkpoint `checkpoint_id` begins (made by a
-        run from its parent `parent_id` and the parent's saved writes) when the family
-        was copied at that parent, else `None`: its guarded writes are anchored to the
-        checkpoint's own id (see `_steps.step_anchor`, `graph_durable.nodes.write_keys`).
-        One read, unless a copy point was recorded there."""
+        run from its parent `parent_id` and the parent's saved writes) when the thread
+        was copied (or copied from) at that parent, else `None`: its guarded writes are
+        anchored to the checkpoint's own id (see `_steps.step_anchor`,
+        `graph_durable.nodes.write_keys`). One read, unless a copy point is there."""
         if parent_id is None:
             return None
         thread_id = str(thread_id)
-        [(anchor, copied)] = self._query(_sql.SELECT_STEP_ANCHOR,
-                                         (checkpoint_id, parent_id, thread_id, thread_id))
+        [(anchor, copied)] = self._query(
+            _sql.SELECT_STEP_ANCHOR, (thread_id, thread_id, checkpoint_id, thread_id, parent_id))
         if anchor is not None or not copied:
             return anchor  # type: ignore[no-any-return]
         return self._run_statements(  # type: ignore[no-any-return]
@@ -337,7 +337,7 @@ class AsyncLedgerReads:
             return None
         thread_id = str(thread_id)
         [(anchor, copied)] = await self._aquery(
-            _sql.SELECT_STEP_ANCHOR, (checkpoint_id, parent_id, thread_id, thread_id))
+            _sql.SELECT_STEP_ANCHOR, (thread_id, thread_id, checkpoint_id, thread_id, parent_id))
         if anchor is not None or not copied:
             return anchor  # type: ignore[no-any-return]
         return await self._arun_statements(  # type: ignore[no-any-return]

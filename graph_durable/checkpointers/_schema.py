@@ -124,11 +124,11 @@ CREATE TABLE IF NOT EXISTS graph_durable_migrations (
 
 _STEP_ANCHORS = """
     CREATE TABLE copy_points (
-        key_thread TEXT NOT NULL,
+        thread_id TEXT NOT NULL,
         checkpoint_id TEXT NOT NULL,
         writes_digest TEXT NOT NULL,
         copied_at {real} NOT NULL,
-        PRIMARY KEY (key_thread, checkpoint_id, writes_digest)
+        PRIMARY KEY (thread_id, checkpoint_id, writes_digest)
     );
     CREATE TABLE step_anchors (
         key_thread TEXT NOT NULL,
@@ -138,10 +138,10 @@ _STEP_ANCHORS = """
         PRIMARY KEY (key_thread, checkpoint_id)
     );
 """
-"""Where the threads of a family were copied (the checkpoint, and a digest of the writes
-saved under it then), and the steps made again after such a point, anchored once
-(SQLite's migration 8, PostgreSQL's 13; see `graph_durable.nodes.write_keys`), given
-the type of a time."""
+"""Where each thread was copied, or copied from (the checkpoint, and a digest of the
+writes saved under it then), and the steps made again after such a point, anchored
+once for the family (SQLite's migration 8, PostgreSQL's 13; see
+`graph_durable.nodes.write_keys`), given the type of a time."""
 
 MIGRATIONS: list[str] = [
     # 0: the effect ledger and its append-only journal.

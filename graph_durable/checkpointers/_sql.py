@@ -86,6 +86,7 @@ DELETE_THREAD_LEDGER: tuple[str, ...] = (
     "DELETE FROM thread_origins WHERE thread_id = ?",
     "DELETE FROM legacy_key_threads WHERE thread_id = ?",
     "DELETE FROM task_runs WHERE thread_id = ?",
+    "DELETE FROM copy_points WHERE thread_id = ?",
 )
 # Key-scheme pins are kept when a thread is deleted: its copies keep its keys.
 # Keys are derived from a thread's origin: the thread itself, or for a copy, the thread
@@ -126,6 +127,8 @@ COPY_THREAD_LEDGER: tuple[str, ...] = (
     "INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token) "
     "SELECT key, ?, kind, data, at, owner, fencing_token FROM effect_events "
     "WHERE thread_id = ? ORDER BY seq",
+    "INSERT OR IGNORE INTO copy_points (thread_id, checkpoint_id, writes_digest, copied_at) "
+    "SELECT ?, checkpoint_id, writes_digest, copied_at FROM copy_points WHERE thread_id = ?",
 )
 COPY_THREAD_CHECKPOINTS: tuple[str, ...] = (
     "INSERT OR REPLACE INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
@@ -170,34 +173,30 @@ RENEW_LEASE = (
     "AND expires_at > ?"
 )
 RELEASE_LEASE = "UPDATE thread_leases SET expires_at = 0 WHERE thread_id = ? AND token = ?"
-# Copy points and step anchors (`graph_durable.nodes.write_keys`): the checkpoint the
-# source stood at when it was copied (its newest root checkpoint) and a digest of the
-# writes saved under it then, recorded for the family, unless a thread of the family
-# already made a step from it; a step made again after such a point, anchored once
-# for the family.
+# Copy points and step anchors (`graph_durable.nodes.write_keys`): where a thread was
+# copied, or copied from (the source's newest root checkpoint and a digest of the
+# writes saved under it then), for the source and the copy, carried to later copies;
+# a step made again after such a point, anchored once for the family.
 SELECT_NEWEST_ROOT = (
     "SELECT checkpoint_id FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' "
     "ORDER BY checkpoint_id DESC LIMIT 1"
 )
-SELECT_FAMILY_STEP_FROM = (
-    f"SELECT 1 FROM checkpoints c, (SELECT {ORIGIN_OF_COPY} AS key_thread) k "
-    "WHERE c.checkpoint_ns = '' AND c.parent_checkpoint_id = ? "
-    "AND (c.thread_id = k.key_thread OR c.thread_id IN (SELECT o.thread_id "
-    "FROM thread_origins o WHERE o.origin_thread_id = k.key_thread)) LIMIT 1"
-)
 RECORD_COPY_POINT = (
-    "INSERT OR IGNORE INTO copy_points (key_thread, checkpoint_id, writes_digest, "
-    f"copied_at) VALUES ({ORIGIN_OF_COPY}, ?, ?, ?)"
+    "INSERT OR IGNORE INTO copy_points (thread_id, checkpoint_id, writes_digest, copied_at) "
+    "VALUES (?, ?, ?, ?)"
 )
 SELECT_STEP_ANCHOR = (
-    "SELECT (SELECT a.anchor FROM step_anchors a WHERE a.key_thread = k.key_thread "
-    "AND a.checkpoint_id = ?), EXISTS (SELECT 1 FROM copy_points p "
-    "WHERE p.key_thread = k.key_thread AND p.checkpoint_id = ?) "
-    f"FROM (SELECT {ORIGIN_OF_COPY} AS key_thread) k"
+    "SELECT (SELECT a.anchor FROM step_anchors a WHERE a.key_thread = "
+    f"{ORIGIN_OF_COPY} AND a.checkpoint_id = ?), EXISTS (SELECT 1 FROM copy_points p "
+    "WHERE p.thread_id = ? AND p.checkpoint_id = ?)"
 )
 SELECT_COPY_POINT = (
-    "SELECT 1 FROM copy_points WHERE key_thread = "
-    f"{ORIGIN_OF_COPY} AND checkpoint_id = ? AND writes_digest = ?"
+    "SELECT 1 FROM copy_points WHERE thread_id = ? AND checkpoint_id = ? AND writes_digest = ?"
+)
+SELECT_COPY_POINT_STEPS = (
+    "SELECT c.checkpoint_id, c.parent_checkpoint_id FROM checkpoints c "
+    "WHERE c.thread_id = ? AND c.checkpoint_ns = '' AND c.parent_checkpoint_id IN "
+    "(SELECT p.checkpoint_id FROM copy_points p WHERE p.thread_id = ?)"
 )
 RECORD_STEP_ANCHOR = (
     "INSERT OR IGNORE INTO step_anchors (key_thread, checkpoint_id, anchor, anchored_at) "

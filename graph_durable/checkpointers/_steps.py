@@ -5,10 +5,11 @@ A guarded write is anchored to the root checkpoint its step runs from
 saved, but before the next step's checkpoint, leaves that step to be made again on
 resume under a new id; a copy of the thread made then makes its own under another. So
 `copy_thread` records where the source stood (its newest root checkpoint, with a digest
-of the writes saved under it then: a *copy point*), and a step a thread of the family
-makes from a copy point whose writes are still those is anchored to the point and its
-writes, the same in every thread (`step_anchor`), and recorded for the family when
-first asked, so that a later prune or write changes nothing.
+of the writes saved under it then: a *copy point*) for the source and the copy (a later
+copy carries its source's points); a step a thread makes from one of its copy points,
+whose writes there are still those, is anchored to the point and its writes, the same
+in every such thread (`step_anchor`), and recorded for the family when first asked (or
+before a prune deletes the writes), so that a later prune or write changes nothing.
 
 Each piece is a generator of `Statement`s (SQL as written in `_sql`, `?` placeholders)
 that receives each statement's rows; a saver performs them on its own connection
@@ -24,8 +25,8 @@ from typing import Any, NamedTuple
 
 from graph_durable.checkpointers import _sql
 
-__all__ = ["Statement", "aperformed", "copy_point", "performed", "step_anchor",
-           "writes_digest"]
+__all__ = ["Statement", "anchors_before_prune", "aperformed", "copy_point", "performed",
+           "step_anchor", "writes_digest"]
 
 
 class Statement(NamedTuple):
@@ -54,42 +55,48 @@ def writes_digest(writes: Sequence[Sequence[Any]]) -> str:
     return digest.hexdigest()
 
 
-def copy_point(source_thread_id: str, writes_sql: str) -> Statements:
-    """Record where `source_thread_id` stands as it is copied (run in the copy's
-    transaction): its newest root checkpoint and the digest of its writes, unless a
-    thread of the family already made a step from that checkpoint (it keeps that
-    step's own anchor, as every thread did before copy points were recorded)."""
+def copy_point(source_thread_id: str, target_thread_id: str, writes_sql: str) -> Statements:
+    """Record where `source_thread_id` stands as it is copied to `target_thread_id` (run
+    in the copy's transaction, after the source's own points were carried over): its
+    newest root checkpoint and the digest of its writes, for both threads."""
     newest = yield Statement(_sql.SELECT_NEWEST_ROOT, (source_thread_id,))
     if not newest:
         return
     checkpoint_id = newest[0][0]
-    if (yield Statement(_sql.SELECT_FAMILY_STEP_FROM,
-                        (source_thread_id, source_thread_id, checkpoint_id))):
-        return
-    writes = yield Statement(writes_sql, (source_thread_id, checkpoint_id))
-    yield Statement(_sql.RECORD_COPY_POINT, (source_thread_id, source_thread_id, checkpoint_id,
-                                             writes_digest(writes), time.time()), fetch=False)
+    digest = writes_digest((yield Statement(writes_sql, (source_thread_id, checkpoint_id))))
+    for thread_id in (source_thread_id, target_thread_id):
+        yield Statement(_sql.RECORD_COPY_POINT,
+                        (thread_id, checkpoint_id, digest, time.time()), fetch=False)
 
 
 def step_anchor(thread_id: str, checkpoint_id: str, parent_id: str, writes_sql: str
                 ) -> Statements:
     """The anchor of the step the root checkpoint `checkpoint_id` begins (made by a run
-    from `parent_id` and its saved writes), or `None` when no copy point was recorded
-    at that parent. The first time it is asked it is worked out and recorded for the
-    family: `<parent>~<digest>` when this thread's writes under the parent are still
-    those of a copy point there (the step was decided before the copy), else the
-    checkpoint's own id (the thread made its step from writes of its own)."""
-    ask = (checkpoint_id, parent_id, thread_id, thread_id)
+    from `parent_id` and its saved writes), or `None` when this thread was never
+    copied, or copied from, at that parent. The first time it is asked it is worked out
+    and recorded for the family: `<parent>~<digest>` when the thread's writes under the
+    parent are still those of a copy point there (the step was decided before the
+    copy), else the checkpoint's own id (the thread made its step from writes of its
+    own)."""
+    ask = (thread_id, thread_id, checkpoint_id, thread_id, parent_id)
     [(anchor, copied)] = yield Statement(_sql.SELECT_STEP_ANCHOR, ask)
     if anchor is not None or not copied:
         return anchor
     digest = writes_digest((yield Statement(writes_sql, (thread_id, parent_id))))
-    point = yield Statement(_sql.SELECT_COPY_POINT, (thread_id, thread_id, parent_id, digest))
+    point = yield Statement(_sql.SELECT_COPY_POINT, (thread_id, parent_id, digest))
     anchor = f"{parent_id}~{digest}" if point else checkpoint_id
     yield Statement(_sql.RECORD_STEP_ANCHOR,
                     (thread_id, thread_id, checkpoint_id, anchor, time.time()), fetch=False)
     [(anchor, _)] = yield Statement(_sql.SELECT_STEP_ANCHOR, ask)
     return anchor
+
+
+def anchors_before_prune(thread_id: str, writes_sql: str) -> Statements:
+    """Anchor every step of `thread_id` made after one of its copy points (`step_anchor`)
+    before a prune deletes the point's writes, which the anchor is worked out from."""
+    for checkpoint_id, parent_id in (yield Statement(_sql.SELECT_COPY_POINT_STEPS,
+                                                     (thread_id, thread_id))):
+        yield from step_anchor(thread_id, checkpoint_id, parent_id, writes_sql)
 
 
 def performed(statements: Statements, run: Callable[[Statement], Any]) -> Any:

@@ -50,10 +50,12 @@ SaverRead = Literal[
     "keying",              # (thread_id,) -> Keying
     "live_leases",         # () -> {thread_id: (owner, token, expires)}
     "sent_in_family",      # (key, thread_id) -> EffectRecord | None
+    "step_anchor",         # (thread_id, checkpoint_id, parent_id) -> str | None
     "stored_result",       # (thread_id, key) -> the stored answer of a call
     "subgraph_inputs",     # (thread_id,) -> the inputs of the thread's subgraph runs
 ]
-"""The durable saver's read methods the guard's steps may call (`a<name>` when async)."""
+"""The durable saver's read methods the guard's steps may call (`a<name>` when async).
+`step_anchor` records the anchor it answers, the first time, for later readers."""
 
 
 @dataclass(frozen=True)

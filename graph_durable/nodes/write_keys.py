@@ -6,19 +6,20 @@ fork, time travel or an `update_state`), the node path, a subgraph's own step, t
 task's path (a `Send` or `@task` call's index) and the write's position among the
 guarded writes of that run of the task (see the `writes` module docstring).
 
-One step is anchored otherwise: a step a run made again after the thread's family was
-copied at the checkpoint before it. A worker killed after that checkpoint's writes were
-saved, but before the step's own checkpoint, leaves the step to be made again on resume,
-under a new id; a copy of the thread made then (`copy_thread` records where: the
-source's newest checkpoint) makes its own under another. Both follow the same
+One step is anchored otherwise: a step a run made again after the thread was copied,
+or copied from, at the checkpoint before it. A worker killed after that checkpoint's
+writes were saved, but before the step's own checkpoint, leaves the step to be made
+again on resume, under a new id; a copy of the thread made then (`copy_thread` records
+where, for both threads: the source's newest checkpoint) makes its own under another. Both follow the same
 checkpoint with the same saved writes, so such a step is anchored to that checkpoint's
 id and a digest of its writes as stored (`saver.step_anchor`): the write is sent once in
 the family, as a tool call (keyed by its AIMessage) is. A thread that made the step
 from other writes (a node that had not saved its writes when the copy was made, run
 again; an answer given in one thread only) asks anew. The anchor is recorded for the
-family the first time it keys a write, so a later `prune` or write changes nothing.
-Every other step keeps its root checkpoint's id, as before: no key of a thread copied
-before this release, or never copied, changes. `WritePlace`
+family the first time it keys a write (or before a `prune` deletes the writes), so a
+later prune or write changes nothing; a write already keyed by the step's own id (by a
+worker of an earlier release) keeps that key. Every other step keeps its root
+checkpoint's id, as before: no key of a thread never copied changes. `WritePlace`
 reads that from the task's config, `WriteRequest` is the request the guard runs, and
 `WriteKeys` is the guard's keying strategy for it (`graph_durable.nodes.call_keys`).
 """
@@ -146,18 +147,30 @@ class WriteKeys:
         """The write's context: anchored to the root checkpoint the step was first run
         from, its key derived from `name#position` (its id without the place)."""
         root = request.where.root
-        origin = ""
+        origin = own = ""
         if root is not None:
             links = yield from self.forks.origin(task.thread_id, str(root))
-            origin = links.sources[-1] if links.sources else str(root)
+            origin = own = links.sources[-1] if links.sources else str(root)
             if links.step_parent is not None:
-                origin = (yield from self._step_anchor(task.thread_id, origin,
-                                                       links.step_parent)) or origin
-        call = request.tool_call
-        ctx = CallContext(task.thread_id, task.checkpoint_ns, dict(call), policy,
-                          keying.key_thread, request.where.anchor(origin),
-                          secret=keying.secret, key_scheme=keying.pin,
-                          key_call_id=str(call["id"]).rpartition("@")[0],
-                          defer_receipts=not task.holds_answers())
+                origin = (yield from self._step_anchor(task.thread_id, own,
+                                                       links.step_parent)) or own
+        ctx = self._keyed(task, request, policy, keying, origin)
+        if origin != own:
+            # Keyed by the step's own id before the step's anchor was known here (a
+            # worker of an earlier release, or one that asked before the copy that
+            # made this a copy point committed): that key stays.
+            earlier = self._keyed(task, request, policy, keying, own)
+            if (yield Read("effect", (earlier.key, task.thread_id))) is not None:
+                ctx = earlier
         yield from adopt_legacy_key(ctx, keying, task.thread_id)
         return ctx
+
+    @staticmethod
+    def _keyed(task: Task, request: WriteRequest, policy: Effect, keying: Keying,
+               origin: str) -> CallContext:
+        call = request.tool_call
+        return CallContext(task.thread_id, task.checkpoint_ns, dict(call), policy,
+                           keying.key_thread, request.where.anchor(origin),
+                           secret=keying.secret, key_scheme=keying.pin,
+                           key_call_id=str(call["id"]).rpartition("@")[0],
+                           defer_receipts=not task.holds_answers())

@@ -1,6 +1,7 @@
-"""`saver.step_anchor`: a step a thread makes again after its family was copied at the
-checkpoint before it is anchored to that checkpoint and its saved writes, recorded for
-the family when first asked (see `graph_durable.nodes.write_keys`), on every saver."""
+"""`saver.step_anchor`: a step a thread makes again after it was copied (or copied from)
+at the checkpoint before it, from the writes saved there before the copy, is anchored to
+that checkpoint and those writes, recorded for the family when first asked (see
+`graph_durable.nodes.write_keys`), on every saver."""
 
 from __future__ import annotations
 
@@ -23,15 +24,20 @@ def _put(saver: Any, thread_id: str, checkpoint_id: str, parent: str | None = No
                      {"source": "loop", "step": 1, "parents": {}}, {})
 
 
+def _at(thread_id: str, checkpoint_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "",
+                             "checkpoint_id": checkpoint_id}}
+
+
 def test_a_step_after_a_copy_point_is_anchored_once_for_the_family(make_saver) -> None:
     saver: Any = make_saver()
     parent = _put(saver, "t", "0001")
     saver.put_writes(parent, [("amounts", [5, 7])], "plan-task")
     # Never copied there: the step keeps its checkpoint's own id.
-    assert saver.step_anchor("t", "0002", "0001") is None
-    assert saver.step_anchor("t", "0002", None) is None
+    assert saver.step_anchor("t", "0009", "0001") is None
+    assert saver.step_anchor("t", "0009", None) is None
 
-    saver.copy_thread("t", "c")  # the source stood at 0001
+    saver.copy_thread("t", "c")  # the source stood at 0001, with its writes saved
     anchor = saver.step_anchor("t", "0002", "0001")
     assert anchor is not None and anchor.startswith("0001~")
     # The copy makes the step again under its own id, from the same saved writes.
@@ -39,35 +45,74 @@ def test_a_step_after_a_copy_point_is_anchored_once_for_the_family(make_saver) -
     # Not a copy point: a step after another checkpoint keeps its own id.
     assert saver.step_anchor("t", "0005", "0004") is None
 
-    # A thread whose writes under the point changed since the copy made its step from
-    # writes of its own: the step keeps its checkpoint's id, recorded as its anchor.
-    copied_parent = {"configurable": {"thread_id": "c", "checkpoint_ns": "",
-                                      "checkpoint_id": "0001"}}
-    saver.put_writes(copied_parent, [("answer", "only here")], "human-task")
-    other_anchor = saver.step_anchor("c", "0006", "0001")
-    assert other_anchor == "0006"
+    # A thread whose writes there changed since the copy made its step from writes of
+    # its own: the step keeps its checkpoint's id, recorded as its anchor.
+    saver.put_writes(_at("c", "0001"), [("answer", "only here")], "human-task")
+    assert saver.step_anchor("c", "0006", "0001") == "0006"
 
     # Recorded when first asked: another saver (process) reads the same anchors, even
-    # once the writes they came from have changed or are gone.
+    # once the writes they came from have changed.
     saver.put_writes(parent, [("late", 1)], "late-task")
     other: Any = make_saver()
     assert other.step_anchor("t", "0002", "0001") == anchor
     assert other.step_anchor("c", "0003", "0001") == anchor
-    assert other.step_anchor("c", "0006", "0001") == other_anchor
+    assert other.step_anchor("c", "0006", "0001") == "0006"
     saver.delete_thread("c")
     assert other.step_anchor("t", "0002", "0001") == anchor
 
 
-def test_a_copy_of_a_copy_records_its_point_for_the_whole_family(make_saver) -> None:
+def test_the_digest_holds_the_values_written(make_saver) -> None:
+    saver: Any = make_saver()
+    anchors = []
+    for thread_id, amount in (("a", 5), ("b", 6)):
+        _put(saver, thread_id, "0001")
+        saver.put_writes(_at(thread_id, "0001"), [("amounts", [amount])], "plan-task")
+        saver.copy_thread(thread_id, f"{thread_id}-copy")
+        anchors.append(saver.step_anchor(thread_id, "0002", "0001"))
+    assert None not in anchors and anchors[0] != anchors[1]
+
+
+def test_only_the_threads_of_a_copy_share_what_was_decided_before_it(make_saver) -> None:
+    """A thread copied before a step was planned, that plans it alike later, still made
+    its own request: it shares no anchor with a later copy that was made after the
+    plan was saved."""
+    saver: Any = make_saver()
+    _put(saver, "t", "0001")
+    saver.copy_thread("t", "c")  # nothing planned yet
+    saver.put_writes(_at("t", "0001"), [("amounts", [5])], "plan-task")
+    saver.copy_thread("t", "d")  # planned
+    saver.put_writes(_at("c", "0001"), [("amounts", [5])], "plan-task")  # alike, later
+    shared = saver.step_anchor("t", "0002", "0001")
+    assert shared is not None and shared.startswith("0001~")
+    assert saver.step_anchor("d", "0003", "0001") == shared
+    assert saver.step_anchor("c", "0004", "0001") == "0004"
+
+
+def test_a_copy_of_a_copy_carries_the_points_it_was_made_from(make_saver) -> None:
     saver: Any = make_saver()
     parent = _put(saver, "t", "0001")
     saver.put_writes(parent, [("amounts", [5])], "plan-task")
     saver.copy_thread("t", "c1")
     _put(saver, "c1", "0002", parent="0001")  # the copy moved on, the source did not
-    saver.copy_thread("c1", "c2")  # at 0002, recorded for the family's key thread, t
+    saver.copy_thread("c1", "c2")  # at 0002, and carrying c1's point at 0001
     assert saver.step_anchor("c2", "0003", "0002") is not None
     first = saver.step_anchor("t", "0004", "0001")
-    assert first is not None and saver.step_anchor("c1", "0005", "0001") == first
+    assert first is not None and saver.step_anchor("c2", "0005", "0001") == first
+
+
+def test_a_prune_anchors_the_steps_after_a_copy_point_first(make_saver) -> None:
+    """`prune` deletes the copy point's writes the anchor is worked out from: the steps
+    made after it are anchored before, so asked later they match the copy's."""
+    saver: Any = make_saver()
+    parent = _put(saver, "t", "0001")
+    saver.put_writes(parent, [("amounts", [5])], "plan-task")
+    saver.copy_thread("t", "c")
+    _put(saver, "t", "0002", parent="0001")  # made, not asked yet (paused before pay)
+    saver.prune(["t"])
+    assert saver.get_tuple(_at("t", "0001")) is None  # the point and its writes are gone
+    anchor = saver.step_anchor("t", "0002", "0001")
+    assert anchor is not None and anchor.startswith("0001~")
+    assert saver.step_anchor("c", "0003", "0001") == anchor
 
 
 async def test_the_async_sqlite_saver_anchors_steps_as_the_sync_one(tmp_path) -> None:
@@ -77,28 +122,8 @@ async def test_the_async_sqlite_saver_anchors_steps_as_the_sync_one(tmp_path) ->
         parent = await saver.aput(conf, {**empty_checkpoint(), "id": "0001"},
                                   {"source": "loop", "step": 1, "parents": {}}, {})
         await saver.aput_writes(parent, [("amounts", [5])], "plan-task")
-        assert await saver.astep_anchor("t", "0002", "0001") is None
+        assert await saver.astep_anchor("t", "0009", "0001") is None
         await saver.acopy_thread("t", "c")
         anchor = await saver.astep_anchor("t", "0002", "0001")
         assert anchor is not None and anchor.startswith("0001~")
         assert await saver.astep_anchor("c", "0003", "0001") == anchor
-
-
-def test_no_copy_point_where_a_thread_of_the_family_already_made_the_step(
-        make_saver) -> None:
-    """A copy at a checkpoint some thread of the family already made its next step from
-    records no new point there: that thread may have keyed writes from its step's own id
-    (before copy points were recorded), which a point recorded now would change."""
-    saver: Any = make_saver()
-    parent = _put(saver, "t", "0001")
-    saver.put_writes(parent, [("amounts", [5])], "plan-task")
-    saver.copy_thread("t", "c")
-    _put(saver, "c", "0002", parent="0001")  # the copy made its step from the point
-    saver.put_writes(parent, [("late", 1)], "late-task")  # the source's writes changed
-    saver.copy_thread("t", "d")  # the source still stands at 0001: nothing recorded
-    assert saver.step_anchor("d", "0003", "0001") == "0003"
-    assert saver.step_anchor("t", "0004", "0001") == "0004"
-    # Where no thread of the family made the step yet, a copy records its point.
-    saver.copy_thread("c", "e")  # c stands at 0002
-    assert saver.step_anchor("e", "0005", "0002") == saver.step_anchor("c", "0006", "0002")
-    assert saver.step_anchor("e", "0005", "0002").startswith("0002~")

@@ -337,3 +337,61 @@ def test_a_copy_made_before_the_step_was_planned_writes_in_each_thread(
     assert provider.count() == 4
     assert {r["key"] for r in first["receipts"]}.isdisjoint(
         r["key"] for r in copy["receipts"])
+
+
+def test_a_write_keyed_by_its_steps_own_id_before_keeps_that_key(
+        saver: Any, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker of an earlier release (here: the step anchor not asked) resumed a copied
+    thread and keyed pay's writes by the step's own checkpoint id, sent the first and
+    stopped before its receipt; this release, resuming the thread, keeps that key: the
+    write is not sent again under the step's anchor (the blind provider's answer is lost,
+    so a person decides)."""
+    from graph_durable.nodes.write_keys import WriteKeys
+
+    graph = _plan_then_pay(saver, provider, "pay_kept_key")
+    arm(FaultPlan("before_put", occurrence=3, action="raise"))
+    try:
+        with pytest.raises(InjectedCrash):
+            graph.invoke({"amounts": [5, 7]}, CONFIG, durability="sync")
+    finally:
+        disarm()
+    saver.copy_thread("t", "c")
+
+    def earlier_release(self: Any, thread_id: str, origin: str, parent: str) -> Any:
+        return None
+        yield  # a generator, as the method it stands for
+
+    with monkeypatch.context() as patched:
+        patched.setattr(WriteKeys, "_step_anchor", earlier_release)
+        arm(FaultPlan("after_effect", action="raise"))
+        try:
+            with pytest.raises(InjectedCrash):
+                graph.invoke(None, CONFIG, durability="sync")
+        finally:
+            disarm()
+    [sent] = saver.effects("t")
+    assert provider.count() == 1
+    graph.invoke(None, CONFIG, durability="sync")
+    assert provider.count() == 1
+    assert saver.effect(sent.key, "t").status is EffectStatus.UNKNOWN
+    assert graph.get_state(CONFIG).interrupts  # asked, not sent again
+
+
+def test_a_thread_copied_before_the_plan_that_plans_alike_later_writes_itself(
+        saver: Any, provider: FakeProvider) -> None:
+    """Paused before plan, copied to c; then the source planned, was stopped before
+    pay's step, and was copied to d. The source and d share pay's writes (decided
+    before d's copy); c, which planned alike only after its own copy, sends its own."""
+    graph = _plan_then_pay(saver, provider, "pay_alike_later", interrupt_before=["plan"])
+    graph.invoke({"amounts": [5, 7]}, CONFIG, durability="sync")
+    saver.copy_thread("t", "c")
+    arm(FaultPlan("before_put", occurrence=1, action="raise"))
+    try:
+        with pytest.raises(InjectedCrash):
+            graph.invoke(None, CONFIG, durability="sync")
+    finally:
+        disarm()
+    saver.copy_thread("t", "d")
+    for thread_id in ("t", "d", "c"):
+        graph.invoke(None, {"configurable": {"thread_id": thread_id}}, durability="sync")
+    assert provider.count() == 4  # two writes for t and d together, two for c

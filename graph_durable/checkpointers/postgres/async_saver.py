@@ -451,8 +451,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
             for statement in _sql.COPY_THREAD_LEDGER:
                 await _run(cur, statement, params)
             await _run(cur, _sql.UPSERT_ORIGIN, self._origin_params(*reversed(params)))
-            await _steps.aperformed(_steps.copy_point(params[1], _pg.SELECT_STEP_WRITES),
-                                    lambda statement: _arows(cur, statement))
+            await _steps.aperformed(
+                _steps.copy_point(params[1], params[0], _pg.SELECT_STEP_WRITES),
+                lambda statement: _arows(cur, statement))
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune checkpoints: `keep_latest` keeps the newest per namespace (LangGraph's
@@ -462,6 +463,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                 await self.adelete_thread(thread_id)
             return
         await self.setup()
+        for thread_id in thread_ids:  # the writes the steps after a copy point come from
+            await self._arun_statements(_steps.anchors_before_prune(str(thread_id),
+                                                                    _pg.SELECT_STEP_WRITES))
         await super().aprune(thread_ids, strategy=strategy)
 
     # -- fencing and ledger writes inside a transaction --------------------------------

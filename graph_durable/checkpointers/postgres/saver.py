@@ -508,7 +508,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             for statement in _sql.COPY_THREAD_LEDGER:
                 _run(cur, statement, params)
             _run(cur, _sql.UPSERT_ORIGIN, self._origin_params(*reversed(params)))
-            _steps.performed(_steps.copy_point(params[1], SELECT_STEP_WRITES),
+            _steps.performed(_steps.copy_point(params[1], params[0], SELECT_STEP_WRITES),
                              lambda statement: _rows(cur, statement))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
@@ -519,6 +519,9 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                 self.delete_thread(thread_id)
             return
         self.setup()
+        for thread_id in thread_ids:  # the writes the steps after a copy point come from
+            self._run_statements(_steps.anchors_before_prune(str(thread_id),
+                                                             SELECT_STEP_WRITES))
         super().prune(thread_ids, strategy=strategy)
 
     # -- fencing and ledger writes inside a transaction --------------------------------

@@ -302,15 +302,19 @@ class SqliteTransactions:
                          target_thread_id: str) -> None:
         params = (target_thread_id, source_thread_id)
         self._flush_deferred_txn(cur, source_thread_id)
-        _steps.performed(_steps.copy_point(source_thread_id, _sql.SELECT_STEP_WRITES),
-                         lambda statement: _rows(cur, statement))
         for statement in (*_sql.COPY_THREAD_CHECKPOINTS, *_sql.COPY_THREAD_LEDGER):
             cur.execute(statement, params)
+        self._statements_txn(cur, _steps.copy_point(source_thread_id, target_thread_id,
+                                                    _sql.SELECT_STEP_WRITES))
         cur.execute(_sql.UPSERT_ORIGIN, self._origin_params(  # type: ignore[attr-defined]
             source_thread_id, target_thread_id))
 
     def _prune_txn(self, cur: sqlite3.Cursor, thread_ids: Sequence[str]) -> None:
-        """Delete all but the newest checkpoint of each namespace (and their writes)."""
+        """Delete all but the newest checkpoint of each namespace (and their writes),
+        once the steps made after a copy point are anchored (`_steps`)."""
+        for thread_id in thread_ids:
+            self._statements_txn(cur, _steps.anchors_before_prune(
+                str(thread_id), _sql.SELECT_STEP_WRITES))
         self._delete_checkpoints_txn(cur, _sql.SELECT_PRUNABLE, thread_ids)
 
     def _acquire_lease_txn(self, cur: sqlite3.Cursor, thread_id: str, owner: str,
