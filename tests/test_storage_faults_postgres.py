@@ -310,6 +310,9 @@ def test_a_write_that_finds_no_pooled_connection_is_our_error(asynchronous: bool
                         await saver.aclaim(_intent(key))
                     errors.append(str(raised.value))
                 server.start_again()
+                # The pool reconnects with a backoff (1 s, then 2, 4, ...): wait for it,
+                # not for the claim's 2 s timeout, which a slow restart outlasts.
+                await pool.wait(timeout=60)
                 await saver.aclaim(_intent("k2"))
                 return errors + [r.key for r in await saver.aeffects("t")]
 
@@ -327,6 +330,7 @@ def test_a_write_that_finds_no_pooled_connection_is_our_error(asynchronous: bool
                         saver.claim(_intent(key))
                     errors.append(str(raised.value))
                 server.start_again()
+                pool.wait(timeout=60)  # the pool's reconnect backoff (as above)
                 saver.claim(_intent("k2"))
                 errors += [r.key for r in saver.effects("t")]
 
