@@ -192,9 +192,8 @@ class SyncLedgerReads:
         run from its parent `parent_id` and the parent's saved writes) when the thread
         was copied (or copied from) at that parent, else `None`: its guarded writes are
         anchored to the checkpoint's own id (see `_steps.step_anchor`,
-        `graph_durable.nodes.write_keys`). One read, unless a copy point is there."""
-        if parent_id is None:
-            return None
+        `graph_durable.nodes.write_keys`). One read, unless a copy point is there; a
+        recorded anchor is answered whatever the parent (`None`: not known now)."""
         thread_id = str(thread_id)
         [(anchor, copied)] = self._query(
             _sql.SELECT_STEP_ANCHOR, (thread_id, thread_id, checkpoint_id, thread_id, parent_id))
@@ -333,8 +332,6 @@ class AsyncLedgerReads:
     async def astep_anchor(self, thread_id: str, checkpoint_id: str, parent_id: str | None
                            ) -> str | None:
         """Async `step_anchor` (see `SyncLedgerReads.step_anchor`)."""
-        if parent_id is None:
-            return None
         thread_id = str(thread_id)
         [(anchor, copied)] = await self._aquery(
             _sql.SELECT_STEP_ANCHOR, (thread_id, thread_id, checkpoint_id, thread_id, parent_id))

@@ -196,7 +196,8 @@ SELECT_COPY_POINT = (
 SELECT_COPY_POINT_STEPS = (
     "SELECT c.checkpoint_id, c.parent_checkpoint_id FROM checkpoints c "
     "WHERE c.thread_id = ? AND c.checkpoint_ns = '' AND c.parent_checkpoint_id IN "
-    "(SELECT p.checkpoint_id FROM copy_points p WHERE p.thread_id = ?)"
+    "(SELECT p.checkpoint_id FROM copy_points p WHERE p.thread_id = ?) "
+    "AND json_extract(CAST(c.metadata AS TEXT), '$.source') = 'loop'"
 )
 RECORD_STEP_ANCHOR = (
     "INSERT OR IGNORE INTO step_anchors (key_thread, checkpoint_id, anchor, anchored_at) "

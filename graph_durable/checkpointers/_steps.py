@@ -69,7 +69,7 @@ def copy_point(source_thread_id: str, target_thread_id: str, writes_sql: str) ->
                         (thread_id, checkpoint_id, digest, time.time()), fetch=False)
 
 
-def step_anchor(thread_id: str, checkpoint_id: str, parent_id: str, writes_sql: str
+def step_anchor(thread_id: str, checkpoint_id: str, parent_id: str | None, writes_sql: str
                 ) -> Statements:
     """The anchor of the step the root checkpoint `checkpoint_id` begins (made by a run
     from `parent_id` and its saved writes), or `None` when this thread was never
@@ -77,7 +77,8 @@ def step_anchor(thread_id: str, checkpoint_id: str, parent_id: str, writes_sql: 
     and recorded for the family: `<parent>~<digest>` when the thread's writes under the
     parent are still those of a copy point there (the step was decided before the
     copy), else the checkpoint's own id (the thread made its step from writes of its
-    own)."""
+    own). A recorded anchor is answered whatever is known of the parent now (`None`:
+    pruned, or a fork's source gone)."""
     ask = (thread_id, thread_id, checkpoint_id, thread_id, parent_id)
     [(anchor, copied)] = yield Statement(_sql.SELECT_STEP_ANCHOR, ask)
     if anchor is not None or not copied:
@@ -91,11 +92,13 @@ def step_anchor(thread_id: str, checkpoint_id: str, parent_id: str, writes_sql: 
     return anchor
 
 
-def anchors_before_prune(thread_id: str, writes_sql: str) -> Statements:
-    """Anchor every step of `thread_id` made after one of its copy points (`step_anchor`)
-    before a prune deletes the point's writes, which the anchor is worked out from."""
-    for checkpoint_id, parent_id in (yield Statement(_sql.SELECT_COPY_POINT_STEPS,
-                                                     (thread_id, thread_id))):
+def anchors_before_prune(thread_id: str, writes_sql: str,
+                         steps_sql: str = _sql.SELECT_COPY_POINT_STEPS) -> Statements:
+    """Anchor every step of `thread_id` made after one of its copy points (`step_anchor`;
+    `loop` checkpoints, as `steps_sql` finds them) before a prune deletes the point's
+    writes, which the anchor is worked out from (and, on PostgreSQL, the step's link to
+    its parent)."""
+    for checkpoint_id, parent_id in (yield Statement(steps_sql, (thread_id, thread_id))):
         yield from step_anchor(thread_id, checkpoint_id, parent_id, writes_sql)
 
 

@@ -118,11 +118,12 @@ class WriteKeys:
         self.forks = ForkLinks()
         self._steps: BoundedCache[tuple[str, str], tuple[str | None]] = BoundedCache()
 
-    def _step_anchor(self, thread_id: str, origin: str, parent: str
+    def _step_anchor(self, thread_id: str, origin: str, parent: str | None
                      ) -> Generator[Read, Any, str | None]:
-        """The anchor of the step `origin` begins when its thread's family was copied
-        at its parent (`saver.step_anchor`), asked once: it is recorded when first
-        asked, and a step after any other checkpoint never becomes one."""
+        """The anchor of the step `origin` begins when its thread was copied (or copied
+        from) at `parent`, its `loop` parent (`saver.step_anchor`), asked once: it is
+        recorded when first asked, and a step after any other checkpoint never becomes
+        one (a copy point is where the thread stood: its newest checkpoint)."""
         known = self._steps.get((thread_id, origin))
         if known is None:
             anchor = yield Read("step_anchor", (thread_id, origin, parent))
@@ -151,9 +152,10 @@ class WriteKeys:
         if root is not None:
             links = yield from self.forks.origin(task.thread_id, str(root))
             origin = own = links.sources[-1] if links.sources else str(root)
-            if links.step_parent is not None:
-                origin = (yield from self._step_anchor(task.thread_id, own,
-                                                       links.step_parent)) or own
+            # Asked whatever is known of the parent now: a prune may have removed it (or
+            # its link) after the anchor was recorded.
+            origin = (yield from self._step_anchor(task.thread_id, own,
+                                                   links.step_parent)) or own
         ctx = self._keyed(task, request, policy, keying, origin)
         if origin != own:
             # Keyed by the step's own id before the step's anchor was known here (a

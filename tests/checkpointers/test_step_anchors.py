@@ -13,15 +13,15 @@ from langgraph.checkpoint.base import empty_checkpoint
 from graph_durable import AsyncDurableSqliteSaver
 
 
-def _put(saver: Any, thread_id: str, checkpoint_id: str, parent: str | None = None
-         ) -> dict[str, Any]:
+def _put(saver: Any, thread_id: str, checkpoint_id: str, parent: str | None = None,
+         source: str = "loop") -> dict[str, Any]:
     """Store a root checkpoint `checkpoint_id` of `thread_id` (made from `parent`)."""
     conf: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
     if parent is not None:
         conf["checkpoint_id"] = parent
     checkpoint = {**empty_checkpoint(), "id": checkpoint_id}
     return saver.put({"configurable": conf}, checkpoint,
-                     {"source": "loop", "step": 1, "parents": {}}, {})
+                     {"source": source, "step": 1, "parents": {}}, {})
 
 
 def _at(thread_id: str, checkpoint_id: str) -> dict[str, Any]:
@@ -113,6 +113,56 @@ def test_a_prune_anchors_the_steps_after_a_copy_point_first(make_saver) -> None:
     anchor = saver.step_anchor("t", "0002", "0001")
     assert anchor is not None and anchor.startswith("0001~")
     assert saver.step_anchor("c", "0003", "0001") == anchor
+    # Answered without its parent too: PostgreSQL's prune unlinks the kept checkpoint.
+    assert saver.step_anchor("t", "0002", None) == anchor
+
+
+def test_a_prune_anchors_only_the_steps_a_run_made(make_saver) -> None:
+    """An input (or an update) made from a copy point is new in each thread: a prune
+    records nothing for it."""
+    saver: Any = make_saver()
+    parent = _put(saver, "t", "0001")
+    saver.put_writes(parent, [("amounts", [5])], "plan-task")
+    saver.copy_thread("t", "c")
+    _put(saver, "t", "0002", parent="0001", source="input")
+    saver.prune(["t"])
+    assert saver.step_anchor("t", "0002", None) is None
+
+
+def test_a_write_of_the_source_waits_for_its_copy(make_saver, monkeypatch) -> None:
+    """The source's newest checkpoint is where the copy stands: a step the source
+    saves while the copy runs is saved after it (and so is no copy's), not between the
+    copy of the checkpoints and the copy point."""
+    import threading
+
+    from graph_durable.checkpointers import _steps
+
+    saver: Any = make_saver()
+    worker: Any = make_saver()  # another process, running the source
+    parent = _put(saver, "t", "0001")
+    saver.put_writes(parent, [("amounts", [5])], "plan-task")
+    saved_during_copy: list[bool] = []
+    original = _steps.copy_point
+
+    def copy_point(*args: Any) -> Any:
+        put = threading.Thread(target=_put, args=(worker, "t", "0002", "0001"))
+        put.start()
+        put.join(0.5)
+        saved_during_copy.append(not put.is_alive())
+        result = yield from original(*args)
+        threads.append(put)
+        return result
+
+    threads: list[threading.Thread] = []
+    monkeypatch.setattr(_steps, "copy_point", copy_point)
+    saver.copy_thread("t", "c")
+    monkeypatch.undo()
+    for put in threads:
+        put.join(10)
+    assert saved_during_copy == [False]
+    assert saver.get_tuple(_at("t", "0002")) is not None
+    anchor = saver.step_anchor("t", "0002", "0001")
+    assert anchor is not None and anchor == saver.step_anchor("c", "0003", "0001")
 
 
 async def test_the_async_sqlite_saver_anchors_steps_as_the_sync_one(tmp_path) -> None:

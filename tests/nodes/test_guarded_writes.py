@@ -395,3 +395,32 @@ def test_a_thread_copied_before_the_plan_that_plans_alike_later_writes_itself(
     for thread_id in ("t", "d", "c"):
         graph.invoke(None, {"configurable": {"thread_id": thread_id}}, durability="sync")
     assert provider.count() == 4  # two writes for t and d together, two for c
+
+
+def test_a_prune_after_a_step_was_anchored_changes_no_key(
+        saver: Any, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the window's copy the source paid (its step anchored to the copy point),
+    then an `update_state` of that step, and a prune that deleted the step's checkpoint
+    and the point: the fork follows its link to a checkpoint that is gone, whose parent
+    nothing tells any more. A new process still finds the step's recorded anchor, so the
+    fork replays the receipts instead of paying again."""
+    from graph_durable.nodes import writes
+    from graph_durable.nodes.write_keys import WriteKeys
+
+    graph = _plan_then_pay(saver, provider, "pay_pruned")
+    arm(FaultPlan("before_put", occurrence=3, action="raise"))
+    try:
+        with pytest.raises(InjectedCrash):
+            graph.invoke({"amounts": [5, 7]}, CONFIG, durability="sync")
+    finally:
+        disarm()
+    saver.copy_thread("t", "c")
+    graph.invoke(None, CONFIG, durability="sync")
+    assert provider.count() == 2
+    paid_from = next(s for s in graph.get_state_history(CONFIG) if s.next == ("pay",))
+    graph.update_state(paid_from.config, {"error": "updated"}, as_node="plan")
+    saver.prune(["t"])
+    monkeypatch.setattr(writes._GUARD, "keys", WriteKeys())  # a new process: nothing known
+    graph.invoke(None, CONFIG, durability="sync")
+    graph.invoke(None, COPY, durability="sync")
+    assert provider.count() == 2

@@ -166,6 +166,8 @@ DELETE_NULL_RESUME = _sql.DELETE_NULL_RESUME.replace("FROM writes", "FROM checkp
 SELECT_CALLED_TASKS = _sql.SELECT_CALLED_TASKS.replace("FROM writes", "FROM checkpoint_writes")
 SELECT_STEP_WRITES = _sql.SELECT_STEP_WRITES.replace(
     "value FROM writes", "blob FROM checkpoint_writes")
+SELECT_COPY_POINT_STEPS = _sql.SELECT_COPY_POINT_STEPS.replace(
+    "json_extract(CAST(c.metadata AS TEXT), '$.source')", "c.metadata->>'source'")
 
 
 @functools.lru_cache(maxsize=256)

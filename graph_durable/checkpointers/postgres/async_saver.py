@@ -445,6 +445,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
         the copy's effects keep the keys of the thread it came from."""
         params = (str(target_thread_id), str(source_thread_id))
         async with self._txn() as cur:
+            # The source's writes wait: the copy point is where it stands, copied.
+            await cur.execute(_pg.LOCK_THREAD, (str(source_thread_id),))
             await self._flush_deferred(cur, str(source_thread_id))
             for statement in _pg.COPY_THREAD_CHECKPOINTS:
                 await cur.execute(statement, params)
@@ -464,8 +466,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
             return
         await self.setup()
         for thread_id in thread_ids:  # the writes the steps after a copy point come from
-            await self._arun_statements(_steps.anchors_before_prune(str(thread_id),
-                                                                    _pg.SELECT_STEP_WRITES))
+            await self._arun_statements(_steps.anchors_before_prune(
+                str(thread_id), _pg.SELECT_STEP_WRITES, _pg.SELECT_COPY_POINT_STEPS))
         await super().aprune(thread_ids, strategy=strategy)
 
     # -- fencing and ledger writes inside a transaction --------------------------------

@@ -75,7 +75,9 @@ from graph_durable.checkpointers.postgres._sql import (
     FENCE_REFUSED,
     LANGGRAPH_APPLIED,
     LOCK_THREAD_READ_LEASE,
+    LOCK_THREAD,
     SELECT_CALLED_TASKS,
+    SELECT_COPY_POINT_STEPS,
     SELECT_STEP_WRITES,
     SELECT_LEASE_WITH_CLOCK,
     SCHEMA_TABLES,
@@ -502,6 +504,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         """Copy checkpoints, blobs, writes, effects and events of one thread to another."""
         params = (str(target_thread_id), str(source_thread_id))
         with self._txn() as cur:
+            # The source's writes wait: the copy point is where it stands, copied.
+            cur.execute(LOCK_THREAD, (str(source_thread_id),))
             self._flush_deferred(cur, str(source_thread_id))
             for statement in COPY_THREAD_CHECKPOINTS:
                 cur.execute(statement, params)
@@ -520,8 +524,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             return
         self.setup()
         for thread_id in thread_ids:  # the writes the steps after a copy point come from
-            self._run_statements(_steps.anchors_before_prune(str(thread_id),
-                                                             SELECT_STEP_WRITES))
+            self._run_statements(_steps.anchors_before_prune(
+                str(thread_id), SELECT_STEP_WRITES, SELECT_COPY_POINT_STEPS))
         super().prune(thread_ids, strategy=strategy)
 
     # -- fencing and ledger writes inside a transaction --------------------------------
