@@ -6,22 +6,24 @@ fork, time travel or an `update_state`), the node path, a subgraph's own step, t
 task's path (a `Send` or `@task` call's index) and the write's position among the
 guarded writes of that run of the task (see the `writes` module docstring).
 
-One step is anchored otherwise: a step a run made again after the thread was copied,
-or copied from, at the checkpoint before it. A worker killed after that checkpoint's
-writes were saved, but before the step's own checkpoint, leaves the step to be made
-again on resume, under a new id; a copy of the thread made then (`copy_thread` records
-where, for both threads: the source's newest checkpoint) makes its own under another. Both follow the same
-checkpoint with the same saved writes, so such a step is anchored to that checkpoint's
-id and a digest of its writes as stored (`saver.step_anchor`): the write is sent once in
-the family, as a tool call (keyed by its AIMessage) is. A thread that made the step
-from other writes (a node that had not saved its writes when the copy was made, run
-again; an answer given in one thread only) asks anew. The anchor is recorded for the
+One step is anchored otherwise: a step a run made again after the thread was copied, or
+copied from, at the checkpoint before it. A worker killed after that checkpoint's writes
+were saved, but before the step's own checkpoint, leaves the step to be made again on
+resume, under a new id; a copy of the thread made then (`copy_thread` records where, for
+both threads: the source's newest checkpoint) makes its own under another. Both follow
+the same checkpoint with the same saved writes, so such a step is anchored to that
+checkpoint's id and a digest of its writes as stored (`saver.step_anchor`): the write is
+sent once in the family, as a tool call (keyed by its AIMessage) is. A thread that made
+the step from other writes (a node that had not saved its writes when the copy was made,
+run again; an answer given in one thread only) asks anew. The anchor is recorded for the
 family the first time it keys a write (or before a `prune` deletes the writes), so a
 later prune or write changes nothing; a write already keyed by the step's own id (by a
 worker of an earlier release) keeps that key. Every other step keeps its root
-checkpoint's id, as before: no key of a thread never copied changes. `WritePlace`
-reads that from the task's config, `WriteRequest` is the request the guard runs, and
-`WriteKeys` is the guard's keying strategy for it (`graph_durable.nodes.call_keys`).
+checkpoint's id, as before: no key of a thread never copied changes.
+
+`WritePlace` reads that from the task's config, `WriteRequest` is the request the guard
+runs, and `WriteKeys` is the guard's keying strategy for it
+(`graph_durable.nodes.call_keys`).
 """
 
 from __future__ import annotations

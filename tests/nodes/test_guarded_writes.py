@@ -299,6 +299,23 @@ def _plan_then_pay(saver: Any, provider: FakeProvider, name: str, **compile: Any
 COPY = {"configurable": {"thread_id": "c"}}
 
 
+def _stop_at(graph: Any, point: str, inputs: Any, occurrence: int = 1) -> None:
+    """Run thread t with `inputs` until fault point `point` raises (its `occurrence`)."""
+    arm(FaultPlan(point, occurrence=occurrence, action="raise"))
+    try:
+        with pytest.raises(InjectedCrash):
+            graph.invoke(inputs, CONFIG, durability="sync")
+    finally:
+        disarm()
+
+
+def _copied_in_the_window(graph: Any, saver: Any) -> None:
+    """Run t until plan's writes are saved and pay's step is not (its checkpoint's save
+    raises), then copy t to c."""
+    _stop_at(graph, "before_put", {"amounts": [5, 7]}, occurrence=3)
+    saver.copy_thread("t", "c")
+
+
 def test_a_step_made_again_by_a_copy_and_its_source_writes_once_in_the_family(
         saver: Any, provider: FakeProvider) -> None:
     """A run stopped after plan's writes were saved, before pay's step was
@@ -307,15 +324,9 @@ def test_a_step_made_again_by_a_copy_and_its_source_writes_once_in_the_family(
     once in the family and the other thread replays its receipt. (Killed for real in
     `tests/test_explorer_regressions.py`, seeds 981478 and after.)"""
     graph = _plan_then_pay(saver, provider, "pay_after_copy")
-    arm(FaultPlan("before_put", occurrence=3, action="raise"))
-    try:
-        with pytest.raises(InjectedCrash):
-            graph.invoke({"amounts": [5, 7]}, CONFIG, durability="sync")
-    finally:
-        disarm()
+    _copied_in_the_window(graph, saver)
     [planned] = graph.get_state(CONFIG).tasks
     assert planned.name == "plan" and planned.result is not None  # saved, step not made
-    saver.copy_thread("t", "c")
     first = graph.invoke(None, CONFIG, durability="sync")
     copy = graph.invoke(None, COPY, durability="sync")
     assert provider.count() == 2
@@ -349,13 +360,7 @@ def test_a_write_keyed_by_its_steps_own_id_before_keeps_that_key(
     from graph_durable.nodes.write_keys import WriteKeys
 
     graph = _plan_then_pay(saver, provider, "pay_kept_key")
-    arm(FaultPlan("before_put", occurrence=3, action="raise"))
-    try:
-        with pytest.raises(InjectedCrash):
-            graph.invoke({"amounts": [5, 7]}, CONFIG, durability="sync")
-    finally:
-        disarm()
-    saver.copy_thread("t", "c")
+    _copied_in_the_window(graph, saver)
 
     def earlier_release(self: Any, thread_id: str, origin: str, parent: str) -> Any:
         return None
@@ -363,12 +368,7 @@ def test_a_write_keyed_by_its_steps_own_id_before_keeps_that_key(
 
     with monkeypatch.context() as patched:
         patched.setattr(WriteKeys, "_step_anchor", earlier_release)
-        arm(FaultPlan("after_effect", action="raise"))
-        try:
-            with pytest.raises(InjectedCrash):
-                graph.invoke(None, CONFIG, durability="sync")
-        finally:
-            disarm()
+        _stop_at(graph, "after_effect", None)
     [sent] = saver.effects("t")
     assert provider.count() == 1
     graph.invoke(None, CONFIG, durability="sync")
@@ -385,12 +385,7 @@ def test_a_thread_copied_before_the_plan_that_plans_alike_later_writes_itself(
     graph = _plan_then_pay(saver, provider, "pay_alike_later", interrupt_before=["plan"])
     graph.invoke({"amounts": [5, 7]}, CONFIG, durability="sync")
     saver.copy_thread("t", "c")
-    arm(FaultPlan("before_put", occurrence=1, action="raise"))
-    try:
-        with pytest.raises(InjectedCrash):
-            graph.invoke(None, CONFIG, durability="sync")
-    finally:
-        disarm()
+    _stop_at(graph, "before_put", None)
     saver.copy_thread("t", "d")
     for thread_id in ("t", "d", "c"):
         graph.invoke(None, {"configurable": {"thread_id": thread_id}}, durability="sync")
@@ -408,13 +403,7 @@ def test_a_prune_after_a_step_was_anchored_changes_no_key(
     from graph_durable.nodes.write_keys import WriteKeys
 
     graph = _plan_then_pay(saver, provider, "pay_pruned")
-    arm(FaultPlan("before_put", occurrence=3, action="raise"))
-    try:
-        with pytest.raises(InjectedCrash):
-            graph.invoke({"amounts": [5, 7]}, CONFIG, durability="sync")
-    finally:
-        disarm()
-    saver.copy_thread("t", "c")
+    _copied_in_the_window(graph, saver)
     graph.invoke(None, CONFIG, durability="sync")
     assert provider.count() == 2
     paid_from = next(s for s in graph.get_state_history(CONFIG) if s.next == ("pay",))
