@@ -1654,17 +1654,17 @@ SEED_1023294 = (
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason="open: a Command's follow-up write applied twice "
-                   "after two time travels in a subgraph (reproduces on the code before "
-                   "copy points)")
 def test_a_follow_up_write_after_two_time_travels_in_a_subgraph_is_applied_once(
         tmp_path) -> None:
     """Seed 1023294 (`subgraph`, a blind charge answering with a `Command` whose `goto`
     leads to a follow-up write): killed `after_put` and resumed by time travel, killed
     again `before_put_writes` and resumed from a named checkpoint, then time-travelled
-    once more: the follow-up write `x11a` is applied twice, requested by one checkpointed
-    model message. Found on fresh seeds at the end of a stop; it fails the same on the
-    code the stop began from, so it is not the copy points' doing. Kept until fixed."""
+    once more: the follow-up write `x11a` was applied twice, requested by one checkpointed
+    model message. The first time travel's subgraph task ran twice in its namespace (the
+    crash, then the resume from a named checkpoint); its second run took the first run's
+    key under a new follow-up message, and the second time travel read only that second
+    run's messages, so found no key to repeat. Every run of an earlier incarnation is now
+    read to its own end."""
     from graph_durable.testing.explorer.model import Episode
 
     result = _replay(tmp_path, Episode.from_json(SEED_1023294))

@@ -30,7 +30,10 @@ A run from an `update_state` (or fork) checkpoint that is still the thread's lat
 writes no fork of its own: the restarted subgraph's task keeps its id, so an earlier run
 of it is in the same namespace, told apart by its input checkpoint (the run this call's
 step belongs to started from the latest input checkpoint before that step's checkpoint;
-an earlier one ends where the next one starts, `checkpoint_before`).
+an earlier one ends where the next one starts, `checkpoint_before`). Every run of an
+earlier incarnation is read to its own end in the same way: a later run of it took the
+keys of the first under new message ids, so only the first holds the messages those keys
+derive from (seed 1023294).
 
 Earlier runs that match from more than one incarnation (a `Send` fan-out of identical
 payloads) cannot be told apart; such a call is refused before anything is sent, unless
@@ -200,6 +203,19 @@ def _in_earlier_enclosing_run(inputs: Sequence[Any], mine: Mapping[str, Any],
     return False
 
 
+def _run_end(thread_id: str, inputs: Sequence[Any], incarnation: str, input_id: str
+             ) -> Generator[Read, Any, Any]:
+    """The last checkpoint of the run of the subgraph task `incarnation` that started at
+    `input_id`. A task restarted in its own namespace ran more than once there, and each
+    later run takes the keys of the one before it under new message ids (seed 1023294):
+    only the run that asked first holds the messages its keys derive from."""
+    runs, _ = _runs_here(inputs, incarnation, None)
+    later = [one for one in runs if one > input_id]
+    if later:
+        return (yield Read("checkpoint_before", (thread_id, incarnation, later[0])))
+    return (yield Read("get_tuple", (_at(thread_id, incarnation),)))
+
+
 def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state: Any,
                    messages_key: str, at: str | None = None
                    ) -> Generator[Read, Any, EffectRecord | None]:
@@ -217,7 +233,7 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
     here = ctx.checkpoint_ns.rpartition("|")[0]
     current = messages_of(state, messages_key)
     inputs = yield Read("subgraph_inputs", (ctx.thread_id,))
-    ran_here, mine_from = _runs_here(inputs, here, at)
+    _, mine_from = _runs_here(inputs, here, at)
     matches: dict[str, tuple[list[EffectRecord], list[str]]] = {}
     for first in inputs:
         incarnation = first.config["configurable"]["checkpoint_ns"]
@@ -227,8 +243,6 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
             # restarted subgraph keeps its namespace): it ends where the next one starts.
             if mine_from is None or _input_id(first) >= mine_from:
                 continue
-            after = ran_here[ran_here.index(_input_id(first)) + 1]
-            latest = yield Read("checkpoint_before", (ctx.thread_id, here, after))
         else:
             parents: Mapping[str, Any] = (first.metadata or {}).get("parents") or {}
             ran_from = parents.get("")
@@ -245,7 +259,7 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
                 theirs = yield from fork_sources(ctx.thread_id, ran_from)
                 if not set(theirs) & {root, *sources}:
                     continue
-            latest = yield Read("get_tuple", (_at(ctx.thread_id, incarnation),))
+        latest = yield from _run_end(ctx.thread_id, inputs, incarnation, _input_id(first))
         if latest is None:
             continue
         earlier_messages = messages_of(latest.checkpoint.get("channel_values", {}),
