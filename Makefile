@@ -115,9 +115,11 @@ docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # Randomized explorer: generated episodes crashed in real processes, for SOAK_MINUTES.
-# SOAK_PATHS=all adds the path classes of known bugs; SOAK_ARGS passes more options.
+# Half of the episodes run on the PostgreSQL savers (a throwaway server started from the
+# machine's binaries); SOAK_PATHS=stable keeps to SQLite, SOAK_PATHS=all adds the path
+# classes of known bugs; SOAK_ARGS passes more options.
 SOAK_MINUTES ?= 30
-SOAK_PATHS ?= stable
+SOAK_PATHS ?= stable,postgres
 soak: $(STAMP)
 	$(PY) -m graph_durable.testing.explorer --minutes $(SOAK_MINUTES) --paths $(SOAK_PATHS) $(SOAK_ARGS)
 

@@ -21,6 +21,7 @@ import pytest
 
 from graph_durable.testing import explore
 from graph_durable.testing.explorer import replay
+from graph_durable.testing.explorer.classes import BACKEND_PATHS
 from graph_durable.testing.explorer.model import (
     ALL_PATHS,
     KNOWN_BUGS,
@@ -89,7 +90,8 @@ def test_generation_is_deterministic_and_stays_in_its_paths() -> None:
 
 def test_path_classes_are_chosen_by_name() -> None:
     assert resolve_paths(None) == resolve_paths("stable") == STABLE_PATHS
-    assert ALL_PATHS - set(KNOWN_BUGS) == STABLE_PATHS
+    assert ALL_PATHS - set(KNOWN_BUGS) - set(BACKEND_PATHS) == STABLE_PATHS
+    assert resolve_paths("stable,postgres") == STABLE_PATHS | {"postgres"}
     assert resolve_paths("all,-copy_both") == ALL_PATHS - {"copy_both"}
     assert resolve_paths("stable,time_travel") == STABLE_PATHS | {"time_travel"}
     assert resolve_paths(["reused_call_id"]) == {"reused_call_id", "plain"}
@@ -136,6 +138,57 @@ def test_the_explorer_detects_a_planted_bug(tmp_path: Path) -> None:
     assert "replay shrunk: python -m graph_durable.testing.explorer --replay" in rendered
 
 
+def test_postgres_episodes_are_drawn_only_when_asked_for_and_change_nothing_else() -> None:
+    with_postgres = resolve_paths("stable,postgres")
+    drawn = [generate(seed, with_postgres) for seed in range(200)]
+    assert 60 <= sum(e.backend == "postgres" for e in drawn) <= 140
+    for seed, episode in enumerate(drawn):
+        plain = generate(seed)
+        assert plain.backend == "sqlite"
+        assert episode.to_json() == plain.to_json().replace(
+            '"backend":"sqlite"', f'"backend":"{episode.backend}"')
+        assert Episode.from_json(episode.to_json()) == episode
+    assert any("postgres" in e.paths() and "on PostgreSQL" in e.describe() for e in drawn)
+
+
+@pytest.mark.long
+def test_a_postgres_episode_runs_on_a_database_of_its_own(tmp_path: Path,
+                                                          postgres_server) -> None:
+    """The planted bug is found on `DurablePostgresSaver` and on the async saver; an
+    honest episode passes there and its database is dropped; no SQLite file is made."""
+    import psycopg
+
+    from graph_durable.testing.explorer.driver import run_episode
+
+    def databases() -> set[str]:
+        with psycopg.connect(postgres_server.conninfo) as conn:
+            return {row[0] for row in conn.execute("SELECT datname FROM pg_database")}
+
+    before = databases()
+    with ForkServer(["graph_durable.testing.explorer.child"]) as server:
+        for flavour in ("sync", "async"):
+            episode = planted_bug_episode()
+            episode.backend, episode.flavour = "postgres", flavour
+            where = tmp_path / f"bug-{flavour}"
+            result = run_episode(episode, str(where), server, postgres=postgres_server)
+            assert "EXACTLY-ONCE" in result.kinds, result.problems
+            assert result.crashes == 1
+            assert not (where / "agent.sqlite").exists()
+            honest = planted_bug_episode()
+            honest.backend, honest.flavour = "postgres", flavour
+            honest.tools["charge"]["mode"] = "dedupe"
+            result = run_episode(honest, str(tmp_path / f"honest-{flavour}"), server,
+                                 postgres=postgres_server)
+            assert result.problems == []
+    kept = databases() - before
+    assert len(kept) == 2 and all(name.startswith("episode_0_") for name in kept)  # the failing
+    with pytest.raises(ValueError, match="--paths stable,postgres"):
+        with ForkServer(["graph_durable.testing.explorer.child"]) as server:
+            episode = planted_bug_episode()
+            episode.backend = "postgres"
+            run_episode(episode, str(tmp_path / "no-server"), server)
+
+
 def test_the_command_line_replays_a_seed_and_an_episode(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "graph_durable.testing.explorer"]
     ok = subprocess.run([*command, "--seed", "7", "--episodes", "2", "--workers", "1"],
@@ -169,3 +222,17 @@ def test_stable_paths_keep_every_invariant(tmp_path: Path, episodes: int) -> Non
     # ... and every stable shape: subgraphs, create_agent stacks, tools' answers.
     stable_shapes = set(SHAPES_OF_THIS_ROUND) & STABLE_PATHS
     assert stable_shapes <= set(report.classes), report.classes
+
+
+@pytest.mark.long
+@pytest.mark.sweep
+def test_stable_paths_keep_every_invariant_on_postgres(tmp_path: Path) -> None:
+    """Half of the episodes on the PostgreSQL savers (a throwaway server of the run's)."""
+    episodes = QUICK_EPISODES // 2
+    report = explore(episodes, EXPLORER_SEED + 100_000, paths="stable,postgres", workers=2,
+                     directory=str(tmp_path))
+    print(report.render())
+    assert report.ok, report.render()
+    assert report.episodes == episodes
+    assert report.classes["postgres"] >= episodes // 4, report.classes
+    assert report.crashes >= episodes // 2

@@ -44,7 +44,7 @@ from typing import Any
 from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.ledger import EffectStatus
 from graph_durable.operators.orphans import ANSWERED_WITHOUT_GUARD, find_orphans
-from graph_durable.testing.explorer.scenario import explorer_saver
+from graph_durable.testing.explorer.scenario import explorer_saver, is_postgres
 from graph_durable.testing.explorer.shapes import parse_answer
 from graph_durable.testing.providers import FakeProvider
 
@@ -292,7 +292,7 @@ def check_episode(db_path: str, provider_dir: str, tools: dict[str, dict[str, An
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for effect in effects:
         by_key[effect["key"]].append(effect)
-    if not os.path.exists(db_path):
+    if not (is_postgres(db_path) or os.path.exists(db_path)):
         return [f"LEDGER {e['tool']} applied {e['operation']}: there is no database"
                 for e in effects]
     with explorer_saver(db_path, sealed) as saver:

@@ -33,7 +33,8 @@ call in `@task`s, each tool task a `guarded` function), with every resume path a
 `update_state` on `functional` (an entrypoint has one node: an update writes its return
 value and leaves nothing to run; such a resume is drawn as `plain`), and without the
 tools' answer shapes (`error_*`, `*_result`: ToolNode's). `RUNTIME_PATHS` arise rather
-than being generated. `KNOWN_BUGS` are the classes that fail today, with why.
+than being generated. Savers: `postgres` (`BACKEND_PATHS`, asked for by name).
+`KNOWN_BUGS` are the classes that fail today, with why.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any
 
 __all__ = [
     "ALL_PATHS",
+    "BACKEND_PATHS",
     "KNOWN_BUGS",
     "RESUME_PATHS",
     "RUNTIME_PATHS",
@@ -83,7 +85,13 @@ RUNTIME_PATHS = ("recover_after_decision", "recover_misjudged", "retry_swallows_
                  "malformed_across_tasks", "hitl_review", "hitl_asked_again")
 """Situations that arise, rather than being generated: known bugs the driver reports
 when enabled, or steps around."""
-ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
+BACKEND_PATHS = ("postgres",)
+"""Savers other than SQLite: `postgres` runs a share of the episodes (drawn from the
+seed) on `DurablePostgresSaver` (`AsyncDurablePostgresSaver` for `async` ones), each on a
+database of its own on a throwaway server the explorer starts from the machine's
+binaries (`graph_durable.testing.postgres`). Generated only when asked for
+(`--paths stable,postgres`): it needs the binaries and the `postgres` extra."""
+ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS + BACKEND_PATHS)
 
 KNOWN_BUGS: dict[str, str] = {
     "send_refork": "LangGraph's, not graph_durable's: a run from a named checkpoint of the "
@@ -136,7 +144,7 @@ saved its question and before its `@entrypoint` did left a thread `get_state()` 
 no question of, which `thread_status` called waiting, so `recover()` passed it by) since
 `thread_status` tells such a question from one `get_state()` shows and calls the thread
 orphaned."""
-STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
+STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS) - frozenset(BACKEND_PATHS)
 SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
 GUARDED = ("guarded_node", "functional")
 """Topologies whose writes are `guarded` functions, not tool calls (`writes`)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ from graph_durable.testing.explorer.checks import (
 from graph_durable.testing.explorer.child import DOCUMENTED_ERRORS
 from graph_durable.testing.explorer.model import STABLE_PATHS, Crash, Episode, Resume
 from graph_durable.testing.explorer.reviewer import APPROVALS, Reviewer, by_interrupt_id
-from graph_durable.testing.explorer.scenario import explorer_saver, open_providers
+from graph_durable.testing.explorer.scenario import explorer_saver, is_postgres, open_providers
 from graph_durable.testing.explorer.shapes import (
     LOOKUP_FAULTS,
     SAFE_ORDER,
@@ -100,12 +101,12 @@ class _Run:
     """One episode in progress: its threads, crashes still to fire, and pauses so far."""
 
     def __init__(self, episode: Episode, directory: str, server: ForkServer,
-                 timeout: float, classes: frozenset[str]) -> None:
+                 timeout: float, classes: frozenset[str], database: str | None = None) -> None:
         self.episode = episode
         self.classes = classes
         self.server = server
         self.timeout = timeout
-        self.files = {"db_path": os.path.join(directory, "agent.sqlite"),
+        self.files = {"db_path": database or os.path.join(directory, "agent.sqlite"),
                       "provider_dir": os.path.join(directory, "providers"),
                       "sealed": episode.sealed}
         self.output = os.path.join(directory, "children.log")
@@ -456,16 +457,28 @@ class _Run:
 
 
 def run_episode(episode: Episode, directory: str, server: ForkServer, *,
-                paths: frozenset[str] = STABLE_PATHS, timeout: float = 60.0) -> EpisodeResult:
+                paths: frozenset[str] = STABLE_PATHS, timeout: float = 60.0,
+                postgres: Any = None) -> EpisodeResult:
     """Run `episode` in `directory` (created) with children of `server`; check it.
 
     `paths` are the path classes enabled: a known bug that shows only at run time
     (`RUNTIME_BUGS`) is reported when its class is enabled, else stepped around
-    (counted in `EpisodeResult.sidesteps`).
+    (counted in `EpisodeResult.sidesteps`). A `postgres` episode runs on a database of
+    its own on `postgres` (a started `graph_durable.testing.postgres.PostgresServer`),
+    dropped once the episode passed (a failing one's is kept, like its folder, until the
+    server stops).
     """
     os.makedirs(directory, exist_ok=True)
     started = time.monotonic()
-    run = _Run(episode, directory, server, timeout, frozenset(paths))
+    database = None
+    if episode.backend == "postgres":
+        if postgres is None:
+            raise ValueError(f"episode {episode.seed} runs on PostgreSQL and no server was "
+                             "given: run the explorer with --paths stable,postgres, which "
+                             "starts one from the machine's binaries")
+        name = f"episode_{episode.seed}_{uuid.uuid4().hex[:8]}"
+        database = postgres.create_database(name)
+    run = _Run(episode, directory, server, timeout, frozenset(paths), database)
     try:
         run.run()
     except _Stop as stop:
@@ -478,13 +491,15 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
         refused=run.refused)
     run.result.costs.update(_resume_costs(run.files["db_path"], run.threads, episode.sealed))
     run.result.duration = time.monotonic() - started
+    if database is not None and run.result.ok:
+        postgres.drop_database(name)
     return run.result
 
 
 def _resume_costs(db_path: str, threads: Any, sealed: bool) -> Counter[str]:
     """The audit of every thread of an episode, added up."""
     costs: Counter[str] = Counter()
-    if not os.path.exists(db_path):
+    if not (is_postgres(db_path) or os.path.exists(db_path)):
         return costs
     with explorer_saver(db_path, sealed) as saver:
         for thread_id in threads:

@@ -140,6 +140,9 @@ class Episode:
     fresh_ids: bool = False
     """Above a subgraph: the model gives its calls new tool_call_ids each time it is
     asked, as a real model does (the script's ids otherwise)."""
+    backend: str = "sqlite"
+    """The saver's database: `sqlite` (a file of the episode's folder) or `postgres` (a
+    database of its own on the run's throwaway server, `classes.BACKEND_PATHS`)."""
 
     def scenario_turns(self) -> list[list[dict[str, Any]]]:
         """The turns as the scenario factory takes them."""
@@ -179,6 +182,8 @@ class Episode:
                 found.add("send_refork")
         if self.fresh_ids:
             found.add("fresh_call_ids")
+        if self.backend != "sqlite":
+            found.add(self.backend)
         if self.history:
             found.add({"trimmed": "trimmed_history", "idless": "idless_messages"}[self.history])
         if self.stack and self.stack != "guard":
@@ -240,6 +245,7 @@ class Episode:
                      + (f", {self.history} history" if self.history else "")
                      + (", fresh tool_call_ids" if self.fresh_ids else "")
                      + (", leased runs" if self.leased else "")
+                     + (", on PostgreSQL" if self.backend == "postgres" else "")
                      + (f", reviewer: {', '.join(reviewer)}" if reviewer else ""))
         return "\n".join(lines)
 
@@ -278,7 +284,8 @@ class Episode:
                                   ("lookup_faults", None)):
                 if spec.get(option, plain) != plain:
                     out.append(replace(self, tools={**self.tools, name: {**spec, option: plain}}))
-        for option, plain in (("flavour", "sync"), ("sequential", True), ("leased", False)):
+        for option, plain in (("flavour", "sync"), ("sequential", True), ("leased", False),
+                              ("backend", "sqlite")):
             if getattr(self, option) != plain:
                 out.append(replace(self, **{option: plain}))
         for option in ("malformed", "raw"):
@@ -427,4 +434,6 @@ def generate(seed: int, paths: Iterable[str] = STABLE_PATHS, *,
                         "raw": rng.random() < 0.3,
                         "edit_unchanged": rng.random() < 0.3 and "edit_unchanged" in paths}
     draw_shapes(random.Random(f"shapes-{seed}"), episode, paths)
+    if "postgres" in paths and random.Random(f"backend-{seed}").random() < 0.5:
+        episode.backend = "postgres"  # a generator of its own: nothing else changes
     return episode

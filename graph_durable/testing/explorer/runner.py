@@ -43,7 +43,11 @@ given the seed and the paths; a run is too when its calls run one at a time (mos
 episodes) and no timing decides (slow providers, lease expiry), so a replay
 reproduces most failures but not every race.
 
-Not generated (yet): PostgreSQL savers; a batched `HumanInTheLoopMiddleware` (LangChain's
+PostgreSQL savers are generated when asked for (`--paths stable,postgres`: half the
+episodes run on `DurablePostgresSaver` or `AsyncDurablePostgresSaver`, each on a
+database of its own on a throwaway server started from the machine's binaries).
+
+Not generated (yet): a batched `HumanInTheLoopMiddleware` (LangChain's
 `{"decisions": [...]}`; the per-call one is, before and after the guard); an `update_state`
 fork of a functional-API thread (an entrypoint has one node: the update leaves nothing to
 run); guarded writes in a subgraph or a `Send` branch, or several per `@task`; sub-keys
@@ -78,7 +82,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from graph_durable.testing.explorer.model import (
     ALL_PATHS,
@@ -225,7 +229,8 @@ def _replay_command(seed: int, paths: frozenset[str], planted_bug: bool) -> str:
 
 def shrink(episode: Episode, kinds: set[str], server: ForkServer, directory: str, *,
            paths: frozenset[str] = STABLE_PATHS, max_runs: int = 40,
-           max_seconds: float = 120.0) -> tuple[Episode, EpisodeResult] | None:
+           max_seconds: float = 120.0, postgres: Any = None
+           ) -> tuple[Episode, EpisodeResult] | None:
     """A simpler episode that still breaks an invariant of one of `kinds`, and its run;
     `None` if no simplification fails so.
 
@@ -244,12 +249,25 @@ def shrink(episode: Episode, kinds: set[str], server: ForkServer, directory: str
                 break
             runs += 1
             where = os.path.join(directory, f"shrink-{runs:03d}")
-            result = run_episode(candidate, where, server, paths=paths)
+            result = run_episode(candidate, where, server, paths=paths, postgres=postgres)
             shutil.rmtree(where, ignore_errors=True)
             if result.kinds & kinds:
                 current, found, progress = candidate, (candidate, result), True
                 break
     return found
+
+
+@contextmanager
+def _postgres(needed: bool) -> Iterator[Any]:
+    """A throwaway PostgreSQL server for `postgres` episodes, stopped after the block
+    (with every database on it); `None` when no episode needs one."""
+    if not needed:
+        yield None
+        return
+    from graph_durable.testing.postgres import PostgresServer
+
+    with PostgresServer() as server:
+        yield server
 
 
 @contextmanager
@@ -310,7 +328,7 @@ def explore(episodes: int | None = 100, seed: int = 0, *,
             episode = generate(episode_seed, chosen, planted_bug=planted_bug)
             where = os.path.join(base, f"episode-{episode_seed}")
             try:
-                result = run_episode(episode, where, server, paths=chosen)
+                result = run_episode(episode, where, server, paths=chosen, postgres=postgres)
             except Exception as exc:  # the explorer's own failure: report it, go on
                 result = EpisodeResult(episode, [f"EXPLORER {type(exc).__name__}: {exc}\n"
                                                  f"{traceback.format_exc()}"])
@@ -320,8 +338,8 @@ def explore(episodes: int | None = 100, seed: int = 0, *,
                                   _replay_command(episode_seed, chosen, planted_bug),
                                   directory=where, paths=chosen)
                 try:
-                    shrunk = shrink(episode, result.kinds, server, where, paths=chosen) \
-                        if shrink_failures else None
+                    shrunk = shrink(episode, result.kinds, server, where, paths=chosen,
+                                    postgres=postgres) if shrink_failures else None
                 except Exception as exc:  # the explorer's own failure: report it unshrunk
                     failure.problems.append(f"EXPLORER shrinking failed: "
                                             f"{type(exc).__name__}: {exc}")
@@ -348,7 +366,8 @@ def explore(episodes: int | None = 100, seed: int = 0, *,
                     elif report.episodes % 10 == 0:
                         print(".", end="", file=sys.stderr, flush=True)
 
-    with _servers(max(1, workers), method) as servers:
+    with _postgres("postgres" in chosen) as postgres, \
+            _servers(max(1, workers), method) as servers:
         threads = [threading.Thread(target=work, args=(server,), daemon=True)
                    for server in servers]
         for thread in threads:
@@ -368,8 +387,10 @@ def replay(episode: Episode, *, paths: str | Iterable[str] | None = None,
     from graph_durable.testing.explorer.driver import run_episode
 
     where = directory or tempfile.mkdtemp(prefix="explorer-replay-")
-    with _servers(1, method) as [server]:
-        return run_episode(episode, where, server, paths=resolve_paths(paths))
+    with _postgres(episode.backend == "postgres") as postgres, \
+            _servers(1, method) as [server]:
+        return run_episode(episode, where, server, paths=resolve_paths(paths),
+                           postgres=postgres)
 
 
 def main(argv: list[str] | None = None) -> int:

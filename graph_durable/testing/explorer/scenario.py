@@ -4,7 +4,9 @@
 (scripted model -> `EffectGuardNode` -> model) whose every argument is JSON, so a child
 process rebuilds the same graph on the same database and providers (the scenario
 protocol of `graph_durable.testing.crash`). `build_explorer_agent_async` is its twin on
-`AsyncDurableSqliteSaver`, for `ainvoke`.
+`AsyncDurableSqliteSaver`, for `ainvoke`. A `db_path` that is a libpq connection
+string (a `postgres` episode's, `is_postgres`) builds them on `DurablePostgresSaver` and
+`AsyncDurablePostgresSaver` instead.
 
 - `tools`: `{name: spec}`. A spec is `{"mode": ..., "policy": ..., "approval": bool,
   "retries": int, "timeout": float | None}`. `mode` is the `FakeProvider` contract
@@ -70,6 +72,7 @@ from graph_durable.testing.scenarios.effects import EffectsAgent
 __all__ = [
     "build_explorer_agent",
     "build_explorer_agent_async",
+    "is_postgres",
     "odd_items",
     "open_providers",
     "script_for",
@@ -130,7 +133,7 @@ def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
     inputs = {"messages": [HumanMessage("Go.")]}
     if topology in GUARDED_TOPOLOGIES:
         graph = build_guarded_agent(saver, providers, effects, script_for(turns), topology,
-                                    isinstance(saver, AsyncDurableSqliteSaver), sequential)
+                                    _is_async(saver), sequential)
         return EffectsAgent(graph=graph, saver=saver, providers=providers, inputs=inputs)
     if topology == "create_agent":
         approvals = [name for name, spec in tools.items() if spec.get("approval")]
@@ -176,6 +179,12 @@ def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
                         providers=providers, inputs=inputs)
 
 
+def _is_async(saver: Any) -> bool:
+    if isinstance(saver, AsyncDurableSqliteSaver):
+        return True
+    return type(saver).__name__ == "AsyncDurablePostgresSaver"  # psycopg left unimported
+
+
 def explorer_serde(sealed: bool) -> Any:
     """The serde of an episode's savers: LangGraph's AES `EncryptedSerializer` (which
     seals the ledger too) when `sealed`, else the default."""
@@ -186,10 +195,24 @@ def explorer_serde(sealed: bool) -> Any:
     return EncryptedSerializer.from_pycryptodome_aes(key=b"explorer-key-0123456789abcdef!!!")
 
 
+def is_postgres(database: str) -> bool:
+    """Whether an episode's database is a libpq connection string (a `postgres`
+    episode's), not a SQLite file."""
+    return database.startswith(("host=", "postgresql://", "postgres://"))
+
+
 @contextmanager
-def explorer_saver(db_path: str, sealed: bool) -> Iterator[DurableSqliteSaver]:
-    """A `DurableSqliteSaver` on an episode's database with the episode's serde, closed
+def explorer_saver(db_path: str, sealed: bool) -> Iterator[Any]:
+    """A durable saver on an episode's database (a `DurableSqliteSaver` on its file, or a
+    `DurablePostgresSaver` on its connection string) with the episode's serde, closed
     after the block."""
+    if is_postgres(db_path):
+        from graph_durable.checkpointers.postgres import DurablePostgresSaver
+
+        with DurablePostgresSaver.from_conn_string(
+                db_path, serde=explorer_serde(sealed)) as saver:
+            yield saver
+        return
     with closing(sqlite3.connect(db_path, check_same_thread=False)) as conn:
         yield DurableSqliteSaver(conn, serde=explorer_serde(sealed))
 
@@ -198,9 +221,20 @@ def build_explorer_agent(db_path: str, provider_dir: str, tools: dict[str, dict[
                          turns: list[list[dict[str, Any]]], sealed: bool = False,
                          topology: str = "flat", stack: str = "", history: str = "",
                          fresh_ids: bool = False, sequential: bool = True) -> EffectsAgent:
-    """Build the episode's agent on a `DurableSqliteSaver` (see the module docstring)."""
-    saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
-                               serde=explorer_serde(sealed))
+    """Build the episode's agent on a `DurableSqliteSaver` (a `DurablePostgresSaver` when
+    `db_path` is a connection string; see the module docstring)."""
+    if is_postgres(db_path):
+        from psycopg import Connection
+        from psycopg.rows import dict_row
+
+        from graph_durable.checkpointers.postgres import DurablePostgresSaver
+
+        conn = Connection.connect(db_path, autocommit=True, prepare_threshold=0,
+                                  row_factory=dict_row)
+        saver: Any = DurablePostgresSaver(conn, serde=explorer_serde(sealed))
+    else:
+        saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
+                                   serde=explorer_serde(sealed))
     return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids,
                      sequential)
 
@@ -212,7 +246,19 @@ async def build_explorer_agent_async(db_path: str, provider_dir: str,
                                      stack: str = "", history: str = "",
                                      fresh_ids: bool = False,
                                      sequential: bool = True) -> EffectsAgent:
-    """`build_explorer_agent` on an `AsyncDurableSqliteSaver` (same arguments)."""
-    saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path), serde=explorer_serde(sealed))
+    """`build_explorer_agent` on an `AsyncDurableSqliteSaver` (an
+    `AsyncDurablePostgresSaver` on a connection string; same arguments)."""
+    if is_postgres(db_path):
+        from psycopg import AsyncConnection
+        from psycopg.rows import dict_row
+
+        from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
+
+        conn = await AsyncConnection.connect(db_path, autocommit=True, prepare_threshold=0,
+                                             row_factory=dict_row)
+        saver: Any = AsyncDurablePostgresSaver(conn, serde=explorer_serde(sealed))
+    else:
+        saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path),
+                                        serde=explorer_serde(sealed))
     return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids,
                      sequential)
