@@ -31,9 +31,11 @@ writes no fork of its own: the restarted subgraph's task keeps its id, so an ear
 of it is in the same namespace, told apart by its input checkpoint (the run this call's
 step belongs to started from the latest input checkpoint before that step's checkpoint;
 an earlier one ends where the next one starts, `checkpoint_before`). Every run of an
-earlier incarnation is read to its own end in the same way: a later run of it took the
-keys of the first under new message ids, so only the first holds the messages those keys
-derive from (seed 1023294).
+earlier incarnation is read to its own end in the same way, and the runs of one
+incarnation count as one request, their effects in the order asked: a later run took the
+keys of the calls an earlier one asked alike, under new message ids, so only the earlier
+run's messages derive those keys, and the later run's derive only what it asked besides
+(seed 1023294).
 
 Earlier runs that match from more than one incarnation (a `Send` fan-out of identical
 payloads) cannot be told apart; such a call is refused before anything is sent, unless
@@ -235,7 +237,7 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
     inputs = yield Read("subgraph_inputs", (ctx.thread_id,))
     _, mine_from = _runs_here(inputs, here, at)
     matches: dict[str, tuple[list[EffectRecord], list[str]]] = {}
-    for first in inputs:
+    for first in sorted(inputs, key=_input_id):  # each incarnation's runs, oldest first
         incarnation = first.config["configurable"]["checkpoint_ns"]
         if incarnation == here:
             # An earlier run of this very task (a run from an `update_state` or fork
@@ -275,7 +277,12 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
             if record is not None:
                 records.append(record)
         if records:
-            matches[_input_id(first)] = (records, sorted(inherited))
+            # The runs of one incarnation are one request: a later run took the keys of
+            # the calls an earlier one asked alike (their messages no longer derive
+            # them), and keyed only what it asked besides; together, in the order asked.
+            merged, _ = matches.setdefault(incarnation, ([], sorted(inherited)))
+            merged.extend(record for record in records
+                          if record.key not in {known.key for known in merged})
     if not matches:
         return None
     # Earlier runs that all asked for the same effects (a restart that took the keys of
