@@ -413,6 +413,13 @@ class PostgresServer:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
                          .format(sql.Identifier(name)))
 
+    def dump_database(self, name: str, path: str) -> None:
+        """Write database `name` to `path` as SQL (`pg_dump`), to read or restore after
+        the server is gone (`psql -f path`)."""
+        subprocess.run([os.path.join(self._bin_dir, "pg_dump"), "--no-owner",
+                        "--dbname", _conninfo(self.port, name), "--file", path],
+                       check=True, capture_output=True, timeout=120)
+
     def __enter__(self) -> PostgresServer:
         return self.start()
 

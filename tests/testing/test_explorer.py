@@ -90,8 +90,10 @@ def test_generation_is_deterministic_and_stays_in_its_paths() -> None:
 
 def test_path_classes_are_chosen_by_name() -> None:
     assert resolve_paths(None) == resolve_paths("stable") == STABLE_PATHS
-    assert ALL_PATHS - set(KNOWN_BUGS) - set(BACKEND_PATHS) == STABLE_PATHS
+    assert ALL_PATHS - set(KNOWN_BUGS) == STABLE_PATHS
+    assert not set(BACKEND_PATHS) & ALL_PATHS  # named on their own, in neither group
     assert resolve_paths("stable,postgres") == STABLE_PATHS | {"postgres"}
+    assert resolve_paths("all,postgres") == ALL_PATHS | {"postgres"}
     assert resolve_paths("all,-copy_both") == ALL_PATHS - {"copy_both"}
     assert resolve_paths("stable,time_travel") == STABLE_PATHS | {"time_travel"}
     assert resolve_paths(["reused_call_id"]) == {"reused_call_id", "plain"}
@@ -154,8 +156,9 @@ def test_postgres_episodes_are_drawn_only_when_asked_for_and_change_nothing_else
 @pytest.mark.long
 def test_a_postgres_episode_runs_on_a_database_of_its_own(tmp_path: Path,
                                                           postgres_server) -> None:
-    """The planted bug is found on `DurablePostgresSaver` and on the async saver; an
-    honest episode passes there and its database is dropped; no SQLite file is made."""
+    """The planted bug is found on `DurablePostgresSaver` and on the async saver, and the
+    failing episode's database is dumped beside its providers; an honest episode passes
+    there; every database is dropped; no SQLite file is made."""
     import psycopg
 
     from graph_durable.testing.explorer.driver import run_episode
@@ -174,14 +177,15 @@ def test_a_postgres_episode_runs_on_a_database_of_its_own(tmp_path: Path,
             assert "EXACTLY-ONCE" in result.kinds, result.problems
             assert result.crashes == 1
             assert not (where / "agent.sqlite").exists()
+            dump = (where / "agent.sql").read_text()  # the failing episode's database
+            assert "CREATE TABLE public.effects" in dump and "gd-" in dump
             honest = planted_bug_episode()
             honest.backend, honest.flavour = "postgres", flavour
             honest.tools["charge"]["mode"] = "dedupe"
             result = run_episode(honest, str(tmp_path / f"honest-{flavour}"), server,
                                  postgres=postgres_server)
             assert result.problems == []
-    kept = databases() - before
-    assert len(kept) == 2 and all(name.startswith("episode_0_") for name in kept)  # the failing
+    assert databases() == before  # each dropped once checked
     with pytest.raises(ValueError, match="--paths stable,postgres"):
         with ForkServer(["graph_durable.testing.explorer.child"]) as server:
             episode = planted_bug_episode()

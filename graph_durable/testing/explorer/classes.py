@@ -89,9 +89,11 @@ BACKEND_PATHS = ("postgres",)
 """Savers other than SQLite: `postgres` runs a share of the episodes (drawn from the
 seed) on `DurablePostgresSaver` (`AsyncDurablePostgresSaver` for `async` ones), each on a
 database of its own on a throwaway server the explorer starts from the machine's
-binaries (`graph_durable.testing.postgres`). Generated only when asked for
-(`--paths stable,postgres`): it needs the binaries and the `postgres` extra."""
-ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS + BACKEND_PATHS)
+binaries (`graph_durable.testing.postgres`). Generated only when named
+(`--paths stable,postgres`, `all,postgres`), in neither `stable` nor `all`: it needs the
+binaries and the `postgres` extra, and a seed's episode stays what it was without it."""
+ALL_PATHS = frozenset(RESUME_PATHS + SHAPE_PATHS + RUNTIME_PATHS)
+"""Every path class of the agents (`--paths all`); the savers' are named on their own."""
 
 KNOWN_BUGS: dict[str, str] = {
     "send_refork": "LangGraph's, not graph_durable's: a run from a named checkpoint of the "
@@ -144,7 +146,7 @@ saved its question and before its `@entrypoint` did left a thread `get_state()` 
 no question of, which `thread_status` called waiting, so `recover()` passed it by) since
 `thread_status` tells such a question from one `get_state()` shows and calls the thread
 orphaned."""
-STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS) - frozenset(BACKEND_PATHS)
+STABLE_PATHS = ALL_PATHS - frozenset(KNOWN_BUGS)
 SUBGRAPHS = ("subgraph", "subgraph_nested", "subgraph_send")
 GUARDED = ("guarded_node", "functional")
 """Topologies whose writes are `guarded` functions, not tool calls (`writes`)."""

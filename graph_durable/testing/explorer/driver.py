@@ -465,8 +465,8 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
     (`RUNTIME_BUGS`) is reported when its class is enabled, else stepped around
     (counted in `EpisodeResult.sidesteps`). A `postgres` episode runs on a database of
     its own on `postgres` (a started `graph_durable.testing.postgres.PostgresServer`),
-    dropped once the episode passed (a failing one's is kept, like its folder, until the
-    server stops).
+    dropped once the episode is checked; a failing one's is dumped first into
+    `directory` (`agent.sql`, `pg_dump`), kept with the folder.
     """
     os.makedirs(directory, exist_ok=True)
     started = time.monotonic()
@@ -491,7 +491,9 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
         refused=run.refused)
     run.result.costs.update(_resume_costs(run.files["db_path"], run.threads, episode.sealed))
     run.result.duration = time.monotonic() - started
-    if database is not None and run.result.ok:
+    if database is not None:
+        if not run.result.ok:  # kept beside the episode's providers, as a SQLite file is
+            postgres.dump_database(name, os.path.join(directory, "agent.sql"))
         postgres.drop_database(name)
     return run.result
 

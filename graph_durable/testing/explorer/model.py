@@ -25,6 +25,7 @@ from typing import Any
 
 from graph_durable.testing.explorer.classes import (
     ALL_PATHS,
+    BACKEND_PATHS,
     ERROR_PATHS,
     FOLLOWUP_TOOL,
     KNOWN_BUGS,
@@ -318,9 +319,10 @@ def resolve_paths(paths: str | Iterable[str] | None) -> frozenset[str]:
         target = chosen.difference_update if name.startswith("-") else chosen.update
         name = name.lstrip("-")
         group = {"stable": STABLE_PATHS, "all": ALL_PATHS}.get(name, {name})
-        unknown = set(group) - ALL_PATHS
+        unknown = set(group) - ALL_PATHS - set(BACKEND_PATHS)
         if unknown:
-            raise ValueError(f"Unknown path class {sorted(unknown)}; known: {sorted(ALL_PATHS)}")
+            raise ValueError(f"Unknown path class {sorted(unknown)}; known: "
+                             f"{sorted(ALL_PATHS | set(BACKEND_PATHS))}")
         target(group)
     if not chosen & set(RESUME_PATHS):
         chosen.add("plain")

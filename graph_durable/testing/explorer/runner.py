@@ -215,8 +215,8 @@ class ExplorerReport:
 def _paths_option(paths: frozenset[str]) -> str:
     if paths == STABLE_PATHS:
         return ""
-    if paths == ALL_PATHS:
-        return " --paths all"
+    if paths >= ALL_PATHS:
+        return " --paths " + ",".join(["all", *sorted(paths - ALL_PATHS)])
     if paths > STABLE_PATHS:
         return " --paths stable," + ",".join(sorted(paths - STABLE_PATHS))
     return " --paths " + ",".join(sorted(paths))
