@@ -1669,3 +1669,32 @@ def test_a_follow_up_write_after_two_time_travels_in_a_subgraph_is_applied_once(
 
     result = _replay(tmp_path, Episode.from_json(SEED_1023294))
     assert result.ok, result.problems
+
+
+SEED_1027687 = (
+    '{"after":null,"backend":"postgres","crashes":[],"flavour":"async","fresh_ids":false,'
+    '"history":"","leased":false,"reviewer":{"edit_unchanged":false,"malformed":false,'
+    '"raw":true,"seed":1523018252},"sealed":false,"seed":1027687,"sequential":false,'
+    '"stack":"hitl_after_guard","tools":{"charge":{"approval":false,"mode":"lookup",'
+    '"policy":"lookup","result":"receipt","retries":0,"timeout":null},"crm":{"approval":'
+    'true,"errors":"raise","mode":"blind","policy":"blind","retries":0,"timeout":null},'
+    '"email":{"approval":false,"mode":"dedupe","policy":"blind","retries":0,"timeout":null},'
+    '"ticket":{"approval":false,"errors":"error_message","mode":"blind","policy":"blind",'
+    '"result":"non_json","retries":0,"timeout":null}},"topology":"create_agent","turns":'
+    '[[{"faults":[],"id":"call_1_2","item":"x12","n":0,"tool":"crm"},{"faults":["lost"],'
+    '"id":"call_1_2","item":"x13","n":0,"tool":"charge"}]]}')
+
+
+@pytest.mark.crash
+def test_a_cancelled_tool_task_leaves_the_async_postgres_connection_open(tmp_path) -> None:
+    """Seed 1027687 (the first explorer run on PostgreSQL; `create_agent`, parallel calls,
+    `AsyncDurablePostgresSaver` on one connection): one call's task failed (a middleware
+    order the guard refuses), and LangGraph cancelled the step's other task twice while
+    its guard waited for the ledger. Interrupted twice, psycopg closed the connection
+    under the statement, and every later read of the process failed ("the connection is
+    closed"). The guard's statements are shielded from the cancellation now."""
+    from graph_durable.testing.explorer.model import Episode
+
+    for _ in range(3):  # it failed on every run before
+        result = _replay(tmp_path / str(_), Episode.from_json(SEED_1027687))
+        assert result.ok, result.problems

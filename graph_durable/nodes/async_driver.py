@@ -26,11 +26,18 @@ __all__ = ["AsyncDriver", "aperform", "aperform_reads"]
 
 
 async def aperform(saver: Any, config: Any, op: ops.Op) -> Any:
-    """Perform one of the saver's operations (or a `Sleep`) with its async methods."""
+    """Perform one of the saver's operations (or a `Sleep`) with its async methods.
+
+    The operation is shielded: a run cancelled while it waits for the database (LangGraph
+    cancels a step's other tasks when one fails or is interrupted, and cancels them
+    twice) gets its `CancelledError` at once, and the statement still runs to its end.
+    Interrupted twice, psycopg closes the connection under a statement it could not
+    cancel on the server, and a saver on one connection (`from_conn_string`) would be
+    closed for every thread of the process."""
     call = ops.saver_call(op, config)
     if call is not None:
         method, args = call
-        return await getattr(saver, "a" + method)(*args)
+        return await asyncio.shield(getattr(saver, "a" + method)(*args))
     if isinstance(op, ops.Sleep):
         await asyncio.sleep(op.seconds)
         return None

@@ -122,8 +122,8 @@ class AsyncRunLog(AsyncCallbackHandler):
                 asyncio.run_coroutine_threadsafe(
                     self.saver.arecord_task_run(*self._pending.pop(0)), loop)
             return
-        while self._pending:
-            await self.saver.arecord_task_run(*self._pending.pop(0))
+        while self._pending:  # shielded: see `nodes.async_driver.aperform`
+            await asyncio.shield(self.saver.arecord_task_run(*self._pending.pop(0)))
 
     async def on_chain_start(self, *args: Any, **kwargs: Any) -> None:
         """See `RunLog.on_chain_start`."""
