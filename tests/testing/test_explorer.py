@@ -143,7 +143,8 @@ def test_the_explorer_detects_a_planted_bug(tmp_path: Path) -> None:
 def test_postgres_episodes_are_drawn_only_when_asked_for_and_change_nothing_else() -> None:
     with_postgres = resolve_paths("stable,postgres")
     drawn = [generate(seed, with_postgres) for seed in range(200)]
-    assert 60 <= sum(e.backend == "postgres" for e in drawn) <= 140
+    assert 60 <= sum(e.backend != "sqlite" for e in drawn) <= 140
+    assert {e.backend for e in drawn} == {"sqlite", "postgres", "postgres_pool"}
     for seed, episode in enumerate(drawn):
         plain = generate(seed)
         assert plain.backend == "sqlite"
@@ -156,9 +157,10 @@ def test_postgres_episodes_are_drawn_only_when_asked_for_and_change_nothing_else
 @pytest.mark.long
 def test_a_postgres_episode_runs_on_a_database_of_its_own(tmp_path: Path,
                                                           postgres_server) -> None:
-    """The planted bug is found on `DurablePostgresSaver` and on the async saver, and the
-    failing episode's database is dumped beside its providers; an honest episode passes
-    there; every database is dropped; no SQLite file is made."""
+    """The planted bug is found on `DurablePostgresSaver` and on the async saver, each on
+    one connection and on a pool, and the failing episode's database is dumped beside
+    its providers; an honest episode passes there; every database is dropped; no SQLite
+    file is made."""
     import psycopg
 
     from graph_durable.testing.explorer.driver import run_episode
@@ -169,10 +171,11 @@ def test_a_postgres_episode_runs_on_a_database_of_its_own(tmp_path: Path,
 
     before = databases()
     with ForkServer(["graph_durable.testing.explorer.child"]) as server:
-        for flavour in ("sync", "async"):
+        for flavour, backend in (("sync", "postgres"), ("async", "postgres"),
+                                 ("sync", "postgres_pool"), ("async", "postgres_pool")):
             episode = planted_bug_episode()
-            episode.backend, episode.flavour = "postgres", flavour
-            where = tmp_path / f"bug-{flavour}"
+            episode.backend, episode.flavour = backend, flavour
+            where = tmp_path / f"bug-{flavour}-{backend}"
             result = run_episode(episode, str(where), server, postgres=postgres_server)
             assert "EXACTLY-ONCE" in result.kinds, result.problems
             assert result.crashes == 1
@@ -180,9 +183,9 @@ def test_a_postgres_episode_runs_on_a_database_of_its_own(tmp_path: Path,
             dump = (where / "agent.sql").read_text()  # the failing episode's database
             assert "CREATE TABLE public.effects" in dump and "gd-" in dump
             honest = planted_bug_episode()
-            honest.backend, honest.flavour = "postgres", flavour
+            honest.backend, honest.flavour = backend, flavour
             honest.tools["charge"]["mode"] = "dedupe"
-            result = run_episode(honest, str(tmp_path / f"honest-{flavour}"), server,
+            result = run_episode(honest, str(tmp_path / f"honest-{flavour}-{backend}"), server,
                                  postgres=postgres_server)
             assert result.problems == []
     assert databases() == before  # each dropped once checked

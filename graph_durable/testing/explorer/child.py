@@ -99,7 +99,8 @@ def _fork_update(snap: Any, spec: dict[str, Any]) -> tuple[dict[str, Any], str |
 def _builder_args(spec: dict[str, Any]) -> tuple[Any, ...]:
     return (spec["db_path"], spec["provider_dir"], spec["tools"], spec["turns"],
             spec.get("sealed", False), spec.get("topology", "flat"), spec.get("stack", ""),
-            spec.get("history", ""), spec.get("fresh_ids", False), spec.get("sequential", True))
+            spec.get("history", ""), spec.get("fresh_ids", False), spec.get("sequential", True),
+            spec.get("pool", False))
 
 
 def _classify(exc: BaseException) -> dict[str, Any]:

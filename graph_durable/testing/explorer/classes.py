@@ -86,8 +86,9 @@ RUNTIME_PATHS = ("recover_after_decision", "recover_misjudged", "retry_swallows_
 """Situations that arise, rather than being generated: known bugs the driver reports
 when enabled, or steps around."""
 BACKEND_PATHS = ("postgres",)
-"""Savers other than SQLite: `postgres` runs a share of the episodes (drawn from the
-seed) on `DurablePostgresSaver` (`AsyncDurablePostgresSaver` for `async` ones), each on a
+"""Savers other than SQLite: `postgres` runs half of the episodes (drawn from the seed)
+on `DurablePostgresSaver` (`AsyncDurablePostgresSaver` for `async` ones), on one
+connection or (two in five of them) on psycopg's connection pool, each on a
 database of its own on a throwaway server the explorer starts from the machine's
 binaries (`graph_durable.testing.postgres`). Generated only when named
 (`--paths stable,postgres`, `all,postgres`), in neither `stable` nor `all`: it needs the

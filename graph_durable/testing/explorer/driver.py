@@ -164,7 +164,7 @@ class _Run:
                 "pick": how.pick, "flavour": flavour, "sequential": self.episode.sequential,
                 "topology": self.episode.topology, "stack": self.stack,
                 "history": self.episode.history, "fresh_ids": self.episode.fresh_ids,
-                **extra}
+                "pool": self.episode.backend == "postgres_pool", **extra}
         if self.episode.leased or via == "recover":
             spec["lease"] = {"owner": f"worker-{self.result.processes}", "ttl": LEASE_TTL}
         outcome = self.server.run(STEP, spec, fault=armed.plan() if armed else None,
@@ -471,7 +471,7 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
     os.makedirs(directory, exist_ok=True)
     started = time.monotonic()
     database = None
-    if episode.backend == "postgres":
+    if episode.backend in ("postgres", "postgres_pool"):
         if postgres is None:
             raise ValueError(f"episode {episode.seed} runs on PostgreSQL and no server was "
                              "given: run the explorer with --paths stable,postgres, which "

@@ -142,8 +142,9 @@ class Episode:
     """Above a subgraph: the model gives its calls new tool_call_ids each time it is
     asked, as a real model does (the script's ids otherwise)."""
     backend: str = "sqlite"
-    """The saver's database: `sqlite` (a file of the episode's folder) or `postgres` (a
-    database of its own on the run's throwaway server, `classes.BACKEND_PATHS`)."""
+    """The saver's database: `sqlite` (a file of the episode's folder), `postgres` (a
+    database of its own on the run's throwaway server, `classes.BACKEND_PATHS`, on one
+    connection) or `postgres_pool` (the same, on psycopg's connection pool)."""
 
     def scenario_turns(self) -> list[list[dict[str, Any]]]:
         """The turns as the scenario factory takes them."""
@@ -184,7 +185,7 @@ class Episode:
         if self.fresh_ids:
             found.add("fresh_call_ids")
         if self.backend != "sqlite":
-            found.add(self.backend)
+            found.add("postgres")
         if self.history:
             found.add({"trimmed": "trimmed_history", "idless": "idless_messages"}[self.history])
         if self.stack and self.stack != "guard":
@@ -247,6 +248,7 @@ class Episode:
                      + (", fresh tool_call_ids" if self.fresh_ids else "")
                      + (", leased runs" if self.leased else "")
                      + (", on PostgreSQL" if self.backend == "postgres" else "")
+                     + (", on a PostgreSQL pool" if self.backend == "postgres_pool" else "")
                      + (f", reviewer: {', '.join(reviewer)}" if reviewer else ""))
         return "\n".join(lines)
 
@@ -277,6 +279,8 @@ class Episode:
             out.append(replace(self, history=""))
         if self.fresh_ids:
             out.append(replace(self, fresh_ids=False))
+        if self.backend == "postgres_pool":
+            out.append(replace(self, backend="postgres"))
         if self.stack not in ("", "guard"):
             out.append(replace(self, stack="guard"))
         for name, spec in self.tools.items():
@@ -436,6 +440,7 @@ def generate(seed: int, paths: Iterable[str] = STABLE_PATHS, *,
                         "raw": rng.random() < 0.3,
                         "edit_unchanged": rng.random() < 0.3 and "edit_unchanged" in paths}
     draw_shapes(random.Random(f"shapes-{seed}"), episode, paths)
-    if "postgres" in paths and random.Random(f"backend-{seed}").random() < 0.5:
-        episode.backend = "postgres"  # a generator of its own: nothing else changes
+    roll = random.Random(f"backend-{seed}").random()  # its own: nothing else changes
+    if "postgres" in paths and roll < 0.5:
+        episode.backend = "postgres" if roll < 0.3 else "postgres_pool"
     return episode

@@ -387,7 +387,7 @@ def replay(episode: Episode, *, paths: str | Iterable[str] | None = None,
     from graph_durable.testing.explorer.driver import run_episode
 
     where = directory or tempfile.mkdtemp(prefix="explorer-replay-")
-    with _postgres(episode.backend == "postgres") as postgres, \
+    with _postgres(episode.backend != "sqlite") as postgres, \
             _servers(1, method) as [server]:
         return run_episode(episode, where, server, paths=resolve_paths(paths),
                            postgres=postgres)

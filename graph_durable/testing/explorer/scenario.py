@@ -6,7 +6,8 @@ process rebuilds the same graph on the same database and providers (the scenario
 protocol of `graph_durable.testing.crash`). `build_explorer_agent_async` is its twin on
 `AsyncDurableSqliteSaver`, for `ainvoke`. A `db_path` that is a libpq connection
 string (a `postgres` episode's, `is_postgres`) builds them on `DurablePostgresSaver` and
-`AsyncDurablePostgresSaver` instead.
+`AsyncDurablePostgresSaver` instead (on one connection, or with `pool` on psycopg's
+connection pool of `POOL_SIZE`).
 
 - `tools`: `{name: spec}`. A spec is `{"mode": ..., "policy": ..., "approval": bool,
   "retries": int, "timeout": float | None}`. `mode` is the `FakeProvider` contract
@@ -217,20 +218,33 @@ def explorer_saver(db_path: str, sealed: bool) -> Iterator[Any]:
         yield DurableSqliteSaver(conn, serde=explorer_serde(sealed))
 
 
+_PG_OPTIONS = {"autocommit": True, "prepare_threshold": 0}
+POOL_SIZE = 4
+"""Connections of a `postgres_pool` episode's pool (the step's parallel calls, the
+run's own writes and the guard's reads each take one)."""
+
+
 def build_explorer_agent(db_path: str, provider_dir: str, tools: dict[str, dict[str, Any]],
                          turns: list[list[dict[str, Any]]], sealed: bool = False,
                          topology: str = "flat", stack: str = "", history: str = "",
-                         fresh_ids: bool = False, sequential: bool = True) -> EffectsAgent:
+                         fresh_ids: bool = False, sequential: bool = True,
+                         pool: bool = False) -> EffectsAgent:
     """Build the episode's agent on a `DurableSqliteSaver` (a `DurablePostgresSaver` when
-    `db_path` is a connection string; see the module docstring)."""
+    `db_path` is a connection string: on one connection, or on a `ConnectionPool` with
+    `pool`; see the module docstring). `saver.conn` is closed when the child is done."""
     if is_postgres(db_path):
         from psycopg import Connection
         from psycopg.rows import dict_row
 
         from graph_durable.checkpointers.postgres import DurablePostgresSaver
 
-        conn = Connection.connect(db_path, autocommit=True, prepare_threshold=0,
-                                  row_factory=dict_row)
+        if pool:
+            from psycopg_pool import ConnectionPool
+
+            conn: Any = ConnectionPool(db_path, min_size=1, max_size=POOL_SIZE, open=True,
+                                       kwargs={**_PG_OPTIONS, "row_factory": dict_row})
+        else:
+            conn = Connection.connect(db_path, row_factory=dict_row, **_PG_OPTIONS)
         saver: Any = DurablePostgresSaver(conn, serde=explorer_serde(sealed))
     else:
         saver = DurableSqliteSaver(sqlite3.connect(db_path, check_same_thread=False),
@@ -245,17 +259,27 @@ async def build_explorer_agent_async(db_path: str, provider_dir: str,
                                      sealed: bool = False, topology: str = "flat",
                                      stack: str = "", history: str = "",
                                      fresh_ids: bool = False,
-                                     sequential: bool = True) -> EffectsAgent:
+                                     sequential: bool = True,
+                                     pool: bool = False) -> EffectsAgent:
     """`build_explorer_agent` on an `AsyncDurableSqliteSaver` (an
-    `AsyncDurablePostgresSaver` on a connection string; same arguments)."""
+    `AsyncDurablePostgresSaver` on a connection string, or on an `AsyncConnectionPool`
+    with `pool`; same arguments)."""
     if is_postgres(db_path):
         from psycopg import AsyncConnection
         from psycopg.rows import dict_row
 
         from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
 
-        conn = await AsyncConnection.connect(db_path, autocommit=True, prepare_threshold=0,
-                                             row_factory=dict_row)
+        if pool:
+            from psycopg_pool import AsyncConnectionPool
+
+            conn: Any = AsyncConnectionPool(db_path, min_size=1, max_size=POOL_SIZE,
+                                            open=False,
+                                            kwargs={**_PG_OPTIONS, "row_factory": dict_row})
+            await conn.open()
+        else:
+            conn = await AsyncConnection.connect(db_path, row_factory=dict_row,
+                                                 **_PG_OPTIONS)
         saver: Any = AsyncDurablePostgresSaver(conn, serde=explorer_serde(sealed))
     else:
         saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path),
