@@ -281,8 +281,8 @@ def earlier_effect(ctx: CallContext, root: str, sources: tuple[str, ...], state:
             # the calls an earlier one asked alike (their messages no longer derive
             # them), and keyed only what it asked besides; together, in the order asked.
             merged, _ = matches.setdefault(incarnation, ([], sorted(inherited)))
-            merged.extend(record for record in records
-                          if record.key not in {known.key for known in merged})
+            known = {record.key for record in merged}  # from the earlier runs only
+            merged.extend(record for record in records if record.key not in known)
     if not matches:
         return None
     # Earlier runs that all asked for the same effects (a restart that took the keys of

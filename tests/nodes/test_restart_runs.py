@@ -16,6 +16,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from graph_durable.errors import GraphDurableError
 from graph_durable.ledger import EffectRecord, EffectStatus, encode_args, key_of_encoded
 from graph_durable.nodes.call_context import CallContext
+from graph_durable.nodes.operations import performed
 from graph_durable.nodes.restarts import earlier_effect
 from graph_durable.policy import Effect
 
@@ -62,22 +63,18 @@ def _repeated(call_id: str, first_run: list[Any], second_run: list[Any],
     call = next(c for m in mine[1:] for c in m.tool_calls if c["id"] == call_id)
     ctx = CallContext(THREAD, "payments:new|tools:x", call, Effect())
     steps = earlier_effect(ctx, "root-3", ("root-1",), {"messages": mine}, "messages")
-    answer = None
-    while True:
-        try:
-            op = steps.send(answer)
-        except StopIteration as done:
-            return done.value
+
+    def read(op: Any) -> Any:
         if op.name == "subgraph_inputs":
-            answer = inputs
-        elif op.name == "checkpoint_before":
-            answer = ends[("checkpoint_before", tuple(op.args))]
-        elif op.name == "get_tuple":
-            answer = ends[("get_tuple", op.args[0]["configurable"]["checkpoint_ns"])]
-        elif op.name == "effect":
-            answer = ledger.get(op.args[0])
-        else:
-            raise AssertionError(op)
+            return inputs
+        if op.name == "checkpoint_before":
+            return ends[("checkpoint_before", tuple(op.args))]
+        if op.name == "get_tuple":
+            return ends[("get_tuple", op.args[0]["configurable"]["checkpoint_ns"])]
+        assert op.name == "effect", op
+        return ledger.get(op.args[0])
+
+    return performed(steps, read)
 
 
 def test_a_fork_repeats_the_first_run_whose_key_the_second_run_took() -> None:
@@ -112,10 +109,8 @@ def test_runs_of_two_incarnations_that_asked_apart_are_still_refused() -> None:
     ctx = CallContext(THREAD, "payments:new|tools:x", call, Effect())
     steps = earlier_effect(ctx, "root-3", ("root-1",),
                            {"messages": given + [_ask("new-1", "audit_1")]}, "messages")
-    answer = None
     with pytest.raises(GraphDurableError, match="cannot be told which one"):
-        while True:
-            op = steps.send(answer)
-            answer = (inputs if op.name == "subgraph_inputs" else
-                      latest[op.args[0]["configurable"]["checkpoint_ns"]]
-                      if op.name == "get_tuple" else ledger.get(op.args[0]))
+        performed(steps, lambda op: (
+            inputs if op.name == "subgraph_inputs" else
+            latest[op.args[0]["configurable"]["checkpoint_ns"]] if op.name == "get_tuple"
+            else ledger.get(op.args[0])))

@@ -470,14 +470,28 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
     """
     os.makedirs(directory, exist_ok=True)
     started = time.monotonic()
-    database = None
-    if episode.backend in ("postgres", "postgres_pool"):
-        if postgres is None:
-            raise ValueError(f"episode {episode.seed} runs on PostgreSQL and no server was "
-                             "given: run the explorer with --paths stable,postgres, which "
-                             "starts one from the machine's binaries")
-        name = f"episode_{episode.seed}_{uuid.uuid4().hex[:8]}"
-        database = postgres.create_database(name)
+    if episode.backend == "sqlite":
+        return _checked_run(episode, directory, server, timeout, paths, started)
+    if postgres is None:
+        raise ValueError(f"episode {episode.seed} runs on PostgreSQL and no server was "
+                         "given: run the explorer with --paths stable,postgres, which "
+                         "starts one from the machine's binaries")
+    name = f"episode_{episode.seed}_{uuid.uuid4().hex[:8]}"
+    database = postgres.create_database(name)
+    passed = False
+    try:
+        result = _checked_run(episode, directory, server, timeout, paths, started, database)
+        passed = result.ok
+        return result
+    finally:
+        if not passed:  # kept beside the episode's providers, as a SQLite file is
+            postgres.dump_database(name, os.path.join(directory, "agent.sql"))
+        postgres.drop_database(name)
+
+
+def _checked_run(episode: Episode, directory: str, server: ForkServer, timeout: float,
+                 paths: frozenset[str], started: float, database: str | None = None
+                 ) -> EpisodeResult:
     run = _Run(episode, directory, server, timeout, frozenset(paths), database)
     try:
         run.run()
@@ -491,10 +505,6 @@ def run_episode(episode: Episode, directory: str, server: ForkServer, *,
         refused=run.refused)
     run.result.costs.update(_resume_costs(run.files["db_path"], run.threads, episode.sealed))
     run.result.duration = time.monotonic() - started
-    if database is not None:
-        if not run.result.ok:  # kept beside the episode's providers, as a SQLite file is
-            postgres.dump_database(name, os.path.join(directory, "agent.sql"))
-        postgres.drop_database(name)
     return run.result
 
 

@@ -126,7 +126,7 @@ def _read_tool(name: str) -> StructuredTool:
 def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
               turns: list[list[dict[str, Any]]], topology: str = "flat",
               stack: str = "", history: str = "", fresh_ids: bool = False,
-              sequential: bool = True) -> EffectsAgent:
+              sequential: bool = True, is_async: bool = False) -> EffectsAgent:
     providers = open_providers(provider_dir, tools)
     node_tools = [write_tool(providers[name], tools[name]) if name in providers
                   else _read_tool(name) for name in tools]
@@ -134,7 +134,7 @@ def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
     inputs = {"messages": [HumanMessage("Go.")]}
     if topology in GUARDED_TOPOLOGIES:
         graph = build_guarded_agent(saver, providers, effects, script_for(turns), topology,
-                                    _is_async(saver), sequential)
+                                    is_async, sequential)
         return EffectsAgent(graph=graph, saver=saver, providers=providers, inputs=inputs)
     if topology == "create_agent":
         approvals = [name for name, spec in tools.items() if spec.get("approval")]
@@ -178,12 +178,6 @@ def _assemble(saver: Any, provider_dir: str, tools: dict[str, dict[str, Any]],
         builder = wrap_in_parent(builder, topology)
     return EffectsAgent(graph=builder.compile(checkpointer=saver), saver=saver,
                         providers=providers, inputs=inputs)
-
-
-def _is_async(saver: Any) -> bool:
-    if isinstance(saver, AsyncDurableSqliteSaver):
-        return True
-    return type(saver).__name__ == "AsyncDurablePostgresSaver"  # psycopg left unimported
 
 
 def explorer_serde(sealed: bool) -> Any:
@@ -285,4 +279,4 @@ async def build_explorer_agent_async(db_path: str, provider_dir: str,
         saver = AsyncDurableSqliteSaver(aiosqlite.connect(db_path),
                                         serde=explorer_serde(sealed))
     return _assemble(saver, provider_dir, tools, turns, topology, stack, history, fresh_ids,
-                     sequential)
+                     sequential, is_async=True)
