@@ -324,7 +324,7 @@ def key_of_encoded(
     material = canonical_json([thread_id, anchor, tool_call_id, tool, encoded_args]).encode()
     if secret is None:
         return "gd-" + hashlib.sha256(material).hexdigest()[:40]
-    return "gd-" + hmac.new(secret, material, hashlib.sha256).hexdigest()[:40]
+    return "gd-" + hmac.digest(secret, material, "sha256").hex()[:40]
 
 
 class Keying(NamedTuple):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any, NamedTuple
 
 from graph_durable._langgraph import CALLED_TASK_PATH
@@ -272,7 +273,7 @@ def insert_events(entries: Sequence[tuple[Any, ...]]) -> list[Statement]:
         values = ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
         statements.append((
             "INSERT INTO effect_events (key, thread_id, kind, data, at, owner, fencing_token) "
-            f"VALUES {values}", tuple(value for entry in chunk for value in entry)))
+            f"VALUES {values}", tuple(chain.from_iterable(chunk))))
     return statements
 
 

@@ -69,7 +69,7 @@ class AsyncDriver(GuardBase):
                                           timeout=call.ctx.policy.timeout)
         try:
             result = await aperform(task.saver, task.config, op)
-            if call is not None:
+            if call is not None and call.observed.recording:
                 ops.observe_op(call.observed, op)
             return result
         except DatabaseUnavailable as exc:

@@ -228,9 +228,10 @@ class GuardBase:
         if keying.legacy:
             return {}  # legacy keys are looked up call by call
         started: list[Started] = []
+        # The calls of a step run from one root checkpoint (asked about once).
+        yield from self._checkpoint_stored(first, calls[0], keys.fork_root(first))
         for call in calls:
-            task = Task(config, call)
-            yield from self._checkpoint_stored(task, call, keys.fork_root(task))
+            task = first if call is calls[0] else first.for_call(call)
             ctx = yield from keys.step_context(task, call, state,
                                                self.policy_for(call["name"]), keying)
             started.append(Started(task, ctx, run_call(ctx)))
@@ -308,6 +309,8 @@ class GuardBase:
 
     def _still_running(self, task: Task, op: CallTool) -> Outcome | None:
         """Refuse to send while an attempt abandoned after its timeout still runs here."""
+        if not self._abandoned:
+            return None  # nothing abandoned in this process (the common case): no lock
         slot = (task.thread_id, op.record.key)
         with self._lock:
             worker = self._abandoned.get(slot)
@@ -354,7 +357,7 @@ class GuardBase:
         if self.refuse_reentry:
             gate = ToolGate(task.thread_id, call.ctx.tool_call_id, call.ctx.tool)
             call_request = gate.request(call_request)
-        return call._replace(request=call_request), gate
+        return Calling(call.ctx, call_request, call.execute, call.observed), gate
 
     def _outcome(self, task: Task, ctx: CallContext, attempt: Attempt, gate: ToolGate | None,
                  reported: list[Exception]) -> Outcome:

@@ -70,7 +70,7 @@ class SyncDriver(GuardBase):
                                    use_async="run the graph with ainvoke/astream")
         try:
             result = perform(task.saver, task.config, op)
-            if call is not None:
+            if call is not None and call.observed.recording:
                 ops.observe_op(call.observed, op)
             return result
         except DatabaseUnavailable as exc:

@@ -65,6 +65,13 @@ class Task:
                    'no durability given, and LangGraph defaults to "async"')
             raise self.not_durable(call, why)
 
+    def for_call(self, call: Mapping[str, Any]) -> Task:
+        """The task of another call of the same step: the same config, already checked."""
+        other = object.__new__(Task)
+        other.__dict__.update(self.__dict__)
+        other.call = call
+        return other
+
     def not_durable(self, call: Mapping[str, Any], why: str) -> DurabilityError:
         return DurabilityError(
             f"Tool call {call.get('id')!r} ({call.get('name')}) in thread {self.thread_id!r} "

@@ -92,8 +92,7 @@ def _write_stream(payload: dict[str, Any]) -> None:
         pass  # outside a graph run (or a context that lost it): nobody streams
 
 
-def _count(rep: CallReport) -> None:
-    otel = _otel.instruments()
+def _count(rep: CallReport, otel: _otel.Instruments | None) -> None:
     if otel is not None and otel.metering():
         call = rep.call
         otel.calls.add(1, {ATTRIBUTES["tool"]: call.tool, ATTRIBUTES["outcome"]: rep.outcome.value,
@@ -111,7 +110,12 @@ def _log(rep: CallReport) -> None:
                           "policy": call.policy, "attempts": rep.attempts})
 
 
-def report(rep: CallReport, config: Mapping[str, Any] | None = None) -> None:
+_ASK: Any = object()
+"""`report`'s `otel` when the caller has not looked: `_otel.instruments()` is asked."""
+
+
+def report(rep: CallReport, config: Mapping[str, Any] | None = None,
+           otel: Any = _ASK) -> None:
     """Tell every channel how a guarded call ended (sync code).
 
     Sends the LangChain custom event `graph_durable.outcome` to the run's callback
@@ -123,6 +127,8 @@ def report(rep: CallReport, config: Mapping[str, Any] | None = None) -> None:
         rep: The report.
         config: The `RunnableConfig` of the run the call belongs to (the task's); without
             one, no callback event is sent.
+        otel: The OpenTelemetry instruments to count it with, when the caller has them
+            already (`None`: none record); by default they are asked for.
     """
     payload = rep.payload()
     manager = _manager(config)
@@ -132,11 +138,12 @@ def report(rep: CallReport, config: Mapping[str, Any] | None = None) -> None:
         except Exception:  # noqa: BLE001 - a handler's failure is not the call's
             logger.debug("custom event %s not dispatched", EVENT, exc_info=True)
     _write_stream(payload)
-    _count(rep)
+    _count(rep, _otel.instruments() if otel is _ASK else otel)
     _log(rep)
 
 
-async def areport(rep: CallReport, config: Mapping[str, Any] | None = None) -> None:
+async def areport(rep: CallReport, config: Mapping[str, Any] | None = None,
+                  otel: Any = _ASK) -> None:
     """`report` for async code: the callback event goes through async handlers."""
     payload = rep.payload()
     manager = _manager(config)
@@ -146,7 +153,7 @@ async def areport(rep: CallReport, config: Mapping[str, Any] | None = None) -> N
         except Exception:  # noqa: BLE001 - a handler's failure is not the call's
             logger.debug("custom event %s not dispatched", EVENT, exc_info=True)
     _write_stream(payload)
-    _count(rep)
+    _count(rep, _otel.instruments() if otel is _ASK else otel)
     _log(rep)
 
 

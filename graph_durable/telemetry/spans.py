@@ -90,14 +90,17 @@ class ObservedCall:
     """One guarded call being observed (made by `observe`): a sync and an async context
     manager that reports the call's outcome when the block ends."""
 
-    __slots__ = ("call", "config", "_otel", "_span", "_token", "_start", "_outcome",
-                 "_attempts", "_error_type")
+    __slots__ = ("call", "config", "recording", "_otel", "_span", "_token", "_start",
+                 "_outcome", "_attempts", "_error_type")
 
     def __init__(self, call: CallInfo, config: Mapping[str, Any] | None = None) -> None:
         self.call = call
         """The call observed."""
         self.config = config
         """The run's config the report's callback event goes to."""
+        self.recording = False
+        """Whether the call is a recorded span, which keeps its `event`s (set on entering
+        the block): without one, an event need not be made."""
         self._otel: _otel.Instruments | None = None
         self._span: Any = None
         self._token: Any = None
@@ -114,9 +117,9 @@ class ObservedCall:
             attempts: How many times the tool has been called for this key.
             error: The error that decided it (only its class name is kept).
         """
-        self._outcome = CallOutcome(outcome)
+        self._outcome = outcome if type(outcome) is CallOutcome else CallOutcome(outcome)
         self._attempts = attempts
-        self._error_type = _type_name(error)
+        self._error_type = None if error is None else _type_name(error)
 
     def event(self, name: CallEvent, **attributes: str | int | float | bool) -> None:
         """Add a span event (`CallEvent`) to the call's span; nothing without
@@ -137,8 +140,13 @@ class ObservedCall:
         return ProviderSpan(self, "undo")
 
     def __enter__(self) -> ObservedCall:
-        otel = self._otel = _otel.instruments()
-        if otel is not None and otel.tracing():
+        otel = _otel.instruments()
+        tracing = otel is not None and otel.tracing()
+        if not tracing and otel is not None and not otel.metering():
+            otel = None  # neither spans nor measurements are recorded: none are made
+        self._otel = otel
+        if tracing:
+            assert otel is not None
             call = self.call
             self._span = otel.tracer.start_span(
                 f"guarded_call {call.tool}",
@@ -148,6 +156,7 @@ class ObservedCall:
                     (ATTRIBUTES["key"], call.key), (ATTRIBUTES["policy"], call.policy),
                     (ATTRIBUTES["kind"], call.kind)) if value is not None})
             self._token = otel.context.attach(otel.trace.set_span_in_context(self._span))
+            self.recording = True
         self._start = time.perf_counter()
         return self
 
@@ -176,7 +185,7 @@ class ObservedCall:
                  tb: TracebackType | None) -> None:
         rep = self._finish(exc_type)
         try:
-            report(rep, self.config)
+            report(rep, self.config, self._otel)
         finally:
             self._end_span(rep)
 
@@ -187,7 +196,7 @@ class ObservedCall:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         rep = self._finish(exc_type)
         try:
-            await areport(rep, self.config)
+            await areport(rep, self.config, self._otel)
         finally:
             self._end_span(rep)
 
