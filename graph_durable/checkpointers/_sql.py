@@ -331,12 +331,12 @@ def plan_intent(
     return [
         (
             INSERT_INTENT,
-            (thread_id, key, checkpoint_ns, tool_call_id, tool, args_text, status.value,
+            (thread_id, key, checkpoint_ns, tool_call_id, tool, args_text, status._value_,
              attempts, now, now),
         ),
         (
             INSERT_EVENT,
-            (key, thread_id, "intent", codec.dump_event({"status": status.value, "tool": tool,
+            (key, thread_id, "intent", codec.dump_event({"status": status._value_, "tool": tool,
                                                          "tool_call_id": tool_call_id,
                                                          **(data or {})}),
              now, *actor),
@@ -407,6 +407,9 @@ _SOURCES: dict[EffectStatus, tuple[str, ...]] = {
     for to in EffectStatus
 }
 """The statuses an effect may leave for each status."""
+_SOURCE_MARKS: dict[EffectStatus, str] = {
+    to: ", ".join("?" for _ in sources) for to, sources in _SOURCES.items()}
+"""`_SOURCES`' placeholders in a statement, by status."""
 
 
 def plan_update(
@@ -428,11 +431,11 @@ def plan_update(
     `bump_attempts` counts one more call of the tool (a new attempt with the same key).
     """
     sources = _SOURCES[to]
-    assignments = {"status": to.value, "updated_at": now, **columns}
+    assignments = {"status": to._value_, "updated_at": now, **columns}
     sets = [f"{name} = ?" for name in assignments]
     if bump_attempts:
         sets.append("attempts = attempts + 1")
-    marks = ", ".join("?" for _ in sources)
+    marks = _SOURCE_MARKS[to]
     tail = f" RETURNING {returning}" if returning else ""
     return (
         f"UPDATE effects SET {', '.join(sets)} WHERE thread_id = ? AND key = ? "
@@ -462,5 +465,5 @@ def transition_event(
     return (
         INSERT_EVENT,
         (record.key, record.thread_id, kind,
-         codec.dump_event({"status": record.status.value, **data}), now, *actor),
+         codec.dump_event({"status": record.status._value_, **data}), now, *actor),
     )

@@ -66,6 +66,10 @@ class CallContext:
     database under one of its writes says (`nodes.storage`)."""
     key: str = field(init=False)
     args_json: str = field(init=False)
+    tool_call_id: str = field(init=False)
+    """The call's id (`tool_call["id"]`)."""
+    tool: str = field(init=False)
+    """The tool's name (`tool_call["name"]`)."""
 
     def __post_init__(self) -> None:
         call = self.tool_call
@@ -77,6 +81,7 @@ class CallContext:
                 "do; check the code that builds the AIMessage).",
                 thread_id=self.thread_id, tool_call_id=None,
             )
+        self.tool_call_id, self.tool = call["id"], call["name"]
         self.key_thread_id = self.key_thread_id or self.thread_id
         self.anchor = self.anchor or self.checkpoint_ns
         requested = call["args"] if self.requested_args is None else self.requested_args
@@ -90,14 +95,6 @@ class CallContext:
         """The key this call had before keys were anchored to the requesting message."""
         return key_of_encoded(self.key_thread_id or self.thread_id, self.checkpoint_ns,
                               self.key_call_id or self.tool_call_id, self.tool, self.args_json)
-
-    @property
-    def tool_call_id(self) -> str:
-        return self.tool_call["id"]
-
-    @property
-    def tool(self) -> str:
-        return self.tool_call["name"]
 
     def message(self, content: Any, *, status: str = "success") -> ToolMessage:
         """A ToolMessage answering this call."""
