@@ -261,9 +261,10 @@ class GuardBase:
         """The call's protocol from `started.value` on, its questions handed to `on_ask`:
         the operations left are I/O for the driver."""
         task, ctx, protocol, value = started.task, started.ctx, started.protocol, started.value
+        redacted = ctx.policy.redact is not None
         while True:
             try:
-                op = protocol.send(ctx.unredacted(value))
+                op = protocol.send(ctx.unredacted(value) if redacted else value)
             except StopIteration as done:
                 return done.value
             if isinstance(op, Ask):
