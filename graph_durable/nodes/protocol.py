@@ -276,7 +276,7 @@ def _applied(ctx: CallContext, record: EffectRecord, result: Any) -> Protocol:
     # own commit; one only a human could recover is committed now, and so is a result a
     # lookup could not rebuild, so that a crash replays it. A result that is the
     # receipt's own message is not stored beside it: replay rebuilds it from the receipt.
-    rebuilt = rebuilt_by_lookup(result, ctx.message(receipt))
+    rebuilt = rebuilt_by_lookup(result, receipt, ctx.tool, ctx.tool_call_id)
     yield Write(ctx.transition(record, S.APPLIED, "receipt", error=None, receipt=receipt,
                                result=(FROM_RECEIPT if rebuilt and ctx.policy.redact is None
                                        else result),

@@ -16,6 +16,8 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
+from graph_durable.ledger import receipt_message
+
 __all__ = ["answering", "note_edit", "rebound", "rebuilt_by_lookup", "receipt_of",
            "tool_messages"]
 
@@ -57,11 +59,33 @@ def tool_messages(result: Any) -> list[ToolMessage]:
             if isinstance(message, ToolMessage)]
 
 
-def rebuilt_by_lookup(result: Any, rebuilt: ToolMessage) -> bool:
-    """Whether `rebuilt`, the ToolMessage a lookup's receipt gives the model, is `result`
-    in every field. Anything else (a Command, an artifact, a reviewer's note, fields of
-    the tool's own) only the stored result replays."""
-    return isinstance(result, ToolMessage) and result == rebuilt
+def rebuilt_by_lookup(result: Any, receipt: Any, tool: str, tool_call_id: str) -> bool:
+    """Whether the ToolMessage a lookup's `receipt` gives the model (`receipt_message`,
+    answering `tool_call_id` of `tool`) is `result` in every field. Anything else (a
+    Command, an artifact, a reviewer's note, fields of the tool's own) only the stored
+    result replays.
+
+    A text receipt (the common answer) makes a message that holds it as it is and every
+    other field at its default: `result` is compared with those values, field by field,
+    without building the message."""
+    if not isinstance(result, ToolMessage):
+        return False
+    if type(result) is ToolMessage and isinstance(receipt, str) and not result.__pydantic_extra__:
+        return result.__dict__ == {**_defaults(), "content": receipt, "name": tool,
+                                   "tool_call_id": tool_call_id, "status": "success"}
+    return result == receipt_message(receipt, tool, tool_call_id)
+
+
+_DEFAULTS: dict[str, Any] = {}
+
+
+def _defaults() -> dict[str, Any]:
+    """The fields of a ToolMessage made with only content, name, tool_call_id and status
+    (whose values `rebuilt_by_lookup` sets), as LangChain fills them in."""
+    if not _DEFAULTS:
+        _DEFAULTS.update(ToolMessage(content="", name="", tool_call_id="",
+                                     status="success").__dict__)
+    return _DEFAULTS
 
 
 def answering(found: ToolMessage | Command, tool_call_id: str, tool: str

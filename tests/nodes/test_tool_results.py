@@ -328,3 +328,40 @@ def test_a_replayed_answer_is_made_to_answer_the_call_replaying_it() -> None:
     assert [m.tool_call_id for m in several.update["messages"]] == ["other", "new"]
     untouched = Command(update={"messages": [other, old]})
     assert rebound(untouched, "new") is untouched
+
+
+class _OwnToolMessage(ToolMessage):
+    """A tool's own ToolMessage class (its messages compare as their class)."""
+
+
+@pytest.mark.parametrize("result", [
+    ToolMessage(content="booked A", name="book", tool_call_id="c1"),
+    ToolMessage(content="booked A", name="book", tool_call_id="c1", artifact=None),
+    ToolMessage(content="booked A", name="book", tool_call_id="c1", status="error"),
+    ToolMessage(content="booked A", name="book", tool_call_id="c1", id="m1"),
+    ToolMessage(content="booked A", name="book", tool_call_id="c1", artifact={"pdf": 1}),
+    ToolMessage(content="booked A", name="book", tool_call_id="c1",
+                additional_kwargs={"seen": True}),
+    ToolMessage(content="booked A", name="book", tool_call_id="c1",
+                response_metadata={"latency": 3}),
+    ToolMessage(content="booked A", name="book", tool_call_id="c1", shelf="top"),
+    ToolMessage(content="booked A", name="other", tool_call_id="c1"),
+    ToolMessage(content="booked A", name="book", tool_call_id="c2"),
+    ToolMessage(content="booked B", name="book", tool_call_id="c1"),
+    _OwnToolMessage(content="booked A", name="book", tool_call_id="c1"),
+], ids=["plain", "artifact-none", "error", "id", "artifact", "kwargs", "metadata", "extra",
+        "other-tool", "other-call", "other-content", "own-class"])
+def test_a_text_receipt_is_compared_as_the_message_it_makes(result: ToolMessage) -> None:
+    """The text-receipt path of `rebuilt_by_lookup` (fields compared, no message built)
+    says what comparing with the built message says."""
+    from graph_durable.ledger import receipt_message
+    from graph_durable.nodes.results import rebuilt_by_lookup
+
+    built = receipt_message("booked A", "book", "c1")
+    assert rebuilt_by_lookup(result, "booked A", "book", "c1") == (result == built)
+    assert rebuilt_by_lookup(result, "booked A", "book", "c1") == (
+        result.__class__ is ToolMessage and result.content == "booked A"
+        and result.name == "book" and result.tool_call_id == "c1"
+        and result.status == "success" and result.id is None and result.artifact is None
+        and not result.additional_kwargs and not result.response_metadata
+        and not result.__pydantic_extra__)
