@@ -1136,6 +1136,105 @@ def test_an_edited_call_under_an_id_two_calls_of_its_message_share_is_refused() 
                        thread_id="t")
 
 
+SHARED_ID_ACROSS_TOOLS_EDITED_ON_A_FORK = (
+    '{"after":{"pick":4,"via":"update_state"},"backend":"sqlite","crashes":[],'
+    '"flavour":"sync","fresh_ids":false,"history":"","leased":false,"reviewer":'
+    '{"edit_unchanged":false,"malformed":false,"raw":false,"seed":1097998648},'
+    '"sealed":false,"seed":1033101,"sequential":true,"stack":"hitl_before_guard","tools":'
+    '{"charge":{"approval":true,"errors":"raise","mode":"lookup","policy":"blind",'
+    '"result":"receipt","retries":0,"timeout":null},"crm":{"approval":true,"mode":"lookup",'
+    '"policy":"blind","retries":0,"timeout":null},"email":{"approval":false,'
+    '"errors":"validation","mode":"blind","policy":"blind","retries":0,"timeout":null},'
+    '"ticket":{"approval":false,"errors":"tool_exception","mode":"blind","policy":"blind",'
+    '"result":"non_json","retries":1,"timeout":null}},"topology":"create_agent","turns":'
+    '[[{"faults":[],"id":"call_0_2","item":"x02","n":0,"tool":"crm"},{"faults":[],'
+    '"id":"call_0_2","item":"x04","n":0,"tool":"charge"}]]}')
+
+
+@pytest.mark.crash
+def test_an_edit_of_a_call_whose_id_a_call_to_another_tool_shares_is_not_sent_again(
+        tmp_path) -> None:
+    """Seed 1033101 (`duplicate_call_id` under `hitl_before_guard`): one AIMessage asks
+    `crm(x02)` and `charge(x04)` under one tool_call_id; a per-call
+    `HumanInTheLoopMiddleware` before the guard asks about each. Charged as asked, then
+    on an `update_state` fork asked again and answered with an edit: the edited charge was
+    keyed by its new args (the requested call was looked for among every call under the
+    id, and two were found), and x04 was charged a second time. The one charge under the
+    id is the requested call: the edit reaches its effect, which is replayed."""
+    from graph_durable.testing.explorer.model import Episode
+
+    result = _replay(tmp_path, Episode.from_json(SHARED_ID_ACROSS_TOOLS_EDITED_ON_A_FORK))
+    assert result.ok, result.problems
+    charges = FakeProvider(str(tmp_path / "episode" / "providers" / "charge.sqlite"), "lookup",
+                           name="charge")
+    assert [e["operation"] for e in charges.effects()].count("x04") == 1
+
+
+def test_an_edited_call_is_the_one_call_to_its_tool_under_a_shared_id() -> None:
+    """Calls to other tools under the same tool_call_id do not make an edited call
+    ambiguous: its requested args are those of the one call to its tool."""
+    from langchain_core.messages import AIMessage
+
+    from graph_durable.nodes.anchor import requested_args
+
+    asked = AIMessage(content="", id="m1", tool_calls=[
+        {"name": "crm", "args": {"item": "x02"}, "id": "c2"},
+        {"name": "charge", "args": {"item": "x04"}, "id": "c2"}])
+    state = {"messages": [asked]}
+    assert requested_args(state, {"name": "charge", "args": {"item": "x04"}, "id": "c2"}) is None
+    assert requested_args(state, {"name": "charge", "args": {"item": "y"}, "id": "c2"}) == {
+        "item": "x04"}
+    # Args equal to another tool's call under the id are still changed args.
+    assert requested_args(state, {"name": "charge", "args": {"item": "x02"}, "id": "c2"}) == {
+        "item": "x04"}
+    assert requested_args(state, {"name": "email", "args": {"item": "y"}, "id": "c2"}) is None
+
+
+def test_an_effect_keyed_by_changed_args_under_a_shared_id_is_adopted() -> None:
+    """A ledger written by a release that keyed such an edited call by its changed args:
+    the call takes that effect's key (resumed across the upgrade, it is not sent again);
+    without one, it keeps the requested call's key. A call whose id no other call shares
+    was keyed by the requested call before too: nothing is looked up for it."""
+    from langchain_core.messages import AIMessage
+
+    from graph_durable._langgraph import CONFIG_KEY_CHECKPOINTER, CONFIG_KEY_DURABILITY
+    from graph_durable.ledger import EffectStatus, Keying, trusted_record
+    from graph_durable.nodes.call_keys import ToolCallKeys
+    from graph_durable.nodes.operations import performed
+    from graph_durable.nodes.task import Task
+    from graph_durable.policy import Effect
+
+    saver = DurableSqliteSaver(sqlite3.connect(":memory:", check_same_thread=False))
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": "tools:1",
+                               CONFIG_KEY_CHECKPOINTER: saver, CONFIG_KEY_DURABILITY: "sync"}}
+    edited = {"name": "charge", "args": {"item": "y"}, "id": "c2"}
+    shared = {"messages": [AIMessage(content="", id="m1", tool_calls=[
+        {"name": "crm", "args": {"item": "x02"}, "id": "c2"},
+        {"name": "charge", "args": {"item": "x04"}, "id": "c2"}])]}
+    alone = {"messages": [AIMessage(content="", id="m1", tool_calls=[
+        {"name": "charge", "args": {"item": "x04"}, "id": "c2"}])]}
+
+    def keyed(state: dict, recorded: dict) -> tuple[str, list[Any]]:
+        asked: list[Any] = []
+
+        def read(op):
+            asked.append(op.args[0])
+            return recorded.get(op.args[0])
+
+        ctx = performed(ToolCallKeys().step_context(Task(config, edited), edited, state,
+                                                    Effect(), Keying("t", False)), read)
+        return ctx.key, asked
+
+    requested_key, asked = keyed(shared, {})
+    assert len(asked) == 1 and asked[0] != requested_key  # the old key, not found
+    old_key = asked[0]
+    record = trusted_record(key=old_key, thread_id="t", checkpoint_ns="tools:1",
+                            tool_call_id="c2", tool="charge", args={"item": "y"},
+                            status=EffectStatus.APPLIED, created_at=1.0, updated_at=1.0)
+    assert keyed(shared, {old_key: record}) == (old_key, [old_key])
+    assert keyed(alone, {old_key: record}) == (requested_key, [])
+
+
 @pytest.mark.crash
 def test_a_raw_reviewer_names_a_functional_agents_questions_by_interrupt_id(tmp_path) -> None:
     """Seeds 103, 176, 212: a functional-API agent's `@task`s each save a question;

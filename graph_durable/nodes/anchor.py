@@ -110,8 +110,9 @@ def requested_args(state: Any, tool_call: Mapping[str, Any],
     requested: it keeps that request's key, so a question asked again after a crash (or
     on a fork), answered otherwise the second time, reaches the same effect and is
     reconciled with it, never sent as a second one. `None` when the args are those of the
-    requesting AIMessage, or when the call is not one the message asked for (no call under
-    the id, or one to another tool).
+    requesting AIMessage, or when the call is not one the message asked for (no call to
+    its tool under the id). Calls to other tools under the same id do not change which
+    call it is.
 
     Calls under one tool_call_id are told apart by their args (the key holds them), so a
     changed call under an id that several calls of the message share could be any of
@@ -124,10 +125,9 @@ def requested_args(state: Any, tool_call: Mapping[str, Any],
     if request is _UNREAD:
         request = request_of(state, tool_call.get("id"), messages_key)
     if request is not None:
-        asked = request[1]
-        if any(call.get("args") == tool_call.get("args") for call in asked):
+        same_tool = [call for call in request[1] if call.get("name") == tool_call.get("name")]
+        if any(call.get("args") == tool_call.get("args") for call in same_tool):
             return None
-        same_tool = [call for call in asked if call.get("name") == tool_call.get("name")]
         if len(same_tool) > 1:
             raise UnkeyableToolCall(
                 f"A middleware listed before the guard changed the args of call "
@@ -142,7 +142,9 @@ def requested_args(state: Any, tool_call: Mapping[str, Any],
                 "or respond instead of edit.",
                 thread_id=thread_id, tool_call_id=tool_call.get("id"),
             )
-        if len(asked) != 1 or asked[0].get("name") != tool_call.get("name"):
-            return None
-        return dict(asked[0].get("args") or {})
+        if len(same_tool) != 1:
+            return None  # no call to this tool under the id: not one the message asked for
+        # The one call to this tool under the id, even where calls to other tools share
+        # it (seed 1033101: keyed by its changed args, it was charged again on a fork).
+        return dict(same_tool[0].get("args") or {})
     return None

@@ -91,6 +91,17 @@ class CallContext:
                                   self.key_call_id or call["id"], call["name"], self.args_json,
                                   self.secret)
 
+    def sent_args_key(self) -> str:
+        """The key releases up to 0.3 gave a call whose args a middleware before the
+        guard changed, when calls to other tools share its tool_call_id: derived from
+        the changed args (it is now the requested call's, see `anchor.requested_args`)."""
+        sent = encode_args(self.tool_call["args"], thread_id=self.thread_id,
+                           tool_call_id=self.tool_call_id, tool=self.tool)
+        return key_of_encoded(self.key_thread_id or self.thread_id,
+                              self.anchor or self.checkpoint_ns,
+                              self.key_call_id or self.tool_call_id, self.tool, sent,
+                              self.secret)
+
     def legacy_key(self) -> str:
         """The key this call had before keys were anchored to the requesting message."""
         return key_of_encoded(self.key_thread_id or self.thread_id, self.checkpoint_ns,

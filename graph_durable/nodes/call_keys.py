@@ -32,7 +32,8 @@ from graph_durable.nodes.restarts import ForkOrigin, earlier_effect, fork_links,
 from graph_durable.nodes.task import Task
 from graph_durable.policy import Effect
 
-__all__ = ["BoundedCache", "CallKeys", "ForkLinks", "ToolCallKeys", "adopt_legacy_key"]
+__all__ = ["BoundedCache", "CallKeys", "ForkLinks", "ToolCallKeys", "adopt_legacy_key",
+           "adopt_sent_args_key"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -105,6 +106,15 @@ def adopt_legacy_key(ctx: CallContext, keying: Keying, thread_id: str
             ctx.key = legacy.key
 
 
+def adopt_sent_args_key(ctx: CallContext, thread_id: str) -> Generator[Read, Any, None]:
+    """Key the call as releases up to 0.3 did (`CallContext.sent_args_key`), if its
+    effect was recorded that way: a call changed before the guard under a tool_call_id
+    that calls to other tools share (a thread resumed across the upgrade)."""
+    earlier = yield Read("effect", (ctx.sent_args_key(), thread_id))
+    if earlier is not None:
+        ctx.key = earlier.key
+
+
 class ToolCallKeys:
     """The keys of tool calls: anchored to the AIMessage in the node's state that
     requested each (`messages_key` names where its messages are)."""
@@ -153,6 +163,8 @@ class ToolCallKeys:
                           # call: committed at once (seed 870232).
                           defer_receipts=not task.holds_answers())
         yield from adopt_legacy_key(ctx, keying, task.thread_id)
+        if ctx.requested_args is not None and request is not None and len(request[1]) > 1:
+            yield from adopt_sent_args_key(ctx, task.thread_id)
         yield from self._restarted(task, ctx, state)
         return ctx
 
