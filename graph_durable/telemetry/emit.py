@@ -92,7 +92,8 @@ def _write_stream(payload: dict[str, Any]) -> None:
         pass  # outside a graph run (or a context that lost it): nobody streams
 
 
-def _count(rep: CallReport, otel: _otel.Instruments | None) -> None:
+def _count(rep: CallReport) -> None:
+    otel = _otel.instruments()
     if otel is not None and otel.metering():
         call = rep.call
         otel.calls.add(1, {ATTRIBUTES["tool"]: call.tool, ATTRIBUTES["outcome"]: rep.outcome.value,
@@ -110,12 +111,7 @@ def _log(rep: CallReport) -> None:
                           "policy": call.policy, "attempts": rep.attempts})
 
 
-_ASK: Any = object()
-"""`report`'s `otel` when the caller has not looked: `_otel.instruments()` is asked."""
-
-
-def report(rep: CallReport, config: Mapping[str, Any] | None = None,
-           otel: Any = _ASK) -> None:
+def report(rep: CallReport, config: Mapping[str, Any] | None = None) -> None:
     """Tell every channel how a guarded call ended (sync code).
 
     Sends the LangChain custom event `graph_durable.outcome` to the run's callback
@@ -127,8 +123,6 @@ def report(rep: CallReport, config: Mapping[str, Any] | None = None,
         rep: The report.
         config: The `RunnableConfig` of the run the call belongs to (the task's); without
             one, no callback event is sent.
-        otel: The OpenTelemetry instruments to count it with, when the caller has them
-            already (`None`: none record); by default they are asked for.
     """
     payload = rep.payload()
     manager = _manager(config)
@@ -138,12 +132,11 @@ def report(rep: CallReport, config: Mapping[str, Any] | None = None,
         except Exception:  # noqa: BLE001 - a handler's failure is not the call's
             logger.debug("custom event %s not dispatched", EVENT, exc_info=True)
     _write_stream(payload)
-    _count(rep, _otel.instruments() if otel is _ASK else otel)
+    _count(rep)
     _log(rep)
 
 
-async def areport(rep: CallReport, config: Mapping[str, Any] | None = None,
-                  otel: Any = _ASK) -> None:
+async def areport(rep: CallReport, config: Mapping[str, Any] | None = None) -> None:
     """`report` for async code: the callback event goes through async handlers."""
     payload = rep.payload()
     manager = _manager(config)
@@ -153,7 +146,7 @@ async def areport(rep: CallReport, config: Mapping[str, Any] | None = None,
         except Exception:  # noqa: BLE001 - a handler's failure is not the call's
             logger.debug("custom event %s not dispatched", EVENT, exc_info=True)
     _write_stream(payload)
-    _count(rep, _otel.instruments() if otel is _ASK else otel)
+    _count(rep)
     _log(rep)
 
 

@@ -140,13 +140,8 @@ class ObservedCall:
         return ProviderSpan(self, "undo")
 
     def __enter__(self) -> ObservedCall:
-        otel = _otel.instruments()
-        tracing = otel is not None and otel.tracing()
-        if not tracing and otel is not None and not otel.metering():
-            otel = None  # neither spans nor measurements are recorded: none are made
-        self._otel = otel
-        if tracing:
-            assert otel is not None
+        otel = self._otel = _otel.instruments()
+        if otel is not None and otel.tracing():
             call = self.call
             self._span = otel.tracer.start_span(
                 f"guarded_call {call.tool}",
@@ -185,7 +180,7 @@ class ObservedCall:
                  tb: TracebackType | None) -> None:
         rep = self._finish(exc_type)
         try:
-            report(rep, self.config, self._otel)
+            report(rep, self.config)
         finally:
             self._end_span(rep)
 
@@ -196,7 +191,7 @@ class ObservedCall:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         rep = self._finish(exc_type)
         try:
-            await areport(rep, self.config, self._otel)
+            await areport(rep, self.config)
         finally:
             self._end_span(rep)
 
