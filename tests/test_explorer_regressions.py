@@ -1234,6 +1234,20 @@ def test_an_effect_keyed_by_changed_args_under_a_shared_id_is_adopted() -> None:
     assert keyed(shared, {old_key: record}) == (old_key, [old_key])
     assert keyed(alone, {old_key: record}) == (requested_key, [])
 
+    # A thread keyed before keys were anchored (legacy): those releases keyed a changed
+    # call by the args it was sent with, at the task's namespace, without a secret.
+    from graph_durable.ledger import encode_args, key_of_encoded
+
+    legacy_sent = key_of_encoded("t", "tools:1", "c2", "charge",
+                                 encode_args(edited["args"], thread_id="t", tool_call_id="c2",
+                                             tool="charge"))
+    for state in (shared, alone):
+        ctx = performed(
+            ToolCallKeys().step_context(Task(config, edited), edited, state, Effect(),
+                                        Keying("t", True)),
+            lambda op: record if op.args[0] == legacy_sent else None)
+        assert ctx.key == old_key  # the record found under the legacy key
+
 
 @pytest.mark.crash
 def test_a_raw_reviewer_names_a_functional_agents_questions_by_interrupt_id(tmp_path) -> None:

@@ -95,17 +95,22 @@ class CallContext:
         """The key releases up to 0.3 gave a call whose args a middleware before the
         guard changed, when calls to other tools share its tool_call_id: derived from
         the changed args (it is now the requested call's, see `anchor.requested_args`)."""
-        sent = encode_args(self.tool_call["args"], thread_id=self.thread_id,
-                           tool_call_id=self.tool_call_id, tool=self.tool)
         return key_of_encoded(self.key_thread_id or self.thread_id,
                               self.anchor or self.checkpoint_ns,
-                              self.key_call_id or self.tool_call_id, self.tool, sent,
-                              self.secret)
+                              self.key_call_id or self.tool_call_id, self.tool,
+                              self._sent_args_json(), self.secret)
 
-    def legacy_key(self) -> str:
-        """The key this call had before keys were anchored to the requesting message."""
+    def legacy_key(self, *, sent: bool = False) -> str:
+        """The key this call had before keys were anchored to the requesting message
+        (`sent`: derived from the args it is sent with, as those releases keyed a call
+        a middleware before the guard changed)."""
         return key_of_encoded(self.key_thread_id or self.thread_id, self.checkpoint_ns,
-                              self.key_call_id or self.tool_call_id, self.tool, self.args_json)
+                              self.key_call_id or self.tool_call_id, self.tool,
+                              self._sent_args_json() if sent else self.args_json)
+
+    def _sent_args_json(self) -> str:
+        return encode_args(self.tool_call["args"], thread_id=self.thread_id,
+                           tool_call_id=self.tool_call_id, tool=self.tool)
 
     def message(self, content: Any, *, status: str = "success") -> ToolMessage:
         """A ToolMessage answering this call."""

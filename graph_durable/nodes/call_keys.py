@@ -99,9 +99,13 @@ class CallKeys(Protocol):
 
 def adopt_legacy_key(ctx: CallContext, keying: Keying, thread_id: str
                      ) -> Generator[Read, Any, None]:
-    """Key the call as before keys were anchored, if its effect was recorded that way."""
+    """Key the call as before keys were anchored, if its effect was recorded that way:
+    by the args the model asked for, or, for a call a middleware before the guard
+    changed, by the args it is sent with (as those releases keyed it)."""
     if keying.legacy:
         legacy = yield Read("effect", (ctx.legacy_key(), thread_id))
+        if legacy is None and ctx.requested_args is not None:
+            legacy = yield Read("effect", (ctx.legacy_key(sent=True), thread_id))
         if legacy is not None:
             ctx.key = legacy.key
 
