@@ -137,31 +137,3 @@ async def test_a_sync_model_call_under_ainvoke_is_logged_on_the_savers_loop(tmp_
         kinds = sorted(kind for *_, kind, _ in await saver.atask_runs("t"))
     assert foreign and not any(foreign), "the saver was used from another event loop"
     assert kinds == ["model", "node"]
-
-
-async def test_the_async_postgres_saver_logs_runs_on_its_own_loop(postgres_conninfo) -> None:
-    """`audited` (`run_log`) gives the async PostgreSQL saver the run log that awaits its
-    writes on its own loop, as for async SQLite (it was given the sync one, whose writes
-    each took a worker thread and a hop back to the loop)."""
-    from langchain_core.messages import AIMessage, HumanMessage
-    from langgraph.graph import START, MessagesState, StateGraph
-
-    from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
-    from graph_durable.operators.audit import AsyncRunLog, audited
-    from graph_durable.testing.models import ScriptedChatModel
-
-    model = ScriptedChatModel(script=[AIMessage("hi", id="m1")])
-
-    async def agent(state: MessagesState) -> dict:
-        return {"messages": [await model.ainvoke(state["messages"])]}
-
-    async with AsyncDurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
-        await saver.setup()
-        graph = audited(StateGraph(MessagesState).add_node("agent", agent)
-                        .add_edge(START, "agent").compile(checkpointer=saver))
-        [log] = graph.config["callbacks"]
-        assert isinstance(log, AsyncRunLog)
-        await graph.ainvoke({"messages": [HumanMessage("go")]},
-                            {"configurable": {"thread_id": "t"}}, durability="sync")
-        kinds = sorted(kind for *_, kind, _ in await saver.atask_runs("t"))
-    assert kinds == ["model", "node"]

@@ -94,8 +94,8 @@ class RunLog(BaseCallbackHandler):
 
 
 class AsyncRunLog(AsyncCallbackHandler):
-    """`RunLog` for a saver that lives on an event loop (`AsyncDurableSqliteSaver`,
-    `AsyncDurablePostgresSaver`): it awaits `saver.arecord_task_run`."""
+    """`RunLog` for a saver that lives on an event loop (`AsyncDurableSqliteSaver`): it
+    awaits `saver.arecord_task_run`."""
 
     raise_error = False
 
@@ -150,11 +150,11 @@ class AsyncRunLog(AsyncCallbackHandler):
 
 
 def run_log(saver: Any) -> BaseCallbackHandler | AsyncCallbackHandler:
-    """The callback that logs runs to `saver`: `AsyncRunLog` for a saver on an event loop
-    (`AsyncDurableSqliteSaver`, `AsyncDurablePostgresSaver`), else `RunLog`."""
-    from graph_durable.checkpointers._twins import SyncFromAsync
+    """The callback that logs runs to `saver`: `AsyncRunLog` for a saver on an event loop,
+    else `RunLog`."""
+    from graph_durable.checkpointers.sqlite import AsyncDurableSqliteSaver
 
-    return AsyncRunLog(saver) if isinstance(saver, SyncFromAsync) else RunLog(saver)
+    return AsyncRunLog(saver) if isinstance(saver, AsyncDurableSqliteSaver) else RunLog(saver)
 
 
 def logs_runs(graph: Any) -> bool:
