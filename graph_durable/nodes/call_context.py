@@ -87,26 +87,27 @@ class CallContext:
         requested = call["args"] if self.requested_args is None else self.requested_args
         self.args_json = encode_args(requested, thread_id=self.thread_id,
                                      tool_call_id=call["id"], tool=call["name"])
-        self.key = key_of_encoded(self.key_thread_id, self.anchor,
-                                  self.key_call_id or call["id"], call["name"], self.args_json,
-                                  self.secret)
+        self.key = self._key(self.anchor, self.args_json, self.secret)
+
+    def _key(self, anchor: str, args_json: str, secret: bytes | None) -> str:
+        """The key of this call anchored to `anchor`, with args encoded as `args_json`."""
+        return key_of_encoded(self.key_thread_id or self.thread_id, anchor,
+                              self.key_call_id or self.tool_call_id, self.tool, args_json,
+                              secret)
 
     def sent_args_key(self) -> str:
-        """The key releases up to 0.3 gave a call whose args a middleware before the
-        guard changed, when calls to other tools share its tool_call_id: derived from
-        the changed args (it is now the requested call's, see `anchor.requested_args`)."""
-        return key_of_encoded(self.key_thread_id or self.thread_id,
-                              self.anchor or self.checkpoint_ns,
-                              self.key_call_id or self.tool_call_id, self.tool,
-                              self._sent_args_json(), self.secret)
+        """The key earlier releases gave a call whose args a middleware before the guard
+        changed, when calls to other tools share its tool_call_id: derived from the
+        changed args (it is now the requested call's, see `anchor.requested_args`)."""
+        return self._key(self.anchor or self.checkpoint_ns, self._sent_args_json(),
+                         self.secret)
 
     def legacy_key(self, *, sent: bool = False) -> str:
         """The key this call had before keys were anchored to the requesting message
         (`sent`: derived from the args it is sent with, as those releases keyed a call
         a middleware before the guard changed)."""
-        return key_of_encoded(self.key_thread_id or self.thread_id, self.checkpoint_ns,
-                              self.key_call_id or self.tool_call_id, self.tool,
-                              self._sent_args_json() if sent else self.args_json)
+        return self._key(self.checkpoint_ns,
+                         self._sent_args_json() if sent else self.args_json, None)
 
     def _sent_args_json(self) -> str:
         return encode_args(self.tool_call["args"], thread_id=self.thread_id,

@@ -111,7 +111,7 @@ def adopt_legacy_key(ctx: CallContext, keying: Keying, thread_id: str
 
 
 def adopt_sent_args_key(ctx: CallContext, thread_id: str) -> Generator[Read, Any, None]:
-    """Key the call as releases up to 0.3 did (`CallContext.sent_args_key`), if its
+    """Key the call as earlier releases did (`CallContext.sent_args_key`), if its
     effect was recorded that way: a call changed before the guard under a tool_call_id
     that calls to other tools share (a thread resumed across the upgrade)."""
     earlier = yield Read("effect", (ctx.sent_args_key(), thread_id))
