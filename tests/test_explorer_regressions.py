@@ -1190,6 +1190,71 @@ def test_an_edited_call_is_the_one_call_to_its_tool_under_a_shared_id() -> None:
     assert requested_args(state, {"name": "email", "args": {"item": "y"}, "id": "c2"}) is None
 
 
+def test_an_edit_equal_in_python_but_keyed_apart_is_the_requested_call() -> None:
+    """`10` sent for a requested `10.0` (a JSON client's edit), or `True` for `1`, compares
+    equal in Python but encodes apart: such a call is changed, keyed as requested."""
+    from langchain_core.messages import AIMessage
+
+    from graph_durable.nodes.anchor import requested_args
+
+    asked = AIMessage(content="", id="m1", tool_calls=[
+        {"name": "charge", "args": {"amount": 10.0, "now": 1}, "id": "c1"}])
+    state = {"messages": [asked]}
+    assert requested_args(state, {"name": "charge", "args": {"amount": 10.0, "now": 1},
+                                  "id": "c1"}) is None
+    assert requested_args(state, {"name": "charge", "args": {"amount": 10, "now": 1},
+                                  "id": "c1"}) == {"amount": 10.0, "now": 1}
+    assert requested_args(state, {"name": "charge", "args": {"amount": 10.0, "now": True},
+                                  "id": "c1"}) == {"amount": 10.0, "now": 1}
+
+
+def test_an_edit_to_the_same_amount_as_an_int_on_a_fork_is_not_charged_again(
+        tmp_path) -> None:
+    """A per-call `HumanInTheLoopMiddleware` before the guard; the model asks
+    `charge(amount=10.0)`, approved and charged. On an `update_state` fork the question
+    is asked again and answered with an edit to `amount=10` (as a JSON client sends
+    10.0): the call was taken for the unchanged one (`10 == 10.0`) and keyed by the args
+    it is sent with, which encode apart, so it was charged a second time. It is the
+    requested call: its effect is replayed."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+    from langchain_core.messages import AIMessage
+
+    from graph_durable import EffectGuardMiddleware, current_effect
+    from graph_durable.testing.models import ScriptedChatModel
+
+    provider = FakeProvider(str(tmp_path / "pay.sqlite"), "blind", name="pay")
+
+    @tool
+    def charge(amount: float) -> str:
+        """Charge the customer."""
+        return f"charged {provider.apply(current_effect().key, {'amount': amount})['id']}"
+
+    saver = DurableSqliteSaver(sqlite3.connect(str(tmp_path / "a.sqlite"),
+                                               check_same_thread=False))
+    model = ScriptedChatModel(script=[
+        AIMessage(content="", id="ai-1",
+                  tool_calls=[{"name": "charge", "args": {"amount": 10.0}, "id": "c1"}]),
+        AIMessage(content="done")])
+    graph = create_agent(model, tools=[charge], checkpointer=saver, middleware=[
+        HumanInTheLoopMiddleware({"charge": True}, interrupt_mode="per_call"),
+        EffectGuardMiddleware({"charge": Effect()})])
+    config = {"configurable": {"thread_id": "t"}}
+    [asked] = graph.invoke({"messages": [HumanMessage("go")]}, config,
+                           durability="sync")["__interrupt__"]
+    graph.invoke(Command(resume={asked.id: {"type": "approve"}}), config, durability="sync")
+    assert provider.count() == 1
+
+    [step] = [s for s in graph.get_state_history(config) if s.next == ("tools",)]
+    fork = graph.update_state(step.config, {"messages": [step.values["messages"][-1]]},
+                              as_node="model")
+    [again] = graph.invoke(None, fork, durability="sync")["__interrupt__"]
+    graph.invoke(Command(resume={again.id: {"type": "edit", "edited_action": {
+        "name": "charge", "args": {"amount": 10}}}}), config, durability="sync")
+    assert provider.count() == 1
+    assert [r.status.value for r in saver.effects("t")] == ["applied"]
+
+
 def test_an_effect_keyed_by_changed_args_under_a_shared_id_is_adopted() -> None:
     """A ledger written by a release that keyed such an edited call by its changed args:
     the call takes that effect's key (resumed across the upgrade, it is not sent again);

@@ -35,6 +35,7 @@ from typing import Any
 from langchain_core.messages import AIMessage
 
 from graph_durable.errors import UnkeyableToolCall
+from graph_durable.ledger import canonical_json
 
 __all__ = ["Request", "call_anchor", "messages_of", "request_of", "requested_args"]
 
@@ -126,7 +127,8 @@ def requested_args(state: Any, tool_call: Mapping[str, Any],
         request = request_of(state, tool_call.get("id"), messages_key)
     if request is not None:
         same_tool = [call for call in request[1] if call.get("name") == tool_call.get("name")]
-        if any(call.get("args") == tool_call.get("args") for call in same_tool):
+        args = tool_call.get("args")
+        if any(_same_args(call.get("args"), args) for call in same_tool):
             return None
         if len(same_tool) > 1:
             raise UnkeyableToolCall(
@@ -148,3 +150,18 @@ def requested_args(state: Any, tool_call: Mapping[str, Any],
         # it (seed 1033101: keyed by its changed args, it was charged again on a fork).
         return dict(same_tool[0].get("args") or {})
     return None
+
+
+def _same_args(requested: Any, sent: Any) -> bool:
+    """Whether `sent` are the args the model requested as the key encodes them: equal
+    in Python is not enough (an edit that sends `10` for a requested `10.0`, or `True`
+    for `1`, compares equal but keys apart: keyed by what it sends, it was charged again
+    on a fork). The same object, as an unchanged call passes them, is not encoded."""
+    if requested is sent:
+        return True
+    if requested != sent:
+        return False
+    try:
+        return canonical_json(requested) == canonical_json(sent)
+    except (TypeError, ValueError):
+        return False  # not JSON: keying the call refuses it (`encode_args`)
