@@ -5,7 +5,8 @@ Path classes name what the generator may produce. Resume paths: `plain`, `async`
 `recover`, `copy_thread` (copy the crashed thread, go on with the copy),
 `checkpoint_config`, `time_travel`, `update_state`, `copy_both` (go on with the copy
 and the original). Call shapes: `slow_timeout_lookup` (a looked-up tool whose call
-outlives its timeout), `edit_unchanged` (an approval edit that keeps the arguments),
+outlives its timeout), `edit_unchanged` (an approval edit that keeps the arguments; in
+half of those episodes re-encoded as a JSON client sends them back, `0.0` for `0`),
 `duplicate_call_id` (one id twice in an AIMessage), `reused_call_id` (a later turn
 reuses an earlier turn's ids). Where the tools sit (`shapes`, drawn on a
 generator of their own so an episode without them stays what it was): `subgraph`,

@@ -240,7 +240,8 @@ class Episode:
                          + (f" (pick {crash.then.pick})" if crash.then.via in _PICKING else ""))
         if self.after is not None:
             lines.append(f"once done: {self.after.via} (pick {self.after.pick}), run to the end")
-        reviewer = [k for k in ("malformed", "raw", "edit_unchanged") if self.reviewer.get(k)]
+        reviewer = [k for k in ("malformed", "raw", "edit_unchanged", "reencoded")
+                    if self.reviewer.get(k)]
         lines.append(f"{self.flavour}, {'sequential' if self.sequential else 'parallel'} calls"
                      + (f", {self.topology}" if self.topology != "flat" else "")
                      + (f" with middleware {self.stack}" if self.stack else "")
@@ -293,7 +294,7 @@ class Episode:
                               ("backend", "sqlite")):
             if getattr(self, option) != plain:
                 out.append(replace(self, **{option: plain}))
-        for option in ("malformed", "raw"):
+        for option in ("malformed", "raw", "reencoded"):
             if self.reviewer.get(option):
                 out.append(replace(self, reviewer={**self.reviewer, option: False}))
         used = {c.tool for turn in self.turns for c in turn}
@@ -439,6 +440,8 @@ def generate(seed: int, paths: Iterable[str] = STABLE_PATHS, *,
     episode.reviewer = {"seed": rng.randrange(2**31), "malformed": rng.random() < 0.4,
                         "raw": rng.random() < 0.3,
                         "edit_unchanged": rng.random() < 0.3 and "edit_unchanged" in paths}
+    if episode.reviewer["edit_unchanged"]:  # drawn on its own: nothing else changes
+        episode.reviewer["reencoded"] = random.Random(f"reencoded-{seed}").random() < 0.5
     draw_shapes(random.Random(f"shapes-{seed}"), episode, paths)
     roll = random.Random(f"backend-{seed}").random()  # its own: nothing else changes
     if "postgres" in paths and roll < 0.5:

@@ -62,6 +62,11 @@ class Reviewer:
                     args = dict(question["args"])
                     if not self.episode.reviewer.get("edit_unchanged"):
                         args["n"] = int(args.get("n", 0)) + 1
+                    elif self.episode.reviewer.get("reencoded") and isinstance(
+                            args.get("n"), int):
+                        # The same args as a JSON client sends them back: 0.0 for 0,
+                        # equal in Python, encoded apart.
+                        args["n"] = float(args["n"])
                     decision = {"type": "edit", "edited_action": {"name": tool, "args": args}}
                 else:
                     decision = {"type": "reject", "message": "not this one"}
