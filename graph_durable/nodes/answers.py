@@ -9,6 +9,7 @@ the sync and async drivers perform; everything else here is pure.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import OrderedDict
@@ -172,26 +173,43 @@ class _TakenInRun:
     """The questions whose answers a task of this process took from one resume map: the
     run that map belongs to (every task of a run is handed the same map object). Kept
     for the most recent maps only, each beside a reference to it (so that its `id` is
-    not reused while it is kept)."""
+    not reused while it is kept) and a copy of what it held: a caller that resumes again
+    with the same map object, answers added or changed (a notebook gathering them), starts
+    another run, whose answers are checked anew."""
 
     def __init__(self, kept: int = 256) -> None:
         self._kept = kept
-        self._taken: OrderedDict[int, tuple[Any, set[str]]] = OrderedDict()
+        self._taken: OrderedDict[int, tuple[Any, Any, set[str]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def add(self, resume_map: Any, interrupt_ids: set[str]) -> None:
         with self._lock:
             entry = self._taken.get(id(resume_map))
-            if entry is None or entry[0] is not resume_map:
-                entry = self._taken[id(resume_map)] = (resume_map, set())
+            if entry is None or not _same_run(entry, resume_map):
+                entry = self._taken[id(resume_map)] = (resume_map, _held(resume_map), set())
                 while len(self._taken) > self._kept:
                     self._taken.popitem(last=False)
-            entry[1].update(interrupt_ids)
+            entry[2].update(interrupt_ids)
 
     def __call__(self, resume_map: Any, interrupt_id: str) -> bool:
         with self._lock:
             entry = self._taken.get(id(resume_map))
-            return entry is not None and entry[0] is resume_map and interrupt_id in entry[1]
+            return entry is not None and _same_run(entry, resume_map) and interrupt_id in entry[2]
+
+
+def _held(resume_map: Any) -> Any:
+    """A copy of what `resume_map` holds, to tell a later change of it."""
+    try:
+        return copy.deepcopy(resume_map)
+    except Exception:  # noqa: BLE001 - answers that cannot be copied: compared as they are
+        return dict(resume_map) if isinstance(resume_map, Mapping) else resume_map
+
+
+def _same_run(entry: tuple[Any, Any, set[str]], resume_map: Any) -> bool:
+    try:
+        return entry[0] is resume_map and bool(entry[1] == resume_map)
+    except Exception:  # noqa: BLE001 - answers that cannot be compared: another run
+        return False
 
 
 _taken_in_run = _TakenInRun()

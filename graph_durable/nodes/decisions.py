@@ -394,5 +394,12 @@ def match_decisions(
                 f"Decisions name tool calls that are not pending: {[name]}; pending: "
                 f"{sorted(by_call)}", None, thread_id,
             )
-        chosen[record.key] = checked(decision, record)
+        answer = checked(decision, record)
+        if record.key in chosen and chosen[record.key] != answer:
+            raise _invalid(
+                f"Call {record.tool_call_id!r} to {record.tool!r} is answered twice, "
+                f"differently, under two names (its tool_call_id, interrupt id or effect key "
+                f"{record.key!r}); answer it once", record, thread_id,
+            )
+        chosen[record.key] = answer
     return chosen

@@ -237,3 +237,45 @@ def test_an_answer_taken_in_the_run_is_not_checked_against_the_question_asked_af
     assert provider.count() == 2
     statuses = sorted(r.status.value for r in saver.effects("t"))
     assert statuses == ["applied", "unknown"]
+
+
+def test_the_same_resume_map_resumed_again_with_an_answer_added_is_checked_anew(
+        tmp_path, provider) -> None:
+    """A notebook that gathers answers in one dict and resumes with it each time: the
+    first run takes c0's approval, sends its charge, loses the answer and asks about the
+    unknown outcome under the same interrupt id; c1's approval added to the same dict is a
+    new run, whose map still holds an approval for a question that now takes `applied`,
+    `retry` or `skip`. The set is refused and nothing of it recorded, as with a copy of
+    the dict (the map's identity alone took the second run for the first)."""
+    provider.script_faults("lost")
+    saver = sqlite_saver(tmp_path)
+    graph = agent(saver, provider)
+    first, second = start(graph)
+    answers = {first.id: APPROVE}
+    result = graph.invoke(Command(resume=answers), CONFIG, durability="sync")
+    assert {i.value["type"] for i in result["__interrupt__"]} == {"effect_unknown",
+                                                                  "tool_approval"}
+    assert provider.count() == 1
+    before = len(saver.events("t"))
+    answers[second.id] = APPROVE
+    with pytest.raises(InvalidDecision, match="'c0'"):
+        graph.invoke(Command(resume=answers), CONFIG, durability="sync")
+    assert provider.count() == 1
+    assert saver.events("t")[before:] == []
+
+
+def test_one_call_answered_twice_under_two_names_is_refused(tmp_path, provider) -> None:
+    """A call named by its tool_call_id and by its effect key in one map, answered
+    differently: which answer counts cannot be told, so the value is refused (the last
+    one silently won)."""
+    saver = sqlite_saver(tmp_path)
+    graph = agent(saver, provider, calls=1)
+    [asked] = start(graph)
+    call_id, key = asked.value["tool_call_id"], asked.value["key"]
+    with pytest.raises(InvalidDecision, match="answered twice"):
+        graph.invoke(Command(resume={call_id: {"type": "reject"}, key: APPROVE}),
+                     CONFIG, durability="sync")
+    assert_nothing_taken(saver, provider, graph, 1)
+    # The same answer under both names is one answer.
+    graph.invoke(Command(resume={call_id: APPROVE, key: APPROVE}), CONFIG, durability="sync")
+    assert provider.count() == 1
