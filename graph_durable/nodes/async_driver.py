@@ -63,6 +63,8 @@ class AsyncDriver(GuardBase):
             call.ctx.sent = True
             with call.observed.provider_call():
                 return await self._acall_tool(task, call, op)
+        if isinstance(op, ops.Join):
+            return None if call is None else await self._ajoin(task, call, op)
         if isinstance(op, ops.Lookup) and call is not None:
             with call.observed.lookup():
                 return await acall_lookup(call.ctx.policy, op.key,
@@ -75,6 +77,17 @@ class AsyncDriver(GuardBase):
         except DatabaseUnavailable as exc:
             raise described(exc, task.thread_id, call.ctx.tool_call if call else task.call,
                             call is not None and call.ctx.sent) from None
+
+    async def _ajoin(self, task: Task, call: Calling, op: ops.Join) -> ops.Joined | None:
+        """Async `SyncDriver._join`."""
+        running, leader = self.once.join(task.thread_id, call.ctx, op.key)
+        if leader:
+            return None
+        assert running is not None
+        try:
+            return ops.Joined(same_answer(await asyncio.wrap_future(running)))
+        finally:
+            self.once.done_waiting(task.thread_id, call.ctx)
 
     async def aclaim_step(
         self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any],

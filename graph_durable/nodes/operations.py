@@ -24,6 +24,8 @@ __all__ = [
     "ClaimMany",
     "Done",
     "Failed",
+    "Join",
+    "Joined",
     "Lookup",
     "Op",
     "Read",
@@ -97,6 +99,23 @@ class Lookup:
 
 
 @dataclass(frozen=True)
+class Join:
+    """Operation: answer the call as the one keyed `key` that a reviewer's edit made it
+    (`RunOnce.join`). The result is `None` when no other call of this process is
+    running that key (this call now runs it), else a `Joined` holding that call's
+    answer."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The answer of the call a `Join` waited for."""
+
+    result: Any
+
+
+@dataclass(frozen=True)
 class Sleep:
     """Operation: wait before another attempt."""
 
@@ -122,7 +141,7 @@ class ClaimMany:
     intents: tuple[IntentWrite, ...]
 
 
-Op = Union[Read, Claim, ClaimMany, Write, Sleep, CallTool, Lookup]  # noqa: UP007
+Op = Union[Read, Claim, ClaimMany, Write, Sleep, CallTool, Lookup, Join]  # noqa: UP007
 """What the guard's steps yield for a driver to perform."""
 
 

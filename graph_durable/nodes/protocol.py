@@ -49,6 +49,7 @@ from graph_durable.nodes.operations import (
     Ask,
     CallTool,
     Claim,
+    Join,
     Lookup,
     Read,
     Sleep,
@@ -184,7 +185,8 @@ def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
     """An effect the ledger already knows: replay, reconcile, or act on a decision."""
     if record.status in TERMINAL_STATUSES:
         if (record.decision or {}).get("edited_key") is not None:
-            return (yield from _resume(ctx, (yield from _edited_call(ctx, record.decision))))
+            return (yield from _resume_edited(ctx, (yield from _edited_call(
+                ctx, record.decision))))
         stored = yield Read("stored_result", (ctx.thread_id, record.key))
         ctx.outcome = "replayed"
         return rebound(stored, ctx.tool_call_id, (record.tool_call_id,))
@@ -405,7 +407,20 @@ def _take_over_edit(ctx: CallContext, record: EffectRecord, edited_there: Effect
             resolved)))
     else:
         yield Write(resolved)
-    return (yield from _resume(ctx, (yield from _edited_call(ctx, decision))))
+    return (yield from _resume_edited(ctx, (yield from _edited_call(ctx, decision))))
+
+
+def _resume_edited(ctx: CallContext, edited: EffectRecord) -> Protocol:
+    """Go on as the call a reviewer's edit made this one (`edited`). Its key may be that
+    of another call of the same message under the same tool_call_id (same tool, same
+    args), running now in this process with a decision of its own to act on: this call
+    then waits for that one's answer (`Join`) instead of acting on the same decision at
+    the same time, which sent the same key twice."""
+    joined = yield Join(edited.key)
+    if joined is not None:
+        ctx.outcome = "replayed"
+        return joined.result
+    return (yield from _resume(ctx, edited))
 
 
 def _edited_call(ctx: CallContext, decision: dict[str, Any]
@@ -569,9 +584,10 @@ def _send_edited(ctx: CallContext, record: EffectRecord, decision: dict[str, Any
     known = yield Read("effect", (edited_key, ctx.thread_id))
     if known is not None:
         # The same edit was made before in this thread's history (a fork or time travel
-        # replays the question): that edited call is this one, replayed or reconciled.
+        # replays the question), or the edit made this call another one of its message
+        # under the same tool_call_id: that call is this one, replayed or reconciled.
         yield Write(resolved)
-        return (yield from _resume(ctx, known))
+        return (yield from _resume_edited(ctx, known))
     _, edited = yield Write(WriteBatch(ctx.thread_id, (
         resolved, _intent(ctx, S.IN_FLIGHT, record_args=edited_args, key=edited_key))))
     fault_point("after_intent", tool=ctx.tool)

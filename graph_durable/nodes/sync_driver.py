@@ -63,6 +63,8 @@ class SyncDriver(GuardBase):
             call.ctx.sent = True
             with call.observed.provider_call():
                 return self._call_tool(task, call, op)
+        if isinstance(op, ops.Join):
+            return None if call is None else self._join(task, call, op)
         if isinstance(op, ops.Lookup) and call is not None:
             with call.observed.lookup():
                 return call_lookup(call.ctx.policy, op.key, timeout=call.ctx.policy.timeout,
@@ -76,6 +78,17 @@ class SyncDriver(GuardBase):
         except DatabaseUnavailable as exc:
             raise described(exc, task.thread_id, call.ctx.tool_call if call else task.call,
                             call is not None and call.ctx.sent) from None
+
+    def _join(self, task: Task, call: Calling, op: ops.Join) -> ops.Joined | None:
+        """Wait for the call of this process running `op.key`, if one is (`RunOnce.join`)."""
+        running, leader = self.once.join(task.thread_id, call.ctx, op.key)
+        if leader:
+            return None
+        assert running is not None
+        try:
+            return ops.Joined(same_answer(running.result()))
+        finally:
+            self.once.done_waiting(task.thread_id, call.ctx)
 
     def claim_step(
         self, tool_calls: list[tuple[Mapping[str, Any], bool]], config: Mapping[str, Any],

@@ -36,6 +36,7 @@ from graph_durable.nodes.operations import (
     Ask,
     CallTool,
     Failed,
+    Join,
     Lookup,
     Read,
     Write,
@@ -278,6 +279,8 @@ def _undoing(ctx: CallContext, compensation: Compensation, original: EffectRecor
             value = yield AskLookup(ctx.policy, op.key, ctx.tool)
         elif isinstance(op, Ask):
             value = None  # outside a graph nobody is asked: the record says what is owed
+        elif isinstance(op, Join):
+            value = None  # a compensation runs alone: no other call to wait for
         else:
             value = yield op
 

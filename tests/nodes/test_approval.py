@@ -391,3 +391,71 @@ def test_an_answer_to_a_question_no_longer_asked_is_refused_by_the_guard(
     result = graph.invoke(Command(resume={ids["c1"]: {"type": "approve"}}), CONFIG,
                           durability="sync")
     assert result["messages"][-1].content == "done" and provider.count() == 2
+
+
+def _repeated_id_graph(saver: Any, provider: FakeProvider) -> Any:
+    """A model that gives `send(to=a)` and `send(to=b)` the same tool_call_id."""
+    calls = [{"name": "send", "args": {"to": to}, "id": "c"} for to in ("a", "b")]
+    model = ScriptedChatModel(script=[AIMessage(content="", tool_calls=calls),
+                                      AIMessage(content="done")])
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda s: {"messages": [model.invoke(s["messages"])]})
+    builder.add_node("tools", EffectGuardNode([send_tool(provider)],
+                                              effects={"send": Effect(approval=True)}))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=saver)
+
+
+@pytest.mark.parametrize("attempt", range(4))
+def test_an_edit_into_the_other_call_under_a_shared_id_acts_on_its_approval_once(
+        saver, provider, attempt) -> None:
+    """Two calls under one tool_call_id; the reviewer edits `send(to=a)` into
+    `send(to=b)`, the other call, and approves that one: one key, whose approval both
+    calls acted on at once (in parallel threads), sending that key twice about half the
+    time. The edited call waits for the other's answer: one email, both calls told it."""
+    graph = _repeated_id_graph(saver, provider)
+    result = graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    asked = {i.value["args"]["to"]: i for i in result["__interrupt__"]}
+    edit = {"type": "edit", "edited_action": {"name": "send", "args": {"to": "b"}}}
+    result = graph.invoke(Command(resume={asked["a"].id: edit,
+                                          asked["b"].id: {"type": "approve"}}),
+                          CONFIG, durability="sync")
+    assert provider.count() == 1, provider.effects()
+    answers = [m.content for m in result["messages"] if m.type == "tool"]
+    assert len(answers) == 2 and all("sent mail-1 to b" in a for a in answers)
+    assert not result.get("__interrupt__")
+
+
+def test_two_calls_each_edited_into_the_other_never_wait_for_each_other() -> None:
+    """`RunOnce.join`: a call that would wait, through the calls it waits for, for
+    itself is refused; a call that joins a key nobody runs leads it, and its answer
+    goes to whoever joins after it."""
+    from types import SimpleNamespace
+
+    from graph_durable.errors import GraphDurableError
+    from graph_durable.nodes.run_once import RunOnce
+
+    once = RunOnce()
+    a = SimpleNamespace(task=SimpleNamespace(thread_id="t"),
+                        ctx=SimpleNamespace(key="ka", tool_call_id="c", tool="send"),
+                        protocol=None)
+    b = SimpleNamespace(task=SimpleNamespace(thread_id="t"),
+                        ctx=SimpleNamespace(key="kb", tool_call_id="c", tool="send"),
+                        protocol=None)
+    running_a, lead_a = once.lead(a, True)
+    running_b, lead_b = once.lead(b, True)
+    assert lead_a and lead_b
+    waited, leader = once.join("t", a.ctx, "kb")  # a waits for b
+    assert waited is running_b and not leader
+    with pytest.raises(GraphDurableError, match="each edited into the other"):
+        once.join("t", b.ctx, "ka")  # b would wait for a, which waits for b
+    once.done_waiting("t", a.ctx)
+    once.settle(b, running_b, result="sent")
+    assert waited.result() == "sent"
+    # A key nobody runs: the joining call leads it, settled with its own answer.
+    joined, leader = once.join("t", a.ctx, "kc")
+    assert leader and joined is not None
+    once.settle(a, running_a, result="done")
+    assert joined.result() == "done" and running_a.result() == "done"
