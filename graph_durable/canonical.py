@@ -10,15 +10,19 @@ process and release:
 | `None`, `bool`, `int`, finite `float`, `str` | itself |
 | a mapping with `str` keys, a `list`, a `tuple` | the same shape, each item in canonical form |
 | a `set`, a `frozenset` | a list of its items' canonical forms, ordered by their canonical JSON |
-| a pydantic model | its fields set explicitly (`model_dump(exclude_unset=True)`), in canonical form |
+| a pydantic model | every field (`model_dump()`), in canonical form |
 | a dataclass | every field, in canonical form |
 | an `Enum` | its value, in canonical form |
 | a `datetime`, `date`, `time` | `isoformat()` |
 | a `UUID`, a `Decimal` | `str()` |
 
-A pydantic model is keyed by the fields set explicitly, not by the defaults it filled
-in: a key must not change when a release changes a default. No type name enters the
-form (a model and the dict of its fields key alike, as the same parameter takes either),
+A pydantic model is keyed by the values of all its fields, as the function gets them.
+Which fields were set explicitly does not survive a checkpoint (LangGraph's serializer
+rebuilds a model with every field set), so a model that reached the write through the
+graph's state was keyed apart on every resume and sent again; releases before keyed the
+fields set explicitly only (`legacy_form`, looked up so that a write they recorded is
+found). A default a release changes changes the call, as any other argument. No type
+name enters the form (a model and the dict of its fields key alike, as the same parameter takes either),
 so renaming a class keeps its keys. Anything else (bytes, an arbitrary object) is
 refused, with the argument's path and type named, before anything is sent.
 """
@@ -35,7 +39,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NotCanonical", "canonical_form"]
+__all__ = ["NotCanonical", "canonical_form", "legacy_form"]
 
 
 class NotCanonical(TypeError):
@@ -51,8 +55,9 @@ def _sort_key(item: Any) -> str:
     return json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def canonical_form(value: Any, path: str = "args") -> Any:
-    """`value` as plain JSON values, by the rules of the module docstring.
+def canonical_form(value: Any, path: str = "args", *, set_only: bool = False) -> Any:
+    """`value` as plain JSON values, by the rules of the module docstring (`set_only`:
+    a pydantic model's fields set explicitly only, see `legacy_form`).
 
     Raises:
         NotCanonical: a value (at `path`) that has no canonical form.
@@ -64,26 +69,37 @@ def canonical_form(value: Any, path: str = "args") -> Any:
             raise NotCanonical(path, value)
         return value
     if isinstance(value, enum.Enum):
-        return canonical_form(value.value, path)
+        return canonical_form(value.value, path, set_only=set_only)
     if isinstance(value, Mapping):
         form = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise NotCanonical(f"{path} key {key!r}", key)
-            form[key] = canonical_form(item, f"{path}.{key}")
+            form[key] = canonical_form(item, f"{path}.{key}", set_only=set_only)
         return form
     if isinstance(value, (list, tuple)):
-        return [canonical_form(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return [canonical_form(item, f"{path}[{i}]", set_only=set_only)
+                for i, item in enumerate(value)]
     if isinstance(value, (set, frozenset)):
-        return sorted((canonical_form(item, f"{path}{{}}") for item in value), key=_sort_key)
+        return sorted((canonical_form(item, f"{path}{{}}", set_only=set_only) for item in value),
+                      key=_sort_key)
     if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
         return value.isoformat()
     if isinstance(value, (uuid.UUID, decimal.Decimal)):
         return str(value)
     dump = getattr(value, "model_dump", None)
     if callable(dump) and hasattr(type(value), "model_fields"):
-        return canonical_form(dump(exclude_unset=True), path)
+        return canonical_form(dump(exclude_unset=set_only), path, set_only=set_only)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: canonical_form(getattr(value, field.name), f"{path}.{field.name}")
+        return {field.name: canonical_form(getattr(value, field.name), f"{path}.{field.name}",
+                                           set_only=set_only)
                 for field in dataclasses.fields(value)}
     raise NotCanonical(path, value)
+
+
+def legacy_form(value: Any, path: str = "args") -> Any:
+    """The canonical form releases before this one gave `value`: a pydantic model by
+    its fields set explicitly (`model_dump(exclude_unset=True)`); `None` when it is
+    `canonical_form`'s (no model with a field left unset in it)."""
+    legacy = canonical_form(value, path, set_only=True)
+    return None if legacy == canonical_form(value, path) else legacy

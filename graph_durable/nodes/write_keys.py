@@ -105,6 +105,9 @@ class WriteRequest:
     tool_call: dict[str, Any]
     tool: Any
     where: WritePlace
+    legacy_args: dict[str, Any] | None = None
+    """The args as releases before keyed them, where they differ (a pydantic model
+    with a field left unset: `canonical.legacy_form`)."""
 
     def override(self, **changes: Any) -> WriteRequest:
         """This request with `changes` (an edited call's `tool_call`)."""
@@ -166,6 +169,13 @@ class WriteKeys:
             earlier = self._keyed(task, request, policy, keying, own)
             if (yield Read("effect", (earlier.key, task.thread_id))) is not None:
                 ctx = earlier
+        if request.legacy_args is not None:
+            # Recorded by a release that keyed a model by the fields set explicitly
+            # (`canonical.legacy_form`): that key stays.
+            earlier = self._keyed(task, request.override(tool_call={
+                **request.tool_call, "args": request.legacy_args}), policy, keying, origin)
+            if (yield Read("effect", (earlier.key, task.thread_id))) is not None:
+                ctx.key = earlier.key
         yield from adopt_legacy_key(ctx, keying, task.thread_id)
         return ctx
 

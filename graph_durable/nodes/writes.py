@@ -48,7 +48,7 @@ from langchain_core.tools import StructuredTool
 from pydantic import BaseModel, ValidationError
 
 from graph_durable._langgraph import CONFIG_KEY_SCRATCHPAD
-from graph_durable.canonical import NotCanonical, canonical_form
+from graph_durable.canonical import NotCanonical, canonical_form, legacy_form
 from graph_durable.errors import GraphDurableError, NotApplied, UnkeyableToolCall
 from graph_durable.nodes.guard import GuardCore
 from graph_durable.nodes.interrupts import raise_interrupts
@@ -222,7 +222,11 @@ class GuardedWrite:
         first, run.decided = not run.decided, True
         call = {"name": self.name, "args": keyed, "id": where.call_id(self.name, position),
                 "type": "tool_call"}
-        return _Call(WriteRequest(call, self.tool, where), first, named, keyed)
+        legacy = {name: legacy_form(value, name) for name, value in named.items()}
+        legacy_args = (None if all(form is None for form in legacy.values()) else
+                       {name: keyed[name] if form is None else form
+                        for name, form in legacy.items()})
+        return _Call(WriteRequest(call, self.tool, where, legacy_args), first, named, keyed)
 
     def _as_called(self, request: WriteRequest, call: _Call) -> dict[str, Any]:
         """What the function is called with: the objects it was given, unless a reviewer

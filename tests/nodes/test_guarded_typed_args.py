@@ -20,7 +20,7 @@ from langgraph.types import Command
 from pydantic import BaseModel
 
 from graph_durable import DurableSqliteSaver, Effect, current_effect, guarded
-from graph_durable.canonical import NotCanonical, canonical_form
+from graph_durable.canonical import NotCanonical, canonical_form, legacy_form
 from graph_durable.errors import UnkeyableToolCall
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.crash.child import run_child
@@ -61,10 +61,17 @@ REF = uuid.UUID("12345678-1234-5678-1234-567812345678")
 AT = datetime.datetime(2026, 12, 24, 9, 30, tzinfo=datetime.timezone.utc)
 
 
-def test_the_canonical_form_is_plain_json_and_ignores_defaults_left_unset() -> None:
+def test_the_canonical_form_is_plain_json_with_every_field_of_a_model() -> None:
     order = Order(customer="ana", lines=[Line(sku="a"), Line(sku="b", size=Size.LARGE)])
     assert canonical_form(order) == {
+        "customer": "ana", "lines": [{"sku": "a", "size": "s"}, {"sku": "b", "size": "l"}],
+        "note": "none"}
+    # As a checkpoint gives it back (every field set): the same form.
+    assert canonical_form(Order(**order.model_dump())) == canonical_form(order)
+    # Releases before keyed the fields set explicitly (looked up for what they recorded).
+    assert legacy_form(order) == {
         "customer": "ana", "lines": [{"sku": "a"}, {"sku": "b", "size": "l"}]}
+    assert legacy_form(Order(**order.model_dump())) is None
     delivery = Delivery(at=AT, ref=REF, price=decimal.Decimal("9.90"),
                         tags=frozenset({"b", "a"}))
     assert canonical_form((delivery,)) == [{
@@ -113,7 +120,8 @@ def test_typed_arguments_are_keyed_sent_once_and_given_to_the_function_as_object
     assert isinstance(order, Order) and isinstance(order.lines[0], Line)
     assert isinstance(delivery, Delivery) and delivery.at == AT
     [record] = saver.effects("t")
-    assert record.args["order"] == {"customer": "ana", "lines": [{"sku": "a"}]}
+    assert record.args["order"] == {"customer": "ana", "lines": [{"sku": "a", "size": "s"}],
+                                    "note": "none"}
     assert record.args["delivery"]["ref"] == str(REF)
     assert provider.count(record.key) == 1
 
@@ -131,7 +139,8 @@ def test_an_approval_shows_the_canonical_args_and_the_function_still_gets_object
     graph = _graph(saver, provider, seen, Effect(approval=True))
     graph.invoke({"sku": "a"}, CONFIG, durability="sync")
     [question] = graph.get_state(CONFIG).interrupts
-    assert question.value["args"]["order"] == {"customer": "ana", "lines": [{"sku": "a"}]}
+    assert question.value["args"]["order"] == {
+        "customer": "ana", "lines": [{"sku": "a", "size": "s"}], "note": "none"}
     assert seen == []
     graph.invoke(Command(resume={question.id: {"type": "approve"}}), CONFIG, durability="sync")
     [(order, _)] = seen
@@ -180,6 +189,53 @@ def test_a_typed_write_killed_after_its_effect_is_sent_once(tmp_path: Path, mode
         assert question["type"] == "effect_unknown"
     else:
         assert resumed.done, resumed.summary
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("mode", ["dedupe", "lookup"])
+def test_a_model_read_from_the_state_keeps_its_key_after_a_kill(tmp_path: Path,
+                                                                mode: str) -> None:
+    """The `Invoice` reaches the write through the graph's state, its defaults left
+    unset; on the resume it is the model LangGraph's serializer rebuilt from the
+    checkpoint, every field set. Keyed by the fields set explicitly, it was a new call
+    after the kill and invoiced twice."""
+    factory = "graph_durable.testing.scenarios.typed_writes:build_typed_write_graph"
+    kwargs = {"db_path": str(tmp_path / "agent.sqlite"), "provider_dir": str(tmp_path),
+              "mode": mode, "from_state": True}
+    invoices = FakeProvider(str(tmp_path / "invoice.sqlite"), mode)
+    crashed = run_child(factory, kwargs, thread_id="t",
+                        fault=FaultPlan("after_effect", tool="create_typed_invoice"))
+    assert crashed.killed and invoices.count() == 1
+    resumed = run_child(factory, kwargs, thread_id="t", action="resume")
+    assert resumed.done, resumed.summary
+    assert invoices.count() == 1
+
+
+def test_a_write_an_earlier_release_keyed_by_the_fields_set_is_found(
+    saver: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that crossed the upgrade: its write, recorded under the key of the fields
+    set explicitly, is answered from that record, not sent again under the new key."""
+    import graph_durable.nodes.writes as writes_module
+
+    provider = FakeProvider(str(tmp_path / "ship.sqlite"), "blind")
+    seen: list[Any] = []
+    graph = _graph(saver, provider, seen, Effect(approval=True))
+    monkeypatch.setattr(writes_module, "canonical_form",
+                        lambda value, path="args": canonical_form(value, path, set_only=True))
+    monkeypatch.setattr(writes_module, "legacy_form", lambda value, path="args": None)
+    graph.invoke({"sku": "a"}, CONFIG, durability="sync")
+    [question] = graph.get_state(CONFIG).interrupts
+    graph.invoke(Command(resume={question.id: {"type": "approve"}}), CONFIG,
+                 durability="sync")
+    [earlier] = saver.effects("t")
+    assert earlier.args["order"] == {"customer": "ana", "lines": [{"sku": "a"}]}
+    monkeypatch.undo()
+    # The step again (time travel to the checkpoint it ran from): the same request.
+    [before] = [s for s in saver.list(CONFIG) if s.metadata.get("step") == 0]
+    graph.invoke(None, before.config, durability="sync")
+    assert provider.count() == 1 and len(seen) == 1
+    assert [r.key for r in saver.effects("t")] == [earlier.key]
 
 
 def test_an_edit_reaches_the_function_as_objects_validated_by_its_schema(

@@ -3,6 +3,9 @@ holding a datetime, a UUID, a Decimal and an enum (`graph_durable.canonical`).
 
 A custom node `bill` calls `create_invoice(invoice=Invoice(...), shipment=Shipment(...))`,
 which writes to provider `invoice` (`<provider_dir>/invoice.sqlite`) in the mode given.
+With `from_state`, a node before it drafts the `Invoice` (its defaults left unset) into
+the graph's state, and `bill` passes on the model it reads there: on a resume, the one
+LangGraph's serializer rebuilt from the checkpoint.
 The provider records the types the function was given, so a test sees that it got the
 objects, not their JSON form. A scenario factory of the crash kit (`run_child`).
 """
@@ -59,6 +62,7 @@ class BillState(TypedDict, total=False):
 
     customer: str
     cents: int
+    draft: Invoice
     invoice: dict[str, Any]
 
 
@@ -71,7 +75,8 @@ def _policy(provider: FakeProvider) -> Effect:
 
 
 def build_typed_write_graph(db_path: str, provider_dir: str,
-                            mode: ProviderMode = "dedupe") -> EffectsAgent:
+                            mode: ProviderMode = "dedupe", from_state: bool = False
+                            ) -> EffectsAgent:
     """The graph on a `DurableSqliteSaver` at `db_path`; input `{"customer", "cents"}`."""
     os.makedirs(provider_dir, exist_ok=True)
     invoices = FakeProvider(os.path.join(provider_dir, "invoice.sqlite"), mode, name="invoice")
@@ -83,8 +88,12 @@ def build_typed_write_graph(db_path: str, provider_dir: str,
             "currency": invoice.currency.value, "ship_at": shipment.ship_at.isoformat(),
             "customer": invoice.customer, "cents": invoice.cents})
 
+    def draft(state: BillState) -> dict[str, Any]:
+        return {"draft": Invoice(customer=state["customer"], cents=state["cents"])}
+
     def bill(state: BillState) -> dict[str, Any]:
-        invoice = Invoice(customer=state["customer"], cents=state["cents"])
+        invoice = (state["draft"] if from_state
+                   else Invoice(customer=state["customer"], cents=state["cents"]))
         shipment = Shipment(
             ship_at=datetime.datetime(2026, 12, 24, 9, 30, tzinfo=datetime.timezone.utc),
             ref=uuid.uuid5(uuid.NAMESPACE_URL, f"shipment/{state['customer']}"))
@@ -93,7 +102,12 @@ def build_typed_write_graph(db_path: str, provider_dir: str,
     saver = open_saver(None, db_path)
     builder = StateGraph(BillState)
     builder.add_node("bill", bill)
-    builder.add_edge(START, "bill")
+    if from_state:
+        builder.add_node("draft", draft)
+        builder.add_edge(START, "draft")
+        builder.add_edge("draft", "bill")
+    else:
+        builder.add_edge(START, "bill")
     builder.add_edge("bill", END)
     return EffectsAgent(graph=builder.compile(checkpointer=saver), saver=saver,
                         providers={"invoice": invoices},
