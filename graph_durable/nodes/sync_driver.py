@@ -33,7 +33,8 @@ __all__ = ["SyncDriver", "perform", "perform_reads"]
 ToolResult = ToolMessage | Command
 
 def perform(saver: Any, config: Any, op: ops.Op) -> Any:
-    """Perform one of the saver's operations (or a `Sleep`); its result."""
+    """Perform one of the saver's operations (or a `Sleep`, or a `Join` outside a
+    call's run, which waits for nothing); its result."""
     call = ops.saver_call(op, config)
     if call is not None:
         method, args = call
@@ -41,6 +42,8 @@ def perform(saver: Any, config: Any, op: ops.Op) -> Any:
     if isinstance(op, ops.Sleep):
         time.sleep(op.seconds)
         return None
+    if isinstance(op, ops.Join):
+        return None  # outside a guarded call's run: no other call of it to wait for
     raise TypeError(f"not an operation on the saver: {op!r}")
 
 def perform_reads(saver: Any, reads: Generator[ops.Read, Any, Any]) -> Any:
