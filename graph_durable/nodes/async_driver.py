@@ -16,7 +16,7 @@ from graph_durable.nodes.core import Calling, GuardBase, Started
 from graph_durable.nodes.interrupts import OnAsk
 from graph_durable.nodes.key_delivery import report_unread_key
 from graph_durable.nodes.observing import observed_outcome
-from graph_durable.nodes.run_once import same_answer
+from graph_durable.nodes.run_once import EditedIntoEachOther, same_answer
 from graph_durable.nodes.outcomes import Attempt, Outcome, acall_lookup, watch_reports
 from graph_durable.nodes.protocol import CallContext
 from graph_durable.nodes.storage import described
@@ -82,12 +82,17 @@ class AsyncDriver(GuardBase):
 
     async def _ajoin(self, task: Task, call: Calling, op: ops.Join) -> ops.Joined | None:
         """Async `SyncDriver._join`."""
-        running, leader = self.once.join(task.thread_id, call.ctx, op.key)
+        try:
+            running, leader = self.once.join(task.thread_id, call.ctx, op.key)
+        except EditedIntoEachOther as exc:
+            return ops.Failed(exc)  # thrown into the protocol, which answers the call
         if leader:
             return None
         assert running is not None
         try:
-            return ops.Joined(same_answer(await asyncio.wrap_future(running)))
+            # Shielded: a cancelled waiter must not cancel the future the leader (and
+            # every other waiter) settles.
+            return ops.Joined(same_answer(await asyncio.shield(asyncio.wrap_future(running))))
         finally:
             self.once.done_waiting(task.thread_id, call.ctx)
 
@@ -125,7 +130,7 @@ class AsyncDriver(GuardBase):
         running, leader = self.once.lead(started, repeats)
         if not leader:
             assert running is not None
-            return same_answer(await asyncio.wrap_future(running))
+            return same_answer(await asyncio.shield(asyncio.wrap_future(running)))
         try:
             async with self._observing(started) as observed:
                 try:

@@ -262,16 +262,23 @@ class GuardBase:
         the operations left are I/O for the driver."""
         task, ctx, protocol, value = started.task, started.ctx, started.protocol, started.value
         redacted = ctx.policy.redact is not None
+        thrown: Exception | None = None
         while True:
             try:
-                op = protocol.send(ctx.unredacted(value) if redacted else value)
+                if thrown is not None:  # an operation's `Failed` result, for the protocol
+                    op, thrown = protocol.throw(thrown), None
+                else:
+                    op = protocol.send(ctx.unredacted(value) if redacted else value)
             except StopIteration as done:
                 return done.value
             if isinstance(op, Ask):
                 value = on_ask(with_schema(op, tool),
                                interrupt_id_for(task.checkpoint_ns, op.record.key))
             else:
-                value = yield op
+                try:
+                    value = yield op
+                except Exception as exc:  # noqa: BLE001 - thrown in by the driver: passed on
+                    thrown = exc
 
     def _effect_context(self, task: Task, op: CallTool) -> EffectContext:
         record = op.record

@@ -32,6 +32,7 @@ from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
 from graph_durable.errors import GraphDurableError, NotApplied, Retryable
+from graph_durable.nodes.run_once import EditedIntoEachOther
 from graph_durable.faults import fault_point
 from graph_durable.ledger import (
     FROM_RECEIPT,
@@ -181,12 +182,14 @@ def _intent(ctx: CallContext, status: EffectStatus, *, record_args: dict[str, An
     )
 
 
-def _resume(ctx: CallContext, record: EffectRecord) -> Protocol:
-    """An effect the ledger already knows: replay, reconcile, or act on a decision."""
+def _resume(ctx: CallContext, record: EffectRecord,
+            followed: frozenset[str] = frozenset()) -> Protocol:
+    """An effect the ledger already knows: replay, reconcile, or act on a decision.
+    `followed`: the keys of the calls this one was edited from, on the way here."""
     if record.status in TERMINAL_STATUSES:
         if (record.decision or {}).get("edited_key") is not None:
             return (yield from _resume_edited(ctx, (yield from _edited_call(
-                ctx, record.decision))))
+                ctx, record.decision)), followed | {record.key}))
         stored = yield Read("stored_result", (ctx.thread_id, record.key))
         ctx.outcome = "replayed"
         return rebound(stored, ctx.tool_call_id, (record.tool_call_id,))
@@ -410,17 +413,35 @@ def _take_over_edit(ctx: CallContext, record: EffectRecord, edited_there: Effect
     return (yield from _resume_edited(ctx, (yield from _edited_call(ctx, decision))))
 
 
-def _resume_edited(ctx: CallContext, edited: EffectRecord) -> Protocol:
+def _resume_edited(ctx: CallContext, edited: EffectRecord,
+                   followed: frozenset[str] = frozenset()) -> Protocol:
     """Go on as the call a reviewer's edit made this one (`edited`). Its key may be that
     of another call of the same message under the same tool_call_id (same tool, same
     args), running now in this process with a decision of its own to act on: this call
     then waits for that one's answer (`Join`) instead of acting on the same decision at
-    the same time, which sent the same key twice."""
-    joined = yield Join(edited.key)
+    the same time, which sent the same key twice. Calls edited into each other (each
+    skipped in favour of the other) were neither sent: each is answered so."""
+    if edited.key in followed or edited.key == ctx.key and followed:
+        return _edited_into_each_other(ctx)
+    try:
+        joined = yield Join(edited.key)
+    except EditedIntoEachOther:
+        return _edited_into_each_other(ctx)
     if joined is not None:
         ctx.outcome = "replayed"
         return joined.result
-    return (yield from _resume(ctx, edited))
+    # Read again now that this call runs it: the call it joined may have ended since.
+    edited = (yield Read("effect", (edited.key, ctx.thread_id))) or edited
+    return (yield from _resume(ctx, edited, followed))
+
+
+def _edited_into_each_other(ctx: CallContext) -> ToolMessage:
+    ctx.outcome = "decided"
+    return ctx.message(
+        f"Not sent: this call and another call to {ctx.tool!r} under tool_call_id "
+        f"{ctx.tool_call_id!r} were each edited into the other, so one could not be told "
+        "from the other. Neither was sent; ask for them again with different args.",
+        status="error")
 
 
 def _edited_call(ctx: CallContext, decision: dict[str, Any]
@@ -581,6 +602,16 @@ def _send_edited(ctx: CallContext, record: EffectRecord, decision: dict[str, Any
     resolved = ctx.transition(record, S.SKIPPED, "resolved",
                               decision={**decision, "edited_key": edited_key},
                               data={**data, "edited_key": edited_key})
+    try:
+        joined = yield Join(edited_key)
+    except EditedIntoEachOther:
+        return _edited_into_each_other(ctx)
+    if joined is not None:
+        # Another call of this process runs the call this edit makes (the call the edit
+        # made this one, or another call edited into the same): its answer is this one's.
+        yield Write(resolved)
+        ctx.outcome = "replayed"
+        return joined.result
     known = yield Read("effect", (edited_key, ctx.thread_id))
     if known is not None:
         # The same edit was made before in this thread's history (a fork or time travel

@@ -18,7 +18,12 @@ from langchain_core.messages import ToolMessage
 
 from graph_durable.errors import GraphDurableError
 
-__all__ = ["RunOnce", "same_answer"]
+__all__ = ["EditedIntoEachOther", "RunOnce", "same_answer"]
+
+
+class EditedIntoEachOther(GraphDurableError):
+    """Raised by `RunOnce.join` (and thrown into the protocol) when a call would wait,
+    through the calls it waits for, for itself: calls edited into each other."""
 
 
 class _Started(Protocol):
@@ -81,7 +86,7 @@ class RunOnce:
                     break
                 leader = self._led_by.get(waited, waited)
             else:
-                raise GraphDurableError(
+                raise EditedIntoEachOther(
                     f"Two calls under tool_call_id {ctx.tool_call_id!r} ({ctx.tool}) in "
                     f"thread {thread_id!r} were each edited into the other: this one would "
                     "wait for the other, which waits for it. Nothing was sent for this "
@@ -111,6 +116,8 @@ class RunOnce:
                 futures.append(self._running.pop(slot))
             self._waiting.pop(me, None)
         for future in futures:
+            if future.done():  # cancelled by a waiter's cancelled task
+                continue
             if error is not None:
                 future.set_exception(error)
             else:

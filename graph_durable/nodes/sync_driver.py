@@ -18,7 +18,7 @@ from graph_durable.nodes.core import Calling, GuardBase, Started
 from graph_durable.nodes.interrupts import OnAsk
 from graph_durable.nodes.key_delivery import report_unread_key
 from graph_durable.nodes.observing import observed_outcome
-from graph_durable.nodes.run_once import same_answer
+from graph_durable.nodes.run_once import EditedIntoEachOther, same_answer
 from graph_durable.nodes.outcomes import (
     Outcome,
     call_lookup,
@@ -84,7 +84,10 @@ class SyncDriver(GuardBase):
 
     def _join(self, task: Task, call: Calling, op: ops.Join) -> ops.Joined | None:
         """Wait for the call of this process running `op.key`, if one is (`RunOnce.join`)."""
-        running, leader = self.once.join(task.thread_id, call.ctx, op.key)
+        try:
+            running, leader = self.once.join(task.thread_id, call.ctx, op.key)
+        except EditedIntoEachOther as exc:
+            return ops.Failed(exc)  # thrown into the protocol, which answers the call
         if leader:
             return None
         assert running is not None

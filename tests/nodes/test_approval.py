@@ -459,3 +459,25 @@ def test_two_calls_each_edited_into_the_other_never_wait_for_each_other() -> Non
     assert leader and joined is not None
     once.settle(a, running_a, result="done")
     assert joined.result() == "done" and running_a.result() == "done"
+
+
+def test_two_calls_edited_into_each_other_are_answered_not_sent(saver, provider) -> None:
+    """`send(to=a)` edited into `send(to=b)` and `send(to=b)` into `send(to=a)` under one
+    tool_call_id: each is skipped in favour of the other, so neither can be sent without
+    being the other. Both are answered "not sent" (they bounced between each other until
+    the recursion limit, on every run after), and the thread goes on."""
+    graph = _repeated_id_graph(saver, provider)
+    result = graph.invoke({"messages": [HumanMessage("go")]}, CONFIG, durability="sync")
+    asked = {i.value["args"]["to"]: i for i in result["__interrupt__"]}
+
+    def edit(to: str) -> dict[str, Any]:
+        return {"type": "edit", "edited_action": {"name": "send", "args": {"to": to}}}
+
+    result = graph.invoke(Command(resume={asked["a"].id: edit("b"), asked["b"].id: edit("a")}),
+                          CONFIG, durability="sync")
+    answers = [m for m in result["messages"] if m.type == "tool"]
+    assert len(answers) == 2
+    assert all(m.status == "error" and "edited into the other" in m.content for m in answers)
+    assert provider.count() == 0 and result["messages"][-1].content == "done"
+    graph.invoke(None, CONFIG, durability="sync")  # nothing left, nothing raised
+    assert provider.count() == 0
