@@ -105,9 +105,9 @@ class WriteRequest:
     tool_call: dict[str, Any]
     tool: Any
     where: WritePlace
-    legacy_args: dict[str, Any] | None = None
-    """The args as releases before keyed them, where they differ (a pydantic model
-    with a field left unset: `canonical.legacy_form`)."""
+    legacy_args: tuple[dict[str, Any], ...] = ()
+    """The args as releases before may have keyed them, where they differ (a pydantic
+    model with fields left unset or at their defaults: `canonical.legacy_forms`)."""
 
     def override(self, **changes: Any) -> WriteRequest:
         """This request with `changes` (an edited call's `tool_call`)."""
@@ -168,14 +168,17 @@ class WriteKeys:
             # made this a copy point committed): that key stays.
             earlier = self._keyed(task, request, policy, keying, own)
             if (yield Read("effect", (earlier.key, task.thread_id))) is not None:
-                ctx = earlier
-        if request.legacy_args is not None:
-            # Recorded by a release that keyed a model by the fields set explicitly
-            # (`canonical.legacy_form`): that key stays.
-            earlier = self._keyed(task, request.override(tool_call={
-                **request.tool_call, "args": request.legacy_args}), policy, keying, origin)
-            if (yield Read("effect", (earlier.key, task.thread_id))) is not None:
-                ctx.key = earlier.key
+                ctx, origin = earlier, own
+        if request.legacy_args and keying.pin is None:
+            # A model keyed as releases before keyed it (`canonical.legacy_forms`), in a
+            # thread that holds effects already (one with none is pinned by its first
+            # intent): a write they recorded keeps its key.
+            for args in request.legacy_args:
+                earlier = self._keyed(task, request.override(tool_call={
+                    **request.tool_call, "args": args}), policy, keying, origin)
+                if (yield Read("effect", (earlier.key, task.thread_id))) is not None:
+                    ctx.key = earlier.key
+                    break
         yield from adopt_legacy_key(ctx, keying, task.thread_id)
         return ctx
 

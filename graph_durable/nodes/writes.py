@@ -48,7 +48,7 @@ from langchain_core.tools import StructuredTool
 from pydantic import BaseModel, ValidationError
 
 from graph_durable._langgraph import CONFIG_KEY_SCRATCHPAD
-from graph_durable.canonical import NotCanonical, canonical_form, legacy_form
+from graph_durable.canonical import NotCanonical, canonical_form, legacy_forms
 from graph_durable.errors import GraphDurableError, NotApplied, UnkeyableToolCall
 from graph_durable.nodes.guard import GuardCore
 from graph_durable.nodes.interrupts import raise_interrupts
@@ -222,11 +222,8 @@ class GuardedWrite:
         first, run.decided = not run.decided, True
         call = {"name": self.name, "args": keyed, "id": where.call_id(self.name, position),
                 "type": "tool_call"}
-        legacy = {name: legacy_form(value, name) for name, value in named.items()}
-        legacy_args = (None if all(form is None for form in legacy.values()) else
-                       {name: keyed[name] if form is None else form
-                        for name, form in legacy.items()})
-        return _Call(WriteRequest(call, self.tool, where, legacy_args), first, named, keyed)
+        return _Call(WriteRequest(call, self.tool, where, _legacy_args(named, keyed)),
+                     first, named, keyed)
 
     def _as_called(self, request: WriteRequest, call: _Call) -> dict[str, Any]:
         """What the function is called with: the objects it was given, unless a reviewer
@@ -283,3 +280,22 @@ class GuardedWrite:
             return self._message(request, await self.fn(**self._as_called(request, call)))
 
         return _value(await _GUARD.arun(call.request, execute, _interrupt_now))
+
+
+def _legacy_args(named: dict[str, Any], keyed: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The args as releases before this one may have keyed them, where they differ
+    (`canonical.legacy_forms`: a pydantic model with fields left unset or at their
+    defaults); none for plain JSON arguments."""
+    variants: list[dict[str, Any]] = []
+    for name, value in named.items():
+        for form in legacy_forms(value, keyed[name], name):
+            args = {**keyed, name: form}
+            if args not in variants:
+                variants.append(args)
+    if len(variants) > 1:  # several models: the forms of all of them at once, too
+        for fields in ("set", "not_default"):
+            args = {name: canonical_form(value, name, fields=fields)  # type: ignore[arg-type]
+                    for name, value in named.items()}
+            if args != keyed and args not in variants:
+                variants.append(args)
+    return tuple(variants)

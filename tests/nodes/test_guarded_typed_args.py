@@ -20,7 +20,7 @@ from langgraph.types import Command
 from pydantic import BaseModel
 
 from graph_durable import DurableSqliteSaver, Effect, current_effect, guarded
-from graph_durable.canonical import NotCanonical, canonical_form, legacy_form
+from graph_durable.canonical import NotCanonical, canonical_form, legacy_forms
 from graph_durable.errors import UnkeyableToolCall
 from graph_durable.testing import FakeProvider, FaultPlan
 from graph_durable.testing.crash.child import run_child
@@ -68,10 +68,13 @@ def test_the_canonical_form_is_plain_json_with_every_field_of_a_model() -> None:
         "note": "none"}
     # As a checkpoint gives it back (every field set): the same form.
     assert canonical_form(Order(**order.model_dump())) == canonical_form(order)
-    # Releases before keyed the fields set explicitly (looked up for what they recorded).
-    assert legacy_form(order) == {
-        "customer": "ana", "lines": [{"sku": "a"}, {"sku": "b", "size": "l"}]}
-    assert legacy_form(Order(**order.model_dump())) is None
+    # Releases before keyed the fields set explicitly (looked up for what they recorded),
+    # which, given back by a checkpoint, are those that differ from their defaults.
+    old = {"customer": "ana", "lines": [{"sku": "a"}, {"sku": "b", "size": "l"}]}
+    assert legacy_forms(order, canonical_form(order)) == [old]
+    rebuilt = Order(**order.model_dump())
+    assert legacy_forms(rebuilt, canonical_form(rebuilt)) == [old]
+    assert legacy_forms({"a": 1}, {"a": 1}) == [] and legacy_forms("x", "x") == []
     delivery = Delivery(at=AT, ref=REF, price=decimal.Decimal("9.90"),
                         tags=frozenset({"b", "a"}))
     assert canonical_form((delivery,)) == [{
@@ -222,8 +225,9 @@ def test_a_write_an_earlier_release_keyed_by_the_fields_set_is_found(
     seen: list[Any] = []
     graph = _graph(saver, provider, seen, Effect(approval=True))
     monkeypatch.setattr(writes_module, "canonical_form",
-                        lambda value, path="args": canonical_form(value, path, set_only=True))
-    monkeypatch.setattr(writes_module, "legacy_form", lambda value, path="args": None)
+                        lambda value, path="args", fields="set": canonical_form(
+                            value, path, fields=fields))
+    monkeypatch.setattr(writes_module, "legacy_forms", lambda value, form, path="args": [])
     graph.invoke({"sku": "a"}, CONFIG, durability="sync")
     [question] = graph.get_state(CONFIG).interrupts
     graph.invoke(Command(resume={question.id: {"type": "approve"}}), CONFIG,
