@@ -33,7 +33,7 @@ from langgraph.errors import GraphBubbleUp
 from pydantic import BaseModel, ConfigDict, Discriminator, TypeAdapter, ValidationError, create_model
 
 from graph_durable.errors import InvalidDecision
-from graph_durable.ledger import EffectRecord, EffectStatus
+from graph_durable.ledger import EffectRecord, EffectStatus, canonical_json
 
 __all__ = [
     "APPROVAL_DECISIONS",
@@ -395,7 +395,7 @@ def match_decisions(
                 f"{sorted(by_call)}", None, thread_id,
             )
         answer = checked(decision, record)
-        if record.key in chosen and chosen[record.key] != answer:
+        if record.key in chosen and not _same_answer(chosen[record.key], answer):
             raise _invalid(
                 f"Call {record.tool_call_id!r} to {record.tool!r} is answered twice, "
                 f"differently, under two names (its tool_call_id, interrupt id or effect key "
@@ -403,3 +403,12 @@ def match_decisions(
             )
         chosen[record.key] = answer
     return chosen
+
+
+def _same_answer(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two answers to one call say the same, as they are recorded (an edit to
+    `10` and one to `10.0` are two edits)."""
+    try:
+        return canonical_json(one) == canonical_json(other)
+    except (TypeError, ValueError):
+        return one == other
