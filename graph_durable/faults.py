@@ -118,6 +118,13 @@ def _from_env() -> _Armed | None:
 _ARMED: _Armed | None = _from_env()
 
 
+def _rearm_from_env() -> None:
+    """Arm what the environment names now (a child forked from a process that imported
+    this module under another environment)."""
+    global _ARMED
+    _ARMED = _from_env()
+
+
 def arm(*plans: FaultPlan, trace_path: str | None = None) -> None:
     """Arm `plans` in this process (replacing any armed before)."""
     global _ARMED

@@ -7,7 +7,10 @@
 - `reads`: what a run left, read between and after its processes (its database
   read-only, ledger, provider effects, resume costs).
 - `report`: what a sweep reports (`CrashPoint`, `CrashRow`, `CrashReport`).
-- `forkserver`: `ForkServer`, children forked from a pre-imported server.
+- `forkserver`: `ForkServer`, children forked from a pre-imported server, one at a time.
+- `launcher`: where `run_child`'s children come from: forked from a pre-imported
+  launcher, several at once, each signalled by its pid (`GRAPH_DURABLE_CHILDREN=spawn`
+  starts new interpreters instead).
 
 The sweep's names are re-exported here (and from `graph_durable.testing`).
 """

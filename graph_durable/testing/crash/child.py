@@ -19,14 +19,13 @@ import inspect
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from graph_durable.testing.crash.launcher import RUN_MODULES, launched
 from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE, FaultPlan
 
 __all__ = ["PRELOAD", "Child", "ChildResult", "child_spec", "load_factory", "run_child",
@@ -34,14 +33,7 @@ __all__ = ["PRELOAD", "Child", "ChildResult", "child_spec", "load_factory", "run
 
 Action = Literal["start", "resume", "decide", "review", "recover"]
 
-PRELOAD = ("graph_durable.operators.audit", "graph_durable.checkpointers._base", "graph_durable.errors",
-           "graph_durable.faults", "graph_durable.operators.recovery", "graph_durable.operators.review",
-           "langgraph.types",
-           # What langchain_core imports on a graph's first invoke (callback managers,
-           # tracers, the translation of v0 message content).
-           "langchain_core.messages.block_translators.langchain_v0",
-           "langchain_core.tracers.context", "langchain_core.tracers.run_collector",
-           "langchain_core.tracers.stdout")
+PRELOAD = RUN_MODULES
 """Modules a child run imports only once it runs (this module imports them lazily, so
 that the package stays cheap to import, and so do the libraries under it): a fork server
 imports them before it forks, or every child would import them again, and compile them
@@ -123,7 +115,8 @@ def start_child(
     start_at: float | None = None,
     timeout: float = 120.0,
 ) -> Child:
-    """Start one invocation of the scenario's graph in a new Python process.
+    """Start one invocation of the scenario's graph in a new process (forked from a
+    pre-imported launcher, or a new interpreter: see `launcher`).
 
     Args:
         factory: `module:attribute` of the scenario factory (an `async def` factory runs
@@ -171,14 +164,7 @@ class Child:
 
     def __init__(self, spec: dict[str, Any], env: dict[str, str], timeout: float) -> None:
         self.spec = spec
-        self._stderr = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen(
-            # Not `-m`: the package imports this module, and runpy warns about that.
-            [sys.executable, "-c", "from graph_durable.testing.crash.child import _main; _main()",
-             json.dumps(spec)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-            env=env,
-        )
+        self.proc = launched("graph_durable.testing.crash.child:_main", json.dumps(spec), env)
         self._timed_out = threading.Event()
         self._timer = threading.Timer(timeout, self._kill_on_timeout)
         self._timer.start()
@@ -198,16 +184,16 @@ class Child:
         spec, proc = self.spec, self.proc
         try:
             if spec["hold"]:
-                out = proc.stdout.readline() if proc.stdout else ""
+                out = proc.first_line()
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
             else:
-                out, _ = proc.communicate()
+                proc.wait()
+                out = proc.stdout()
         finally:
             self._timer.cancel()
-        self._stderr.seek(0)
-        errors = self._stderr.read()
-        self._stderr.close()
+        errors = proc.stderr()
+        proc.close()
         where = f"child run of {spec['factory']} (thread {spec['thread_id']!r}, {spec['action']})"
         if self._timed_out.is_set():
             raise TimeoutError(f"{where} did not finish within {self.timeout} s and was "
@@ -218,6 +204,7 @@ class Child:
             raise RuntimeError(f"{where} failed with exit code {proc.returncode}:\n"
                                f"{errors[-4000:]}")
         summary: dict[str, Any] = json.loads(lines[-1]) if lines else {}
+        assert proc.returncode is not None
         return ChildResult(proc.returncode, killed and not spec["hold"], summary, errors)
 
 

@@ -39,6 +39,7 @@ from graph_durable.checkpointers.sqlite import DurableSqliteSaver
 from graph_durable.nodes import EffectGuardNode, current_effect
 from graph_durable.policy import Effect
 from graph_durable.testing.crash.child import ChildResult, load_factory, summarize
+from graph_durable.testing.crash.launcher import launched
 from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE, FaultPlan
 from graph_durable.testing.models import ScriptedChatModel
 from graph_durable.testing.providers import FakeProvider
@@ -194,18 +195,23 @@ def run_fork_child(
     if fault is not None:
         env.update(fault.to_env())
     spec = {"factory": factory, "kwargs": kwargs, "thread_id": thread_id, "action": action}
-    proc = subprocess.run(
-        [sys.executable, "-c", "from graph_durable.testing.scenarios.forks import main; main()",
-         json.dumps(spec)],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout,
-    )
-    killed = proc.returncode == -signal.SIGKILL
-    if proc.returncode not in (0, -signal.SIGKILL):
+    proc = launched("graph_durable.testing.scenarios.forks:main", json.dumps(spec), env)
+    try:
+        returncode = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        proc.close()
+        raise
+    out, errors = proc.stdout(), proc.stderr()
+    proc.close()
+    killed = returncode == -signal.SIGKILL
+    if returncode not in (0, -signal.SIGKILL):
         raise RuntimeError(f"fork child of {factory} (thread {thread_id!r}, {action}) failed "
-                           f"with exit code {proc.returncode}:\n{proc.stderr[-4000:]}")
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+                           f"with exit code {returncode}:\n{errors[-4000:]}")
+    lines = [line for line in out.splitlines() if line.startswith("{")]
     summary: dict[str, Any] = json.loads(lines[-1]) if lines else {}
-    return ChildResult(proc.returncode, killed, summary, proc.stderr)
+    return ChildResult(returncode, killed, summary, errors)
 
 
 def _fork_config(graph: Any, config: dict[str, Any], action: str) -> dict[str, Any] | None:
