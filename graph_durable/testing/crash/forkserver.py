@@ -1,13 +1,13 @@
 """Real child processes that start in milliseconds: fork them from a pre-imported server.
 
 A fresh interpreter spends a second or two importing LangGraph before a crash test can
-start its graph. A `ForkServer` pays that once: it starts one server process that
-imports the given modules and then only waits, single-threaded, with no database open.
-Each `run` makes the server `os.fork()` a child, which arms its fault plan, calls a
-module-level function (`"module:function"`, JSON keyword arguments), writes the JSON it
-returns to a file and leaves with `os._exit`. The child is a real process: a
-`FaultPlan(action="kill")` SIGKILLs it, and everything it opens (databases, threads,
-event loops) is its own, opened after the fork.
+start its graph. A `ForkServer` pays that once per process: its children are forked by
+this process's launcher (`launcher`), a process that imports the given modules and then
+only waits, single-threaded, with no database open. Each `run` forks a child, which arms
+its fault plan, calls a module-level function (`"module:function"`, JSON keyword
+arguments), writes the JSON it returns to a file and leaves with `os._exit`. The child
+is a real process: a `FaultPlan(action="kill")` SIGKILLs it, and everything it opens
+(databases, threads, event loops) is its own, opened after the fork.
 
     with ForkServer(["graph_durable.testing.explorer.scenario"]) as server:
         outcome = server.run("pkg.mod:function", {"x": 1}, fault=FaultPlan("after_effect"))
@@ -32,6 +32,7 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from graph_durable.testing.crash.launcher import launched
 from graph_durable.testing.faults import ENV_FAULTS, ENV_TRACE, FaultPlan, arm
 
 __all__ = ["ChildOutcome", "ForkServer"]
@@ -86,33 +87,9 @@ def _call(request: dict[str, Any]) -> None:
     os._exit(0)
 
 
-def _redirect_output(path: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    os.close(devnull)
-
-
-def _serve() -> None:
-    """The server's loop: import, then fork one child per request line on stdin."""
-    for name in json.loads(sys.argv[-1]):
-        importlib.import_module(name)
-    if threading.active_count() != 1:
-        names = [t.name for t in threading.enumerate()]
-        raise RuntimeError(f"fork server: importing started threads {names}; forking "
-                           "a process with threads is unsafe")
-    print(json.dumps({"ready": os.getpid()}), flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _redirect_output(request["output_path"])
-            _call(request)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"exitcode": os.waitstatus_to_exitcode(status)}), flush=True)
+def _run_forked() -> None:
+    """Body of a child forked by the launcher (the request is the last argument)."""
+    _call(json.loads(sys.argv[-1]))
 
 
 def _run_once() -> None:
@@ -124,11 +101,12 @@ def _run_once() -> None:
 
 
 class ForkServer:
-    """A server process that forks pre-imported children (see the module docstring).
+    """Runs calls in pre-imported children, one at a time (see the module docstring).
 
     Args:
-        preload: Modules the server imports before forking (the child's function's
-            module and what it imports). They must not start threads when imported.
+        preload: Modules imported before forking (the child's function's module and
+            what it imports), by this process's launcher, once. They must not start
+            threads when imported.
         method: `fork` (default) or `spawn` (a new interpreter per call).
 
     One call runs at a time per server; use one server per worker thread.
@@ -144,17 +122,6 @@ class ForkServer:
         self._scratch = tempfile.mkdtemp(prefix="forkserver-")
         self._calls = 0
         self._env = {k: v for k, v in os.environ.items() if k not in (ENV_FAULTS, ENV_TRACE)}
-        self._proc: subprocess.Popen[str] | None = None
-        if method == "fork":
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", "from graph_durable.testing.crash.forkserver import _serve; "
-                 "_serve()", json.dumps(self.preload)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self._env)
-            ready = self._proc.stdout.readline() if self._proc.stdout else ""
-            if not ready.startswith("{"):
-                self._proc.wait()
-                raise RuntimeError(f"fork server did not start (exit code "
-                                   f"{self._proc.returncode}); see its stderr above")
 
     def __enter__(self) -> ForkServer:
         return self
@@ -163,11 +130,7 @@ class ForkServer:
         self.close()
 
     def close(self) -> None:
-        """Stop the server (children have all ended: calls wait for theirs)."""
-        if self._proc is not None and self._proc.poll() is None:
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()
-            self._proc.wait(timeout=10)
+        """Remove the server's files (children have all ended: calls wait for theirs)."""
         for name in os.listdir(self._scratch):
             os.unlink(os.path.join(self._scratch, name))
         os.rmdir(self._scratch)
@@ -193,7 +156,7 @@ class ForkServer:
                        "fault": asdict(fault) if fault is not None else None,
                        "result_path": result_path, "output_path": output_path,
                        "preload": self.preload}
-            exitcode = self._fork(request) if self._proc is not None else self._spawn(request)
+            exitcode = self._fork(request) if self.method == "fork" else self._spawn(request)
             outcome = ChildOutcome(exitcode)
             if os.path.exists(result_path):
                 with open(result_path, encoding="utf-8") as stored:
@@ -208,14 +171,9 @@ class ForkServer:
             return outcome
 
     def _fork(self, request: dict[str, Any]) -> int:
-        proc = self._proc
-        assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps(request) + "\n")
-        proc.stdin.flush()
-        reply = proc.stdout.readline()
-        if not reply:
-            raise RuntimeError(f"fork server died (exit code {proc.wait()})")
-        return int(json.loads(reply)["exitcode"])
+        return launched("graph_durable.testing.crash.forkserver:_run_forked",
+                        json.dumps(request), self._env, preload=self.preload,
+                        output=request["output_path"]).wait()
 
     def _spawn(self, request: dict[str, Any]) -> int:
         with open(request["output_path"], "ab") as output:

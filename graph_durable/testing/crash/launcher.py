@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 from graph_durable.faults import ENV_FAULTS, ENV_TRACE
@@ -72,6 +73,8 @@ class Process:
         self._stdout_path, self._stderr_path = stdout_path, stderr_path
         self._popen = popen
         self._exited = threading.Event()
+        self.owns_output = True
+        """Whether `close` removes the output files (not a caller's `output`)."""
 
     def _ended(self, returncode: int) -> None:
         self.returncode = returncode
@@ -124,8 +127,8 @@ class Process:
             return err.read()
 
     def close(self) -> None:
-        """Remove the output files (after the child ended)."""
-        for path in (self._stdout_path, self._stderr_path):
+        """Remove the output files (after the child ended), unless they are a caller's."""
+        for path in {self._stdout_path, self._stderr_path} if self.owns_output else ():
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -163,9 +166,10 @@ class Launcher:
                 all(env.get(name) == self._env.get(name) for name in _INTERPRETER_OPTIONS))
 
     def start(self, target: str, argument: str, env: dict[str, str], stdout_path: str,
-              stderr_path: str) -> Process:
+              stderr_path: str, preload: Sequence[str] = ()) -> Process:
         """Fork a child that calls `target` (`module:function`) with `sys.argv[-1]` set to
-        `argument`, in `env` and this process's working directory."""
+        `argument`, in `env` and this process's working directory. The launcher imports
+        `preload` first, once, for this child and every later one."""
         ready = threading.Event()
         answer: list[Any] = []
         with self._lock:
@@ -173,7 +177,8 @@ class Launcher:
             ident = self._next
             self._started[ident] = (ready, answer, None)
             request = {"id": ident, "target": target, "argument": argument, "env": env,
-                       "cwd": os.getcwd(), "stdout": stdout_path, "stderr": stderr_path}
+                       "cwd": os.getcwd(), "stdout": stdout_path, "stderr": stderr_path,
+                       "preload": list(preload)}
             assert self._proc.stdin is not None
             self._proc.stdin.write(json.dumps(request).encode() + b"\n")
             self._proc.stdin.flush()
@@ -235,37 +240,58 @@ def _launcher() -> Launcher | None:
         return _LAUNCHER
 
 
-def launched(target: str, argument: str, env: dict[str, str]) -> Process:
+def launched(target: str, argument: str, env: dict[str, str], *,
+             preload: Sequence[str] = (), output: str | None = None) -> Process:
     """Start `target` (`module:function`, called with `sys.argv[-1] == argument`) in a
-    child process with `env`: forked from this process's launcher when it can be, a new
-    interpreter otherwise. Its stdout and stderr go to files (`Process.stdout()`)."""
-    fd, stdout_path = tempfile.mkstemp(prefix="child-", suffix=".out")
-    os.close(fd)
-    fd, stderr_path = tempfile.mkstemp(prefix="child-", suffix=".err")
-    os.close(fd)
+    child process with `env`: forked from this process's launcher when it can be (which
+    imports `preload` first), a new interpreter otherwise. Its stdout and stderr go to
+    files (`Process.stdout()`), or both are appended to `output`."""
+    if output is None:
+        fd, stdout_path = tempfile.mkstemp(prefix="child-", suffix=".out")
+        os.close(fd)
+        fd, stderr_path = tempfile.mkstemp(prefix="child-", suffix=".err")
+        os.close(fd)
+    else:
+        stdout_path = stderr_path = output
     launcher = _launcher()
     if launcher is not None and launcher.forks_for(env):
-        return launcher.start(target, argument, env, stdout_path, stderr_path)
-    module, _, function = target.partition(":")
-    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-        # Not `-m`: the package imports these modules, and runpy warns about that.
-        popen = subprocess.Popen(
-            [sys.executable, "-c", f"from {module} import {function}; {function}()", argument],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
-    return Process(popen.pid, stdout_path, stderr_path, popen)
+        process = launcher.start(target, argument, env, stdout_path, stderr_path, preload)
+    else:
+        module, _, function = target.partition(":")
+        with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
+            # Not `-m`: the package imports these modules, and runpy warns about that.
+            popen = subprocess.Popen(
+                [sys.executable, "-c", f"from {module} import {function}; {function}()",
+                 argument], stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
+        process = Process(popen.pid, stdout_path, stderr_path, popen)
+    process.owns_output = output is None
+    return process
 
 
 # -- the launcher process ----------------------------------------------------------------
 
+def _preload(modules: list[str]) -> str | None:
+    """Import `modules` in the launcher (one that fails is left to the child to report);
+    why forking is now unsafe, if it is."""
+    for name in modules:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # the child imports it again and reports the error
+                pass
+    if threading.active_count() != 1:
+        names = [t.name for t in threading.enumerate()]
+        return (f"child launcher: importing {modules} started threads {names}; forking "
+                "a process with threads is unsafe")
+    return None
+
+
 def _serve() -> None:
     """The launcher's loop: import, then fork one child per request line on stdin and
     report its pid, then its exit status."""
-    for name in json.loads(sys.argv[-1]):
-        importlib.import_module(name)
-    if threading.active_count() != 1:
-        names = [t.name for t in threading.enumerate()]
-        raise RuntimeError(f"child launcher: importing started threads {names}; forking "
-                           "a process with threads is unsafe")
+    refused = _preload(json.loads(sys.argv[-1]))
+    if refused:
+        raise RuntimeError(refused)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -297,6 +323,10 @@ def _serve() -> None:
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 request = json.loads(line)
+                refused = _preload(request["preload"])
+                if refused:
+                    say({"id": request["id"], "error": refused})
+                    continue
                 out.flush()
                 sys.stderr.flush()
                 pid = os.fork()
@@ -324,8 +354,8 @@ def _child(request: dict[str, Any], wake: tuple[int, int]) -> None:
         for fd in wake:
             os.close(fd)
         devnull = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(request["stdout"], os.O_WRONLY | os.O_TRUNC)
-        err = os.open(request["stderr"], os.O_WRONLY | os.O_TRUNC)
+        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         for fd, target in ((devnull, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
             os.close(fd)
