@@ -105,3 +105,14 @@ def test_an_interpreter_option_set_apart_starts_a_new_interpreter() -> None:
     assert seen["ppid"] == os.getpid()  # a new interpreter, our child
     assert launcher_module._LAUNCHER is None or not launcher_module._LAUNCHER.forks_for(
         {**os.environ, "PYTHONHASHSEED": seed})
+
+
+def test_a_preload_that_starts_a_thread_is_run_in_a_new_interpreter() -> None:
+    threaded = "tests.testing.threaded_module"
+    process = launched(f"{HERE}:probe", json.dumps({"n": 4}), dict(os.environ),
+                       preload=[threaded])
+    assert process.wait(60) == 0, process.stderr()
+    assert json.loads(process.first_line())["ppid"] == os.getpid()  # not forked
+    assert threaded in launcher_module._UNFORKABLE
+    process, seen = run({"n": 5})  # a new launcher forks the next child
+    assert process.returncode == 0 and seen["ppid"] != os.getpid()

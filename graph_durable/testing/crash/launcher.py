@@ -35,7 +35,7 @@ from typing import Any
 
 from graph_durable.faults import ENV_FAULTS, ENV_TRACE
 
-__all__ = ["ENV_CHILDREN", "Launcher", "Process", "launched"]
+__all__ = ["ENV_CHILDREN", "Launcher", "Process", "Unforkable", "launched"]
 
 ENV_CHILDREN = "GRAPH_DURABLE_CHILDREN"
 """`spawn`: start every child as a new interpreter, not forked from a launcher."""
@@ -61,6 +61,11 @@ _INTERPRETER_OPTIONS = ("PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARN
                         "PYTHONTRACEMALLOC", "PYTHONASYNCIODEBUG", "PYTHONUTF8")
 """Variables read when an interpreter starts: a child whose environment sets one apart
 from the launcher's is started as a new interpreter."""
+
+
+class Unforkable(RuntimeError):
+    """A module a child asked the launcher to import started a thread: the launcher no
+    longer forks (a forked copy of a thread's locks can deadlock)."""
 
 
 class Process:
@@ -144,6 +149,8 @@ class Launcher:
     def __init__(self, preload: list[str]) -> None:
         self.preload = list(preload)
         self._env = {k: v for k, v in os.environ.items() if k not in (ENV_FAULTS, ENV_TRACE)}
+        self.refused = False
+        """Whether it refused to fork (`Unforkable`): it only reports its children now."""
         self._lock = threading.Lock()
         self._next = 0
         self._started: dict[int, tuple[threading.Event, list[Any], Process | None]] = {}
@@ -162,7 +169,7 @@ class Launcher:
 
     def forks_for(self, env: dict[str, str]) -> bool:
         """Whether a child with `env` can be forked from this launcher."""
-        return (self._proc.poll() is None and
+        return (self._proc.poll() is None and not self.refused and
                 all(env.get(name) == self._env.get(name) for name in _INTERPRETER_OPTIONS))
 
     def start(self, target: str, argument: str, env: dict[str, str], stdout_path: str,
@@ -184,7 +191,10 @@ class Launcher:
             self._proc.stdin.flush()
         ready.wait()
         if not answer or "pid" not in answer[0]:
-            raise RuntimeError(f"child launcher could not start {target}: {answer}")
+            with self._lock:
+                self._started.pop(ident, None)
+            self.refused = True
+            raise Unforkable(f"child launcher could not start {target}: {answer}")
         process = Process(answer[0]["pid"], stdout_path, stderr_path)
         with self._lock:
             ended = self._started[ident][1]
@@ -227,6 +237,9 @@ class Launcher:
 
 _LAUNCHER: Launcher | None = None
 _LAUNCHER_LOCK = threading.Lock()
+_UNFORKABLE: set[str] = set()
+"""Modules whose import started a thread in a launcher: a child that needs them is
+started as a new interpreter."""
 
 
 def _launcher() -> Launcher | None:
@@ -234,7 +247,7 @@ def _launcher() -> Launcher | None:
     if os.environ.get(ENV_CHILDREN) == "spawn" or not hasattr(os, "fork"):
         return None
     with _LAUNCHER_LOCK:
-        if _LAUNCHER is None or _LAUNCHER._proc.poll() is not None:
+        if _LAUNCHER is None or _LAUNCHER._proc.poll() is not None or _LAUNCHER.refused:
             _LAUNCHER = Launcher(PRELOAD)
             atexit.register(_LAUNCHER.close)
         return _LAUNCHER
@@ -254,9 +267,13 @@ def launched(target: str, argument: str, env: dict[str, str], *,
     else:
         stdout_path = stderr_path = output
     launcher = _launcher()
-    if launcher is not None and launcher.forks_for(env):
-        process = launcher.start(target, argument, env, stdout_path, stderr_path, preload)
-    else:
+    process: Process | None = None
+    if launcher is not None and launcher.forks_for(env) and not _UNFORKABLE.intersection(preload):
+        try:
+            process = launcher.start(target, argument, env, stdout_path, stderr_path, preload)
+        except Unforkable:  # one of `preload` starts a thread: never import it there again
+            _UNFORKABLE.update(name for name in preload if name not in PRELOAD)
+    if process is None:
         module, _, function = target.partition(":")
         with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
             # Not `-m`: the package imports these modules, and runpy warns about that.
