@@ -116,3 +116,37 @@ def test_a_preload_that_starts_a_thread_is_run_in_a_new_interpreter() -> None:
     assert threaded in launcher_module._UNFORKABLE
     process, seen = run({"n": 5})  # a new launcher forks the next child
     assert process.returncode == 0 and seen["ppid"] != os.getpid()
+
+
+def test_a_preload_that_prints_leaves_the_launcher_working() -> None:
+    process = launched(f"{HERE}:probe", json.dumps({"n": 6}), dict(os.environ),
+                       preload=["tests.testing.printing_module"])
+    assert process.wait(60) == 0, process.stderr()
+    assert json.loads(process.first_line())["ppid"] != os.getpid()  # forked
+    process, seen = run({"n": 7})
+    assert process.returncode == 0 and seen["ask"] == {"n": 7}
+
+
+def test_a_child_dies_with_its_launcher_and_the_next_one_has_a_new_launcher() -> None:
+    child = launched(f"{HERE}:probe", json.dumps({"stop": True}), dict(os.environ))
+    seen = json.loads(child.first_line())
+    launcher = launcher_module._LAUNCHER
+    assert launcher is not None and seen["ppid"] == launcher._proc.pid
+    launcher._proc.kill()
+    assert child.wait(30) == -signal.SIGKILL
+    with pytest.raises(ProcessLookupError):
+        os.kill(child.pid, 0)  # killed with its launcher, not left running
+    process, again = run({"n": 8})
+    assert process.returncode == 0 and again["ppid"] not in (os.getpid(), launcher._proc.pid)
+
+
+def test_a_launcher_that_cannot_start_leaves_new_interpreters(monkeypatch) -> None:
+    def refuse(preload: list[str]) -> None:
+        raise RuntimeError("child launcher did not start")
+
+    monkeypatch.setattr(launcher_module, "_LAUNCHER", None)
+    monkeypatch.setattr(launcher_module, "_NO_LAUNCHER", [])
+    monkeypatch.setattr(launcher_module, "Launcher", refuse)
+    process, seen = run({"n": 9})
+    assert process.returncode == 0 and seen["ppid"] == os.getpid()
+    assert launcher_module._NO_LAUNCHER == ["child launcher did not start"]

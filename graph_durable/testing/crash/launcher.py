@@ -55,17 +55,21 @@ PRELOAD = ["graph_durable.testing.crash.child", "graph_durable.testing.scenarios
            "graph_durable.testing", "langgraph.prebuilt", *RUN_MODULES]
 """What the launcher imports before it forks."""
 
-_INTERPRETER_OPTIONS = ("PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS",
-                        "PYTHONFAULTHANDLER", "PYTHONDEVMODE", "PYTHONUNBUFFERED",
-                        "PYTHONOPTIMIZE", "PYTHONSAFEPATH", "PYTHONNOUSERSITE",
-                        "PYTHONTRACEMALLOC", "PYTHONASYNCIODEBUG", "PYTHONUTF8")
-"""Variables read when an interpreter starts: a child whose environment sets one apart
-from the launcher's is started as a new interpreter."""
+def _read_at_start(name: str) -> bool:
+    """Whether a variable is read when an interpreter starts (Python's options) or when
+    LangGraph is imported (`LANGGRAPH_*`): a child whose environment sets one apart from
+    the launcher's is started as a new interpreter. `PYTHONPATH` is applied to a forked
+    child's `sys.path`, `TZ` with `time.tzset()`."""
+    return (name.startswith("PYTHON") and name != "PYTHONPATH") or name.startswith("LANGGRAPH_")
 
 
 class Unforkable(RuntimeError):
     """A module a child asked the launcher to import started a thread: the launcher no
     longer forks (a forked copy of a thread's locks can deadlock)."""
+
+
+class LauncherGone(RuntimeError):
+    """The launcher could not fork a child (it ended, or the fork failed)."""
 
 
 class Process:
@@ -170,7 +174,8 @@ class Launcher:
     def forks_for(self, env: dict[str, str]) -> bool:
         """Whether a child with `env` can be forked from this launcher."""
         return (self._proc.poll() is None and not self.refused and
-                all(env.get(name) == self._env.get(name) for name in _INTERPRETER_OPTIONS))
+                all(env.get(name) == self._env.get(name)
+                    for name in {*env, *self._env} if _read_at_start(name)))
 
     def start(self, target: str, argument: str, env: dict[str, str], stdout_path: str,
               stderr_path: str, preload: Sequence[str] = ()) -> Process:
@@ -193,39 +198,57 @@ class Launcher:
         if not answer or "pid" not in answer[0]:
             with self._lock:
                 self._started.pop(ident, None)
-            self.refused = True
-            raise Unforkable(f"child launcher could not start {target}: {answer}")
+            if answer and answer[0].get("unforkable"):
+                self.refused = True
+                raise Unforkable(f"child launcher could not start {target}: {answer[0]}")
+            raise LauncherGone(f"child launcher could not start {target}: {answer}")
         process = Process(answer[0]["pid"], stdout_path, stderr_path)
         with self._lock:
-            ended = self._started[ident][1]
+            entry = self._started.get(ident)
+            if entry is None:  # the launcher ended meanwhile: its children died with it
+                _gone(process.pid)
+                process._ended(-signal.SIGKILL)
+                return process
+            ended = entry[1]
             self._started[ident] = (ready, ended, process)
             if len(ended) > 1:  # it ended before we got here
-                process._ended(ended[1]["exit"])
+                process._ended(ended[1].get("exit", -signal.SIGKILL))
                 del self._started[ident]
         return process
 
     def _read(self) -> None:
         assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            message = json.loads(raw)
-            with self._lock:
-                ready, answers, process = self._started[message["id"]]
-                answers.append(message)
-                if "exit" in message and process is not None:
-                    process._ended(message["exit"])
-                    del self._started[message["id"]]
-            ready.set()
-        with self._lock:  # the launcher died: no child will report again
-            for ready, answers, process in self._started.values():
+        try:
+            for raw in self._proc.stdout:
+                try:
+                    message = json.loads(raw)
+                except ValueError:
+                    continue  # not a message (the stream is the launcher's own)
+                with self._lock:
+                    entry = self._started.get(message.get("id"))
+                    if entry is None:
+                        continue
+                    ready, answers, process = entry
+                    answers.append(message)
+                    if "exit" in message and process is not None:
+                        process._ended(message["exit"])
+                        del self._started[message["id"]]
+                ready.set()
+        finally:
+            self._proc.wait()
+            with self._lock:  # the launcher ended: its children were killed with it
+                left = list(self._started.values())
+                self._started.clear()
+            for ready, answers, process in left:
                 answers.append({"error": "launcher ended"})
                 if process is not None:
+                    _gone(process.pid)
                     process._ended(-signal.SIGKILL)
                 ready.set()
-            self._started.clear()
 
     def close(self) -> None:
-        """Stop the launcher once its children have ended (after 10 s it is killed and
-        leaves those still running, as a parent of `Popen` children would)."""
+        """Stop the launcher once its children have ended (after 10 s it is killed, and
+        the children still running die with it)."""
         if self._proc.poll() is None and self._proc.stdin is not None:
             self._proc.stdin.close()
             try:
@@ -235,8 +258,23 @@ class Launcher:
                 self._proc.wait()
 
 
+def _gone(pid: int, wait: float = 5.0) -> None:
+    """Wait (up to `wait` s) until `pid`, a child of a launcher that ended, is gone: it
+    was killed with its launcher (`PR_SET_PDEATHSIG`) and reaped by its new parent."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+
+
 _LAUNCHER: Launcher | None = None
 _LAUNCHER_LOCK = threading.Lock()
+_NO_LAUNCHER: list[str] = []
+"""Why this process's launcher could not start, if it could not (children then start
+as new interpreters)."""
 _UNFORKABLE: set[str] = set()
 """Modules whose import started a thread in a launcher: a child that needs them is
 started as a new interpreter."""
@@ -247,8 +285,14 @@ def _launcher() -> Launcher | None:
     if os.environ.get(ENV_CHILDREN) == "spawn" or not hasattr(os, "fork"):
         return None
     with _LAUNCHER_LOCK:
+        if _NO_LAUNCHER:
+            return None
         if _LAUNCHER is None or _LAUNCHER._proc.poll() is not None or _LAUNCHER.refused:
-            _LAUNCHER = Launcher(PRELOAD)
+            try:
+                _LAUNCHER = Launcher(PRELOAD)
+            except (RuntimeError, OSError) as exc:  # e.g. a sitecustomize starting threads
+                _NO_LAUNCHER.append(str(exc))
+                return None
             atexit.register(_LAUNCHER.close)
         return _LAUNCHER
 
@@ -273,6 +317,8 @@ def launched(target: str, argument: str, env: dict[str, str], *,
             process = launcher.start(target, argument, env, stdout_path, stderr_path, preload)
         except Unforkable:  # one of `preload` starts a thread: never import it there again
             _UNFORKABLE.update(name for name in preload if name not in PRELOAD)
+        except LauncherGone:
+            pass  # a new interpreter for this one; the next call starts a new launcher
     if process is None:
         module, _, function = target.partition(":")
         with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
@@ -294,7 +340,7 @@ def _preload(modules: list[str]) -> str | None:
         if name not in sys.modules:
             try:
                 importlib.import_module(name)
-            except Exception:  # the child imports it again and reports the error
+            except BaseException:  # noqa: BLE001 - the child imports it again and reports it
                 pass
     if threading.active_count() != 1:
         names = [t.name for t in threading.enumerate()]
@@ -306,6 +352,10 @@ def _preload(modules: list[str]) -> str | None:
 def _serve() -> None:
     """The launcher's loop: import, then fork one child per request line on stdin and
     report its pid, then its exit status."""
+    # The messages go on a descriptor of their own: what a preloaded module prints goes
+    # to stderr, not into them.
+    proto = os.dup(1)
+    os.dup2(2, 1)
     refused = _preload(json.loads(sys.argv[-1]))
     if refused:
         raise RuntimeError(refused)
@@ -314,12 +364,13 @@ def _serve() -> None:
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
-    out = sys.stdout.buffer
     children: dict[int, int] = {}
+    launcher = os.getpid()
 
     def say(message: dict[str, Any]) -> None:
-        out.write(json.dumps(message).encode() + b"\n")
-        out.flush()
+        data = json.dumps(message).encode() + b"\n"
+        while data:
+            data = data[os.write(proto, data):]
 
     say({"ready": os.getpid()})
     pending = b""
@@ -342,13 +393,17 @@ def _serve() -> None:
                 request = json.loads(line)
                 refused = _preload(request["preload"])
                 if refused:
-                    say({"id": request["id"], "error": refused})
+                    say({"id": request["id"], "error": refused, "unforkable": True})
                     continue
-                out.flush()
+                sys.stdout.flush()
                 sys.stderr.flush()
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except OSError as exc:
+                    say({"id": request["id"], "error": f"fork failed: {exc}"})
+                    continue
                 if pid == 0:
-                    _child(request, (wake_r, wake_w))
+                    _child(request, (wake_r, wake_w, proto), launcher)
                 children[pid] = request["id"]
                 say({"id": request["id"], "pid": pid})
         while children:
@@ -362,13 +417,28 @@ def _serve() -> None:
                 say({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)})
 
 
-def _child(request: dict[str, Any], wake: tuple[int, int]) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Be killed (SIGKILL) when the launcher ends, so that a child it can no longer
+    report on is not reported killed while it runs on (Linux; elsewhere a no-op)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the request was made
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _child(request: dict[str, Any], launcher_fds: tuple[int, ...], launcher: int) -> None:
     """Body of a forked child: become what `python -c` with `request` would have been."""
     code = 1
     try:
+        _die_with_parent(launcher)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in wake:
+        for fd in launcher_fds:
             os.close(fd)
         devnull = os.open(os.devnull, os.O_RDONLY)
         out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -380,6 +450,7 @@ def _child(request: dict[str, Any], wake: tuple[int, int]) -> None:
         env = request["env"]
         os.environ.clear()
         os.environ.update(env)
+        time.tzset()
         for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
             if entry and os.path.abspath(entry) not in sys.path:
                 sys.path.insert(1, os.path.abspath(entry))
@@ -398,6 +469,9 @@ def _child(request: dict[str, Any], wake: tuple[int, int]) -> None:
                 print(exc.code, file=sys.stderr)
         except BaseException:
             traceback.print_exc()
+        # As an interpreter ends: wait for its non-daemon threads, run its atexit hooks.
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
     finally:
         try:
             sys.stdout.flush()

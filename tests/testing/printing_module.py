@@ -1,0 +1,3 @@
+"""A module that prints when imported (for the launcher's tests)."""
+
+print("imported, and said so on stdout", flush=True)
