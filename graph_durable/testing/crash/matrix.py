@@ -209,40 +209,22 @@ def _preload(scenario: str) -> list[str]:
 
 
 @contextmanager
-def _fork_servers(scenario: str, count: int) -> Iterator[queue.Queue[ForkServer | None]]:
-    """`count` fork servers with the scenario's module imported (one per sweep thread),
-    or `None`s where forking is not possible (the scenario's import starts threads, or
-    the platform cannot fork): those children start a new interpreter each."""
-    servers: queue.Queue[ForkServer | None] = queue.Queue()
-    preload = _preload(scenario)
-
-    def start() -> ForkServer | None:
-        try:
-            return ForkServer(preload) if hasattr(os, "fork") else None
-        except RuntimeError:
-            return None
-
-    # Each server spends a second or so importing: start them side by side.
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        futures = [pool.submit(start) for _ in range(count)]
-    started = [server for future in futures if future.exception() is None
-               and (server := future.result()) is not None]
-    failed = next((future.exception() for future in futures if future.exception()), None)
-    if failed is not None:
-        for server in started:
-            server.close()
-        raise failed
-    made = [future.result() for future in futures]
+def _fork_servers(scenario: str, count: int) -> Iterator[queue.Queue[ForkServer]]:
+    """`count` fork servers with the scenario's module to preload (one per sweep
+    thread). Their children come from this process's launcher, or start a new
+    interpreter each where they cannot be forked (see `launcher`)."""
+    servers: queue.Queue[ForkServer] = queue.Queue()
+    made = [ForkServer(_preload(scenario)) for _ in range(count)]
     try:
         for server in made:
             servers.put(server)
         yield servers
     finally:
-        for server in started:
+        for server in made:
             server.close()
 
 
-def _with_server(servers: queue.Queue[ForkServer | None], work: Callable[[], Any]) -> Any:
+def _with_server(servers: queue.Queue[ForkServer], work: Callable[[], Any]) -> Any:
     server = servers.get()
     _LOCAL.server = server
     try:
