@@ -24,8 +24,6 @@ A compensation is an effect of its own (its own key, intent and receipt; see
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from dataclasses import dataclass, field
 from enum import Enum
@@ -35,6 +33,7 @@ from typing import Any, NamedTuple
 from langchain_core.messages import ToolMessage
 from pydantic import BaseModel, ConfigDict, Field
 
+from graph_durable._sha256 import hmac_sha256_hex, sha256_hex
 from graph_durable.errors import UnkeyableToolCall
 
 __all__ = [
@@ -323,8 +322,8 @@ def key_of_encoded(
     """
     material = canonical_json([thread_id, anchor, tool_call_id, tool, encoded_args]).encode()
     if secret is None:
-        return "gd-" + hashlib.sha256(material).hexdigest()[:40]
-    return "gd-" + hmac.digest(secret, material, "sha256").hex()[:40]
+        return "gd-" + sha256_hex(material)[:40]
+    return "gd-" + hmac_sha256_hex(secret, material)[:40]
 
 
 class Keying(NamedTuple):

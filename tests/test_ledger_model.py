@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
 import pytest
 
+from graph_durable._sha256 import hmac_sha256_hex, sha256_hex
 from graph_durable.errors import UnkeyableToolCall
-from graph_durable.ledger import EffectRecord, EffectStatus, derive_key
+from graph_durable.ledger import EffectRecord, EffectStatus, canonical_json, derive_key
 
 BASE = {"thread_id": "t", "anchor": "msg:m1", "tool_call_id": "c1", "tool": "pay",
         "args": {"cents": 5, "to": "ana"}}
@@ -21,6 +25,25 @@ def test_key_is_stable_and_ignores_argument_order() -> None:
 ])
 def test_key_changes_with_every_part(change) -> None:
     assert derive_key(**BASE) != derive_key(**{**BASE, **change})
+
+
+def test_keys_are_the_stdlib_digests_of_their_material() -> None:
+    # Keys are SHA-256 (no secret) or HMAC-SHA256 (a key secret) of the canonical JSON
+    # of their parts: the same keys as before they were computed without OpenSSL.
+    material = canonical_json(["t", "msg:m1", "c1", "pay", canonical_json(BASE["args"])])
+    assert derive_key(**BASE) == "gd-" + hashlib.sha256(material.encode()).hexdigest()[:40]
+    secret = bytes(range(32))
+    assert derive_key(**BASE, secret=secret) == (
+        "gd-" + hmac.digest(secret, material.encode(), "sha256").hex()[:40])
+
+
+@pytest.mark.parametrize("key_length", [0, 1, 32, 63, 64, 65, 200])
+@pytest.mark.parametrize("data", [b"", b"x", bytes(range(256)) * 3])
+def test_hmac_sha256_is_the_stdlib_hmac(key_length: int, data: bytes) -> None:
+    key = bytes((7 * i + key_length) % 256 for i in range(key_length))
+    for _ in range(2):  # the second time from the key's padded states, kept
+        assert hmac_sha256_hex(key, data) == hmac.digest(key, data, "sha256").hex()
+    assert sha256_hex(data) == hashlib.sha256(data).hexdigest()
 
 
 def test_non_json_args_name_the_call_and_the_fix() -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from graph_durable._sha256 import sha256_hex
 from graph_durable.ledger import canonical_json
 
 __all__ = ["EffectContext", "current_effect"]
@@ -60,7 +60,7 @@ class EffectContext:
         if not isinstance(name, str) or not name:
             raise ValueError(f"subkey() needs a non-empty name, got {name!r}")
         material = canonical_json(["subkey", self.key, name]).encode()
-        return "gd-" + hashlib.sha256(material).hexdigest()[:40]
+        return "gd-" + sha256_hex(material)[:40]
 
 
 _CURRENT: ContextVar[EffectContext | None] = ContextVar("graph_durable_effect", default=None)
