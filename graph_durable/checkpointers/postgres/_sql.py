@@ -389,6 +389,19 @@ _TAKEN: ContextVar[list[Any] | None] = ContextVar("graph_durable_pg_deferred_tak
                                                    default=None)
 
 
+class _DeferredScope:
+    """A transaction's own list of the deferred receipts it took (`_TAKEN`) while the
+    block runs: a class, not a `contextmanager` generator, as every write enters one."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _TAKEN.set([])
+
+    def __exit__(self, *exc: object) -> None:
+        _TAKEN.reset(self._token)
+
+
 class TransactionDeferred:
     """Mixin: the deferred receipts a transaction takes are its own, not the saver's.
 
@@ -415,13 +428,8 @@ class TransactionDeferred:
             channel == _sql.RESUME_CHANNEL for channel, _ in writes)
         return late, not carries_resume
 
-    @contextmanager
-    def _deferred_scope(self) -> Iterator[None]:
-        token = _TAKEN.set([])
-        try:
-            yield
-        finally:
-            _TAKEN.reset(token)
+    def _deferred_scope(self) -> _DeferredScope:
+        return _DeferredScope()
 
     def _take_deferred(self, thread_id: str) -> list[Any]:
         with self._deferred_lock:  # type: ignore[attr-defined]
@@ -510,6 +518,8 @@ class TransactionDeferred:
         known, and each deferred receipt it would carry is one `carried_transition`."""
         if self._needs_flow_check(thread_id):  # type: ignore[attr-defined]
             return False
+        if thread_id not in self._deferred:  # type: ignore[attr-defined]
+            return True  # nothing deferred: nothing to ask under the lock
         with self._deferred_lock:  # type: ignore[attr-defined]
             return not any(write.bump_attempts
                            for write, _ in self._deferred.get(thread_id, ()))  # type: ignore[attr-defined]
@@ -519,6 +529,8 @@ class TransactionDeferred:
         `carried_transition`. One whose journal entry needs the updated row (a new
         attempt's number) stays for the next write: only one arriving meanwhile, since
         `_one_trip_possible` said none was there."""
+        if thread_id not in self._deferred:  # type: ignore[attr-defined]
+            return []  # nothing deferred (one deferred meanwhile rides on the next write)
         with self._deferred_lock:  # type: ignore[attr-defined]
             pending = self._deferred.pop(thread_id, [])  # type: ignore[attr-defined]
             kept = [item for item in pending if item[0].bump_attempts]

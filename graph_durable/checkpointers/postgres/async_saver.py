@@ -266,6 +266,13 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
         nothing on a pool, where each transaction has a connection of its own."""
         return nullcontext() if isinstance(self.conn, AsyncConnectionPool) else self.lock
 
+    def _write_connection(self, thread_id: str | None) -> Any:
+        """The connection a write runs on (an async context manager): the saver's own,
+        or one of its pool's (see `DurablePostgresSaver._write_connection`)."""
+        if isinstance(self.conn, AsyncConnection):
+            return nullcontext(self.conn)
+        return _pg.aconnected(_ainternal.get_connection(self.conn), thread_id)
+
     @asynccontextmanager
     async def _txn(
         self, thread_id: str | None = None, config: RunnableConfig | None = None, *,
@@ -281,8 +288,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
         (`_pg.DURABLE_COMMIT`)."""
         writing = thread_id or writing
         await self.setup()
-        async with self._own_lock(), \
-                _pg.aconnected(_ainternal.get_connection(self.conn), writing) as conn, \
+        async with self._own_lock(), self._write_connection(writing) as conn, \
                 _read_committed(conn):
             with self._deferred_scope():
                 try:
@@ -302,20 +308,23 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
     @asynccontextmanager
     async def _one_trip(self, thread_id: str,
                         config: RunnableConfig | None, *, fenced_by_block: bool = False,
-                        durable: bool = False) -> AsyncIterator[AsyncCursor[Any]]:
+                        durable: bool = False, langgraph: bool = False
+                        ) -> AsyncIterator[AsyncCursor[Any]]:
         """`DurablePostgresSaver._one_trip` on an async connection: the fence, the
         thread's deferred receipts and the block's statements in one pipeline, one
         transaction; results are read after the block. Raises
-        `_pg.ImplicitNotReadCommitted` as it does."""
+        `_pg.ImplicitNotReadCommitted` as it does. `langgraph`: the block gets
+        LangGraph's cursor (binary, dict rows), the fence sent on it too."""
         await self.setup()
-        async with self._own_lock(), \
-                _pg.aconnected(_ainternal.get_connection(self.conn), thread_id) as conn:
+        async with self._own_lock(), self._write_connection(thread_id) as conn:
             with self._deferred_scope():
                 carried: list[tuple[Any, AsyncCursor[Any]]] = []
                 try:
                     carrying, opening, closing = self._one_trip_plan(
                         conn.autocommit, thread_id, config, fenced_by_block, durable)
-                    async with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
+                    async with conn.pipeline(), (
+                            conn.cursor(binary=True, row_factory=dict_row) if langgraph
+                            else conn.cursor(row_factory=tuple_row)) as cur:
                         for statement in opening:
                             await cur.execute(*statement)
                         for write, statement in carrying:
@@ -371,9 +380,13 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                     yield cur
             return
         thread_id, config, after, may_trip = fenced
-        one_trip = may_trip and self._one_trip_possible(thread_id)
-        async with (self._one_trip(thread_id, config) if one_trip
-                    else self._txn(thread_id, config, pipelined=True)) as ledger_cur:
+        if may_trip and self._one_trip_possible(thread_id):
+            async with self._one_trip(thread_id, config, langgraph=True) as cur:
+                yield cur
+                for statement in after():
+                    await _run(cur, *statement)
+            return
+        async with self._txn(thread_id, config, pipelined=True) as ledger_cur:
             async with ledger_cur.connection.cursor(binary=True, row_factory=dict_row) as cur:
                 yield cur
             for statement in after():

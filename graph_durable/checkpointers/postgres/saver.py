@@ -256,6 +256,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         Called on first use too; concurrent first calls from several processes are
         serialized by an advisory lock.
         """
+        if self.is_setup:
+            return  # set once, never unset: every write asks, so no lock for the answer
         with self._setup_lock:
             if self.is_setup:
                 return
@@ -330,7 +332,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         (`_sql.DURABLE_COMMIT`).
         """
         self.setup()
-        with self._own_lock(), connected(_internal.get_connection(self.conn), thread_id) as conn, \
+        with self._own_lock(), self._write_connection(thread_id) as conn, \
                 _read_committed(conn), self._deferred_scope():
             try:
                 with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
@@ -347,7 +349,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     @contextmanager
     def _one_trip(self, thread_id: str,
                   config: RunnableConfig | None, *,
-                  fenced_by_block: bool = False, durable: bool = False) -> Iterator[Cursor[Any]]:
+                  fenced_by_block: bool = False, durable: bool = False,
+                  langgraph: bool = False) -> Iterator[Cursor[Any]]:
         """A fenced write of a thread whose flow pin is known, in one round trip: the
         fence checked on the server (after the thread's lock), the thread's deferred
         receipts (`carried_transition`) and the block's statements are sent together in
@@ -361,15 +364,19 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         (`FENCED_CLAIM`); the fence is sent anyway if deferred receipts go before it.
 
         Raises `ImplicitNotReadCommitted` if the implicit transaction was not READ
-        COMMITTED (nothing was written; send the write again)."""
+        COMMITTED (nothing was written; send the write again).
+        `langgraph`: the block gets LangGraph's cursor (binary, dict rows) for its
+        checkpoint writes, the fence sent on it too (it fetches nothing)."""
         self.setup()
-        with self._own_lock(), connected(_internal.get_connection(self.conn), thread_id) as conn, \
+        with self._own_lock(), self._write_connection(thread_id) as conn, \
                 self._deferred_scope():
             carried: list[tuple[Any, Cursor[Any]]] = []
             try:
                 carrying, opening, closing = self._one_trip_plan(
                     conn.autocommit, thread_id, config, fenced_by_block, durable)
-                with conn.pipeline(), conn.cursor(row_factory=tuple_row) as cur:
+                with conn.pipeline(), (conn.cursor(binary=True, row_factory=dict_row)
+                                       if langgraph else conn.cursor(row_factory=tuple_row)
+                                       ) as cur:
                     for statement in opening:
                         cur.execute(*statement)
                     for write, statement in carrying:
@@ -410,6 +417,14 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     def _unavailable(exc: BaseException, thread_id: str | None) -> DatabaseUnavailable:
         return broke_under_write(exc, thread_id, "A ConnectionPool")
 
+    def _write_connection(self, thread_id: str | None) -> Any:
+        """The connection a write runs on (a context manager): the saver's own, or one
+        of its pool's, whose timeout raises `connected`'s error. Every write asks: a
+        single connection is handed over as it is."""
+        if isinstance(self.conn, Connection):
+            return nullcontext(self.conn)
+        return connected(_internal.get_connection(self.conn), thread_id)
+
     def _own_lock(self) -> Any:
         """What a ledger transaction holds while it runs: the saver's lock on a single
         connection (one transaction at a time), nothing on a `ConnectionPool` (each
@@ -420,7 +435,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     @contextmanager
     def _read(self) -> Iterator[Cursor[Any]]:
         self.setup()
-        with self._own_lock(), _internal.get_connection(self.conn) as conn:
+        with self._own_lock(), (nullcontext(self.conn) if isinstance(self.conn, Connection)
+                                else _internal.get_connection(self.conn)) as conn:
             with conn.cursor(row_factory=tuple_row) as cur:
                 yield cur
 
@@ -433,9 +449,13 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                 yield cur
             return
         thread_id, config, after, may_trip = fenced
-        one_trip = may_trip and self._one_trip_possible(thread_id)
-        with (self._one_trip(thread_id, config) if one_trip
-              else self._txn(thread_id, config)) as ledger_cur:
+        if may_trip and self._one_trip_possible(thread_id):
+            with self._one_trip(thread_id, config, langgraph=True) as cur:
+                yield cur
+                for statement in after():
+                    _run(cur, *statement)
+            return
+        with self._txn(thread_id, config) as ledger_cur:
             with ledger_cur.connection.cursor(binary=True, row_factory=dict_row) as cur:
                 yield cur
             for statement in after():
