@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import platform
 from typing import Any
 
 __all__ = ["hmac_sha256_hex", "sha256_hex"]
 
-_sha256: Any
-try:
-    from _sha2 import sha256 as _sha256  # type: ignore[import-not-found,no-redef]  # 3.12+
-except ImportError:
+_sha256: Any = None
+if platform.python_implementation() == "CPython":  # another Python's module may differ
     try:
-        from _sha256 import sha256 as _sha256  # type: ignore[import-not-found,no-redef]
-    except ImportError:  # another Python than CPython
-        _sha256 = None
+        from _sha2 import sha256 as _sha256  # type: ignore[import-not-found,no-redef]  # 3.12+
+    except ImportError:
+        try:
+            from _sha256 import sha256 as _sha256  # type: ignore[import-not-found,no-redef]
+        except ImportError:  # a build without it (hashlib's builtins left out)
+            _sha256 = None
 
 _BLOCK = 64
 """SHA-256's block size, in bytes."""
@@ -35,7 +37,9 @@ _OPAD = bytes(x ^ 0x5C for x in range(256))
 
 _PADDED: dict[bytes, tuple[Any, Any]] = {}
 """`{key: (inner, outer)}`: SHA-256 states that have absorbed the key's padded blocks,
-copied for each message. A process holds a few key secrets, so a few entries."""
+copied for each message (never updated: threads share them). A saver holds a few key
+secrets; past `_KEPT` keys the cache starts over, so it never grows without bound."""
+_KEPT = 64
 
 
 def sha256_hex(data: bytes) -> str:
@@ -49,8 +53,11 @@ def hmac_sha256_hex(key: bytes, data: bytes) -> str:
     """`hmac.digest(key, data, "sha256").hex()`."""
     if _sha256 is None:
         return hmac.digest(key, data, "sha256").hex()
+    key = bytes(key)  # as `hmac` takes any bytes-like key
     padded = _PADDED.get(key)
     if padded is None:
+        if len(_PADDED) >= _KEPT:
+            _PADDED.clear()
         block = (_sha256(key).digest() if len(key) > _BLOCK else key).ljust(_BLOCK, b"\0")
         padded = _PADDED[key] = (_sha256(block.translate(_IPAD)),
                                  _sha256(block.translate(_OPAD)))

@@ -44,6 +44,8 @@ def test_hmac_sha256_is_the_stdlib_hmac(key_length: int, data: bytes) -> None:
     for _ in range(2):  # the second time from the key's padded states, kept
         assert hmac_sha256_hex(key, data) == hmac.digest(key, data, "sha256").hex()
     assert sha256_hex(data) == hashlib.sha256(data).hexdigest()
+    for other in (bytearray(key), memoryview(key)):  # any bytes-like key, as `hmac`
+        assert hmac_sha256_hex(other, data) == hmac.digest(key, data, "sha256").hex()
 
 
 def test_non_json_args_name_the_call_and_the_fix() -> None:
