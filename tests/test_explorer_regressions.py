@@ -956,10 +956,19 @@ def test_a_saved_question_asked_anew_after_two_crashes_is_not_answered(tmp_path,
     from graph_durable.testing.explorer import driver
 
     monkeypatch.setattr(driver, "LEASE_TTL", 3.0)
-    result = _replay(tmp_path, episode)
-    assert result.ok, result.problems
-    assert any("passed t by" in line for line in result.log), result.log
-    assert result.log[-1].startswith("decide on t:"), result.log
+    # Which of the two parallel emails reaches a fault point first is up to the event
+    # loop's thread hops (aiosqlite), so the episode may take another path under load:
+    # every run must be right, and one of three must take this path.
+    logs = []
+    for attempt in range(3):
+        result = _replay(tmp_path / str(attempt), episode)
+        assert result.ok, result.problems
+        logs.append(result.log)
+        if any("passed t by" in line for line in result.log):
+            assert result.log[-1].startswith("decide on t:"), result.log
+            break
+    else:
+        pytest.fail(f"no run took the path under test: {logs}")
 
 
 @pytest.mark.crash
