@@ -104,6 +104,18 @@ def _receipt_json(write: TransitionWrite) -> str | None:
     return column_json((write.redact or _keep)(write.receipt))
 
 
+class KeyingChanged(Exception):
+    """A claim made with a predicted keying (`predicted_keying`) found its thread keyed
+    otherwise (a copy, a legacy thread, another key secret). Raised inside the claim's
+    transaction before anything of it is written; the caller reads the keying and
+    claims again."""
+
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(f"thread {thread_id!r} is not keyed as predicted; nothing was "
+                         "claimed")
+        self.thread_id = thread_id
+
+
 class IntentExists(Exception):
     """An intent whose key is already recorded; carries the recorded effect.
 
@@ -258,7 +270,43 @@ class DurableSaverMixin:
                                   or "")
             self._db_secret_seen = db_secret
         secret, used = self._key_secrets.secret_for(scheme, str(key_thread))
+        if str(key_thread) == str(thread_id) and not legacy and scheme is None:
+            self._plain_keying = (secret, used)
         return Keying(str(key_thread), bool(legacy), secret, None if scheme else used)
+
+    _plain_keying: tuple[bytes | None, str] | None = None
+    """`(secret, scheme)` of the last thread read keyed as most are: by its own id, not
+    legacy, not pinned yet (`predicted_keying`)."""
+
+    def predicted_keying(self, thread_id: str) -> Keying | None:
+        """The keying most threads have (their own id, not legacy, this saver's current
+        key secret), once the saver has read one such thread; `None` before. A step's
+        claim made with it saves the keying read: the claim checks it in its own
+        transaction and raises `KeyingChanged`, writing nothing, if the thread is keyed
+        otherwise (see `_keying_refusal`)."""
+        plain = self._plain_keying
+        if plain is None:
+            return None
+        return Keying(str(thread_id), False, plain[0], plain[1])
+
+    async def apredicted_keying(self, thread_id: str) -> Keying | None:
+        """`predicted_keying` (no I/O)."""
+        return self.predicted_keying(thread_id)
+
+    def _keying_refusal(self, rows: Sequence[Any], thread_id: str, expected: Keying
+                        ) -> BaseException | None:
+        """Why a claim made with the predicted keying `expected` must not be written, from
+        `SELECT_KEYING`'s rows read in its transaction: `KeyingChanged` when the thread's
+        keys come out otherwise (another key thread, legacy keys, another secret), or
+        the error reading its keying raises; `None` when they are the keys it has."""
+        try:
+            actual = self._keying_of(rows, thread_id)
+        except Exception as exc:  # noqa: BLE001 - the claim's error (a secret unavailable)
+            return exc
+        if (actual.key_thread, actual.legacy, actual.secret) != (
+                expected.key_thread, expected.legacy, expected.secret):
+            return KeyingChanged(thread_id)
+        return None
 
     def _db_secret_params(self) -> tuple[str]:
         """Parameters of `INSERT_DB_KEY_SECRET`: a new random secret (the first writer's

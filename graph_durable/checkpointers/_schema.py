@@ -594,4 +594,24 @@ PG_MIGRATIONS: list[str] = [
     "",
     # 13: copy points and step anchors, as SQLite's migration 8.
     _STEP_ANCHORS.format(real="DOUBLE PRECISION"),
+    # 14: a step's claim made with a predicted keying (`predicted_keying`: the thread
+    # keyed by its own id, not legacy, under scheme `p_scheme`) checks it after the claim,
+    # in the same transaction: SQLSTATE GD003 aborts the claim, nothing of it written,
+    # when the thread is keyed otherwise, and the writer reads the keying and claims again.
+    """
+    CREATE FUNCTION graph_durable_keyed_as(p_thread_id TEXT, p_scheme TEXT)
+    RETURNS void
+    LANGUAGE plpgsql STABLE AS $fn$
+    BEGIN
+        IF EXISTS (SELECT 1 FROM thread_origins WHERE thread_id = p_thread_id)
+                OR EXISTS (SELECT 1 FROM legacy_key_threads WHERE thread_id = p_thread_id)
+                OR EXISTS (SELECT 1 FROM thread_key_schemes
+                           WHERE thread_id = p_thread_id AND scheme IS DISTINCT FROM p_scheme)
+        THEN
+            RAISE EXCEPTION 'graph_durable: thread % is not keyed as its claim predicted',
+                p_thread_id USING ERRCODE = 'GD003';
+        END IF;
+    END
+    $fn$
+    """,
 ]

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
+from graph_durable.checkpointers._base import KeyingChanged
 from graph_durable.errors import DatabaseUnavailable, GraphDurableError
 from graph_durable.ledger import EffectStatus
 from graph_durable.nodes import operations as ops
@@ -76,6 +77,8 @@ class AsyncDriver(GuardBase):
             if call is not None and call.observed.recording:
                 ops.observe_op(call.observed, op)
             return result
+        except KeyingChanged as exc:  # a step's claim: thrown into `_claiming`
+            return ops.Failed(exc)
         except DatabaseUnavailable as exc:
             raise described(exc, task.thread_id, call.ctx.tool_call if call else task.call,
                             call is not None and call.ctx.sent) from None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, cast
 
 from langchain_core.messages import ToolMessage
@@ -25,7 +25,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.errors import GraphInterrupt
 
 from graph_durable import telemetry
-from graph_durable.checkpointers._base import actor_of
+from graph_durable.checkpointers._base import KeyingChanged, actor_of
 from graph_durable.errors import InvalidDecision
 from graph_durable.faults import fault_point
 from graph_durable.ledger import EffectRecord
@@ -224,20 +224,36 @@ class GuardBase:
         keys = self.keys
         assert isinstance(keys, ToolCallKeys), "only a step's tool calls are claimed ahead"
         first = Task(config, calls[0])
-        keying = yield Read("keying", (first.thread_id,))
-        if keying.legacy:
-            return {}  # legacy keys are looked up call by call
-        started: list[Started] = []
+        # The keying most threads have, once the saver has read one: the claim checks it
+        # in its transaction, which saves the read (see `predicted_keying`).
+        predicted = yield Read("predicted_keying", (first.thread_id,))
+        keying = predicted if predicted is not None else (
+            yield Read("keying", (first.thread_id,)))
         # The calls of a step run from one root checkpoint (asked about once).
         yield from self._checkpoint_stored(first, calls[0], keys.fork_root(first))
-        for call in calls:
-            task = first if call is calls[0] else first.for_call(call)
-            ctx = yield from keys.step_context(task, call, state,
-                                               self.policy_for(call["name"]), keying)
-            started.append(Started(task, ctx, run_call(ctx)))
-        claims = [_claim(one) for one in started]
-        yield from self._checkpoint_stored(first, calls[0], keys.requesting_checkpoint(first))
-        claimed = yield ClaimMany(tuple(claim.intent for claim in claims))
+        while True:
+            if keying.legacy:
+                return {}  # legacy keys are looked up call by call
+            started: list[Started] = []
+            for call in calls:
+                task = first if call is calls[0] else first.for_call(call)
+                ctx = yield from keys.step_context(task, call, state,
+                                                   self.policy_for(call["name"]), keying)
+                started.append(Started(task, ctx, run_call(ctx)))
+            claims = [_claim(one) for one in started]
+            yield from self._checkpoint_stored(first, calls[0],
+                                               keys.requesting_checkpoint(first))
+            intents = tuple(claim.intent for claim in claims)
+            if keying is predicted:
+                intents = tuple(replace(intent, keying=keying) for intent in intents)
+            try:
+                claimed = yield ClaimMany(intents)
+            except KeyingChanged:  # nothing was claimed: key the calls as the thread is
+                for one in started:
+                    one.protocol.close()
+                keying = yield Read("keying", (first.thread_id,))
+                continue
+            break
         for one, result in zip(started, claimed, strict=True):
             one.value = result
         return {one.ctx.tool_call_id: one for one in started}

@@ -51,6 +51,7 @@ SaverRead = Literal[
     "get_tuple",           # (config,) -> CheckpointTuple | None
     "keying",              # (thread_id,) -> Keying
     "live_leases",         # () -> {thread_id: (owner, token, expires)}
+    "predicted_keying",    # (thread_id,) -> Keying | None, without I/O
     "sent_in_family",      # (key, thread_id) -> EffectRecord | None
     "step_anchor",         # (thread_id, checkpoint_id, parent_id) -> str | None
     "stored_result",       # (thread_id, key) -> the stored answer of a call

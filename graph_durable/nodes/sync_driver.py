@@ -11,6 +11,7 @@ from typing import Any
 from langchain_core.messages import ToolMessage
 from langgraph.types import Command
 
+from graph_durable.checkpointers._base import KeyingChanged
 from graph_durable.errors import DatabaseUnavailable, GraphDurableError
 from graph_durable.nodes import operations as ops
 from graph_durable.nodes.context import _CURRENT
@@ -78,6 +79,8 @@ class SyncDriver(GuardBase):
             if call is not None and call.observed.recording:
                 ops.observe_op(call.observed, op)
             return result
+        except KeyingChanged as exc:  # a step's claim: thrown into `_claiming`
+            return ops.Failed(exc)
         except DatabaseUnavailable as exc:
             raise described(exc, task.thread_id, call.ctx.tool_call if call else task.call,
                             call is not None and call.ctx.sent) from None

@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
-from graph_durable.checkpointers._base import actor_of
+from graph_durable.checkpointers._base import KeyingChanged, actor_of
 from graph_durable.checkpointers.postgres._storage import storage_fault
 from graph_durable.errors import DatabaseUnavailable, ReadOnlyDatabase
 from graph_durable.ledger import EffectRecord, TransitionWrite
@@ -114,6 +114,10 @@ FENCE_READ_COMMITTED = "SELECT graph_durable_fence_read_committed(%s, %s)"
 one implicit transaction): refuses with `NOT_READ_COMMITTED` first unless that
 transaction is READ COMMITTED (PostgreSQL migration 9)."""
 NOT_READ_COMMITTED = "GD002"
+KEYED_AS = "SELECT graph_durable_keyed_as(%s, %s)"
+"""Check, after a step's claim made with a predicted keying, that its thread is keyed so:
+raises `KEYING_CHANGED` otherwise, which aborts the claim (PostgreSQL migration 14)."""
+KEYING_CHANGED = "GD003"
 FENCED_CLAIM = "SELECT * FROM graph_durable_fenced_claim(" + ", ".join(["%s"] * 13) + ")"
 """Claim a step's intents in one statement that first fences its transaction, as
 `FENCE_READ_COMMITTED` does (PostgreSQL migration 10; migration 8's `graph_durable_claim`,
@@ -493,6 +497,8 @@ class TransactionDeferred:
         failed, or its connection broke), `PostgresReadOnly`, or `exc`."""
         from psycopg import OperationalError
 
+        if getattr(exc, "sqlstate", None) == KEYING_CHANGED:
+            raise KeyingChanged(str(thread_id)) from exc
         if one_trip and self._not_read_committed(exc):
             raise ImplicitNotReadCommitted(str(exc)) from exc
         fault = storage_fault(exc, thread_id)  # a full disk may also break the connection

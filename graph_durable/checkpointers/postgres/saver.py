@@ -73,6 +73,7 @@ from graph_durable.checkpointers.postgres._sql import (
     DELETE_THREAD_CHECKPOINTS,
     DURABLE_COMMIT,
     FENCE_REFUSED,
+    KEYED_AS,
     LANGGRAPH_APPLIED,
     LOCK_THREAD_READ_LEASE,
     LOCK_THREAD,
@@ -122,6 +123,7 @@ from graph_durable.leases import check_fence
 from graph_durable.ledger import (
     EffectRecord,
     IntentWrite,
+    Keying,
     LedgerWrite,
     TransitionWrite,
     WriteBatch,
@@ -179,6 +181,11 @@ def _rows(cur: Any, statement: _steps.Statement) -> list[Any] | None:
     """Run one of `_steps`' statements; its rows, when it asks for them."""
     ran = _run(cur, statement.sql, statement.params)
     return ran.fetchall() if statement.fetch else None
+
+
+def _predicted(intents: Sequence[IntentWrite]) -> Keying | None:
+    """The predicted keying a step's claim checks (`IntentWrite.keying`), if any."""
+    return next((intent.keying for intent in intents if intent.keying is not None), None)
 
 
 class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixin,
@@ -670,6 +677,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             return self._claim_in_one_trip(thread_id, intents, config)
         actor = actor_of(config)
         claimed: list[tuple[EffectRecord, bool]] = []
+        predicted = _predicted(intents)
         with self._txn(thread_id, config, durable=True) as cur:
             _run(cur, *lock_keys([intent.key for intent in intents]))
             for intent in intents:
@@ -678,6 +686,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                 except IntentExists as exists:
                     # Nothing of this intent was written: its key was already known.
                     claimed.append((exists.record, False))
+            if predicted is not None:
+                cur.execute(KEYED_AS, (thread_id, predicted.pin))
         return claimed
 
     def _claim_in_one_trip(
@@ -686,17 +696,20 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         """`claim_many` as one `FENCED_CLAIM` call in a one-round-trip fenced write."""
         actor = actor_of(config)
         planned = [plan[1:] for plan in self._plan_intents(intents, actor)]
+        predicted = _predicted(intents)
         try:
-            return self._claim_planned(thread_id, planned, config)
+            return self._claim_planned(thread_id, planned, config, predicted)
         except ImplicitNotReadCommitted:  # nothing was written: now begun explicitly
-            return self._claim_planned(thread_id, planned, config)
+            return self._claim_planned(thread_id, planned, config, predicted)
 
     def _claim_planned(
         self, thread_id: str, planned: Sequence[tuple[list[Any], EffectRecord]],
-        config: RunnableConfig | None,
+        config: RunnableConfig | None, predicted: Keying | None = None,
     ) -> list[tuple[EffectRecord, bool]]:
         with self._one_trip(thread_id, config, fenced_by_block=True, durable=True) as fenced:
             cur = fenced.connection.cursor(row_factory=tuple_row, binary=True)
             cur.execute(*claim_call(thread_id, planned, actor_of(config)))
+            if predicted is not None:  # after the claim, which took the thread's lock
+                fenced.execute(KEYED_AS, (thread_id, predicted.pin))
         with cur:
             return self._claimed_rows(planned, cur.fetchall())

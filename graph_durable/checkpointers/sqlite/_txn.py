@@ -199,7 +199,22 @@ class SqliteTransactions:
         insert; the journal entries of such intents are written together, and a thread's
         key scheme is pinned once. Any other intent runs `_apply_one_txn`'s statements
         (the entries gathered so far written first, so the journal keeps the claims'
-        order)."""
+        order). Intents keyed by a predicted keying are claimed only if the thread is
+        keyed so (`_keying_refusal`); else each gets its refusal, and nothing of them is
+        written."""
+        predicted = next((item.write.keying for item in items
+                          if item.write.keying is not None), None)  # type: ignore[union-attr]
+        if predicted is not None:
+            thread_id = items[0].write.thread_id
+            refusal = self._keying_refusal(  # type: ignore[attr-defined]
+                cur.execute(_sql.SELECT_KEYING,
+                            self._keying_params(thread_id)).fetchall(),  # type: ignore[attr-defined]
+                thread_id, predicted)
+            if refusal is not None:
+                for item in items:
+                    if item.write.keying is not None:  # type: ignore[union-attr]
+                        item.error = refusal
+                items = [item for item in items if item.write.keying is None]  # type: ignore[union-attr]
         entries: list[tuple[Any, ...]] = []
         pinned: set[tuple[Any, ...]] = set()
         plans = self._plan_intents([item.write for item in items], actor)  # type: ignore[attr-defined]
