@@ -236,3 +236,31 @@ async def test_a_run_cancelled_with_the_call_on_its_way_pauses_instead_of_sendin
     result = await run(graph, Command(resume={"type": "retry"}))
     assert result["messages"][-1].content == "done"
     assert provider.count() == 1 and len(provider.requests()) == 1
+
+
+async def test_async_step_in_a_copy_claims_under_its_sources_keys(saver, tmp_path) -> None:
+    """Under `ainvoke` too, a step whose predicted keying (the saver has read a thread
+    keyed by its own id) does not fit its thread, a copy, is claimed again under the
+    copy's real keying: the source's receipt is replayed, nothing is sent again."""
+    provider = FakeProvider(str(tmp_path / "p.sqlite"), "dedupe", name="p")
+
+    @tool
+    async def pay(cents: int) -> str:
+        """Pay."""
+        provider.apply(current_effect().key, {"cents": cents})
+        return f"paid {cents}"
+
+    graph = build(saver, [pay], {"pay": Effect(idempotent=True)}, call("pay", {"cents": 5}))
+    await run(graph)
+    assert provider.count() == 1
+    before_tools = [state async for state in graph.aget_state_history(CONFIG)
+                    if state.next == ("tools",)][-1]
+    await saver.acopy_thread("t", "copy")
+    result = await graph.ainvoke(
+        None, {"configurable": {**before_tools.config["configurable"], "thread_id": "copy"}},
+        durability="sync")
+    assert result["messages"][-1].content == "done"
+    assert provider.count() == 1
+    [copied] = [effect for effect in await saver.aeffects("copy") if effect.tool == "pay"]
+    [source] = [effect for effect in await saver.aeffects("t") if effect.tool == "pay"]
+    assert copied.key == source.key and copied.status.value == "applied"
