@@ -360,7 +360,7 @@ class IntentWrite:
     data: dict[str, Any] | None = None
     """Details for the intent's journal entry (a compensation: what it undoes, and the
     decision that asked for it)."""
-    keying: Keying | None = None
+    keying: Keying | None = field(default=None, repr=False)  # it holds the key secret
     """The keying `key` was derived from when it was predicted rather than read
     (`predicted_keying`): the claim checks it in its transaction, and writes nothing of
     a claim whose thread is keyed otherwise (`KeyingChanged`)."""

@@ -115,6 +115,9 @@ class KeyingChanged(Exception):
                          "claimed")
         self.thread_id = thread_id
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (KeyingChanged, (self.thread_id,))
+
 
 class IntentExists(Exception):
     """An intent whose key is already recorded; carries the recorded effect.

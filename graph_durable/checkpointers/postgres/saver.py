@@ -184,8 +184,15 @@ def _rows(cur: Any, statement: _steps.Statement) -> list[Any] | None:
 
 
 def _predicted(intents: Sequence[IntentWrite]) -> Keying | None:
-    """The predicted keying a step's claim checks (`IntentWrite.keying`), if any."""
-    return next((intent.keying for intent in intents if intent.keying is not None), None)
+    """The predicted keying a step's claim checks (`IntentWrite.keying`), if any. The
+    server checks the thread's origin, legacy flag and pinned scheme against it, which
+    says as much as SQLite's comparison only for a prediction (`predicted_keying`: the
+    thread's own id, not legacy, a scheme to pin), never for a keying that was read."""
+    keying = next((intent.keying for intent in intents if intent.keying is not None), None)
+    if keying is not None and (keying.pin is None or keying.legacy
+                               or keying.key_thread != intents[0].thread_id):
+        raise ValueError(f"IntentWrite.keying is a predicted keying, not {keying!r}")
+    return keying
 
 
 class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixin,
