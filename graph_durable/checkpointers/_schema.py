@@ -614,4 +614,82 @@ PG_MIGRATIONS: list[str] = [
     END
     $fn$
     """,
+    # 15: LangGraph's own tables fence the rows written to them. A trigger on
+    # `checkpoints`, `checkpoint_blobs` and `checkpoint_writes` fences the transaction
+    # that inserts a thread's row, as `graph_durable_fence_read_committed` does for a
+    # writer without a fencing token, unless the transaction has already fenced that
+    # thread: `graph_durable_fence` and `graph_durable_lock_thread_at` now mark it so
+    # (`graph_durable.fenced`, local to the transaction). A checkpoint write without a
+    # token then needs no fence statement of its own, and no writer (LangGraph's savers
+    # included) writes a row into a thread whose lease another worker holds.
+    """
+    CREATE OR REPLACE FUNCTION graph_durable_fence(p_thread_id TEXT, p_token BIGINT)
+    RETURNS DOUBLE PRECISION
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        now_at DOUBLE PRECISION;
+        lease thread_leases%ROWTYPE;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_thread_id, 0));
+        now_at := extract(epoch FROM clock_timestamp())::DOUBLE PRECISION;
+        SELECT * INTO lease FROM thread_leases l WHERE l.thread_id = p_thread_id;
+        IF (NOT FOUND AND p_token IS NOT NULL)
+            OR (FOUND AND p_token IS NULL
+                AND (lease.owner LIKE 'cancelled-by:%' OR lease.expires_at > now_at))
+            OR (FOUND AND p_token IS NOT NULL
+                AND (p_token <> lease.token OR lease.expires_at <= now_at)) THEN
+            RAISE EXCEPTION 'graph_durable refused a write to thread %', p_thread_id
+                USING ERRCODE = 'GD001';
+        END IF;
+        PERFORM set_config('graph_durable.fenced', 'f:' || p_thread_id, true);
+        RETURN now_at;
+    END
+    $fn$;
+    CREATE OR REPLACE FUNCTION graph_durable_lock_thread_at(p_thread_id TEXT)
+    RETURNS TABLE (owner TEXT, token BIGINT, expires_at DOUBLE PRECISION,
+                   now_at DOUBLE PRECISION)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_thread_id, 0));
+        -- The caller checks the fence with the row below and refuses (rolls back) there.
+        PERFORM set_config('graph_durable.fenced', 'f:' || p_thread_id, true);
+        RETURN QUERY SELECT l.owner, l.token, l.expires_at,
+            extract(epoch FROM clock_timestamp())::DOUBLE PRECISION
+            FROM (SELECT 1) AS one LEFT JOIN thread_leases l ON l.thread_id = p_thread_id;
+    END
+    $fn$;
+    CREATE FUNCTION graph_durable_fence_row()
+    RETURNS trigger
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        -- `graph_durable_fence_read_committed(NEW.thread_id, NULL)`, inlined.
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'graph_durable writes thread % READ COMMITTED, not %',
+                NEW.thread_id, current_setting('transaction_isolation')
+                USING ERRCODE = 'GD002';
+        END IF;
+        PERFORM pg_advisory_xact_lock(hashtextextended(NEW.thread_id, 0));
+        IF EXISTS (SELECT 1 FROM thread_leases l WHERE l.thread_id = NEW.thread_id
+                   AND (l.owner LIKE 'cancelled-by:%'
+                        OR l.expires_at > extract(epoch FROM clock_timestamp()))) THEN
+            RAISE EXCEPTION 'graph_durable refused a write to thread %', NEW.thread_id
+                USING ERRCODE = 'GD001';
+        END IF;
+        PERFORM set_config('graph_durable.fenced', 'f:' || NEW.thread_id, true);
+        RETURN NEW;
+    END
+    $fn$;
+    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON checkpoints FOR EACH ROW
+        WHEN (current_setting('graph_durable.fenced', true) IS DISTINCT FROM
+              'f:' || NEW.thread_id)
+        EXECUTE FUNCTION graph_durable_fence_row();
+    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON checkpoint_blobs FOR EACH ROW
+        WHEN (current_setting('graph_durable.fenced', true) IS DISTINCT FROM
+              'f:' || NEW.thread_id)
+        EXECUTE FUNCTION graph_durable_fence_row();
+    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON checkpoint_writes FOR EACH ROW
+        WHEN (current_setting('graph_durable.fenced', true) IS DISTINCT FROM
+              'f:' || NEW.thread_id)
+        EXECUTE FUNCTION graph_durable_fence_row();
+    """,
 ]

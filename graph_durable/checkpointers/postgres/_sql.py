@@ -100,6 +100,16 @@ FENCE = "SELECT graph_durable_fence(%s, %s)"
 """`LOCK_THREAD`, then the fence checked on the server: raises `FENCE_REFUSED` if the
 write must not commit (PostgreSQL migration 7)."""
 FENCE_REFUSED = "GD001"
+ROW_FENCES = (
+    "SELECT count(*) FROM pg_trigger WHERE tgname = 'graph_durable_fence' "
+    "AND tgenabled IN ('O', 'A') AND tgrelid IN (to_regclass('checkpoints'), "
+    "to_regclass('checkpoint_blobs'), to_regclass('checkpoint_writes'))"
+)
+"""How many of LangGraph's tables fence the rows written to them (PostgreSQL migration
+15's trigger, enabled): three, or a checkpoint write sends its fence itself."""
+MARK_FENCED = "SELECT set_config('graph_durable.fenced', 'f:' || %s, true)"
+"""Let this transaction write the thread's rows into LangGraph's tables without their
+trigger fencing it (a copy into a thread, which is not fenced: see `copy_thread`)."""
 KEY_LOCKS = 1735680001
 """The class id (first half) of the advisory locks on effect keys: a space of their own,
 apart from the threads' one-number locks. The claim functions of PostgreSQL migrations 8
@@ -454,15 +464,26 @@ class TransactionDeferred:
     _begin_explicitly = False
     """Set once a write sent without `BEGIN` found its transaction not READ COMMITTED."""
 
+    _rows_fenced = False
+    """Whether LangGraph's tables fence the rows written to them (`ROW_FENCES`), as
+    `setup()` found them."""
+
+    def _learn_row_fences(self, count: int) -> None:
+        self._rows_fenced = count == 3
+
     def _one_trip_plan(
         self, autocommit: bool, thread_id: str, config: RunnableConfig | None,
-        fenced_by_block: bool, durable: bool = False,
+        fenced_by_block: bool, durable: bool = False, rows: bool = False,
     ) -> tuple[list[tuple[TransitionWrite, _sql.Statement]], list[_sql.Statement], str | None]:
         """What a one-round-trip write sends besides its block: the deferred receipts it
         carries (`_carry_deferred`), then how it opens and closes (`_fence_statements`;
         a block that fences itself is fenced anyway when receipts go before it).
         `durable`: a ledger write, committed durably whatever the server's settings
-        (`DURABLE_COMMIT`, in the same round trip)."""
+        (`DURABLE_COMMIT`, in the same round trip). `rows`: the block writes a row of
+        the thread into LangGraph's tables before anything else, whose trigger fences
+        the transaction (migration 15) for a writer without a fencing token."""
+        if rows and self._rows_fenced and actor_of(config)[1] is None:
+            fenced_by_block = True
         carrying = self._carry_deferred(thread_id)
         opening, closing = self._fence_statements(
             autocommit, thread_id, config, fenced_by_block=fenced_by_block and not carrying)

@@ -91,7 +91,8 @@ __all__ = ["AsyncDurablePostgresSaver"]
 
 T = TypeVar("T")
 
-_FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]], bool] | None] = (
+_FENCED_WRITE: ContextVar[
+    tuple[str, RunnableConfig, Callable[[], list[Any]], bool, bool] | None] = (
     ContextVar("graph_durable_apg_fenced_write", default=None))
 """Set while `aput`/`aput_writes` run LangGraph's own statements, so that `_cursor`
 runs them inside a fenced transaction of that thread."""
@@ -246,7 +247,10 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
             if not SETUP_TABLES <= tables:
                 return False
             state = await (await cur.execute(SETUP_STATE)).fetchone()
-            return is_current(tables, lambda: state, len(PG_MIGRATIONS))
+            if not is_current(tables, lambda: state, len(PG_MIGRATIONS)):
+                return False
+            self._learn_row_fences((await (await cur.execute(_pg.ROW_FENCES)).fetchone())[0])
+            return True
 
     async def _migrate(self) -> None:
         async with self._own_lock(), _ainternal.get_connection(self.conn) as conn:
@@ -260,6 +264,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                     await cur.execute("INSERT INTO graph_durable_migrations (v, applied_at) "
                                       "VALUES (%s, %s)", (version, time.time()))
                 await _run(cur, _sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
+                await cur.execute(_pg.ROW_FENCES)
+                self._learn_row_fences((await cur.fetchone())[0])
 
     def _own_lock(self) -> Any:
         """The saver's lock on a single connection (one statement sequence at a time);
@@ -314,20 +320,21 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
     @asynccontextmanager
     async def _one_trip(self, thread_id: str,
                         config: RunnableConfig | None, *, fenced_by_block: bool = False,
-                        durable: bool = False, langgraph: bool = False
+                        durable: bool = False, langgraph: bool = False, rows: bool = False
                         ) -> AsyncIterator[AsyncCursor[Any]]:
         """`DurablePostgresSaver._one_trip` on an async connection: the fence, the
         thread's deferred receipts and the block's statements in one pipeline, one
         transaction; results are read after the block. Raises
         `_pg.ImplicitNotReadCommitted` as it does. `langgraph`: the block gets
-        LangGraph's cursor (binary, dict rows), the fence sent on it too."""
+        LangGraph's cursor (binary, dict rows), the fence sent on it too; `rows`: as
+        there."""
         await self.setup()
         async with self._own_lock(), self._write_connection(thread_id) as conn:
             with self._deferred_scope():
                 carried: list[tuple[Any, AsyncCursor[Any]]] = []
                 try:
                     carrying, opening, closing = self._one_trip_plan(
-                        conn.autocommit, thread_id, config, fenced_by_block, durable)
+                        conn.autocommit, thread_id, config, fenced_by_block, durable, rows)
                     async with conn.pipeline(), (
                             conn.cursor(binary=True, row_factory=dict_row) if langgraph
                             else conn.cursor(row_factory=tuple_row)) as cur:
@@ -385,9 +392,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                 async with conn.cursor(binary=True, row_factory=dict_row) as cur:
                     yield cur
             return
-        thread_id, config, after, may_trip = fenced
+        thread_id, config, after, may_trip, rows = fenced
         if may_trip and self._one_trip_possible(thread_id):
-            async with self._one_trip(thread_id, config, langgraph=True) as cur:
+            async with self._one_trip(thread_id, config, langgraph=True, rows=rows) as cur:
                 yield cur
                 for statement in after():
                     await _run(cur, *statement)
@@ -399,17 +406,19 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                 await _run(ledger_cur, *statement)
 
     async def _fenced(self, config: RunnableConfig, write: Callable[[], Awaitable[T]],
-                      after: Callable[[], list[Any]] = list, *, one_trip: bool = True) -> T:
+                      after: Callable[[], list[Any]] = list, *, one_trip: bool = True,
+                      rows: bool = True) -> T:
         """Await `write()` (LangGraph's writes) in a fenced transaction, then `after()`'s
         statements; once more, begun explicitly, if it went without `BEGIN` in a
         transaction that was not READ COMMITTED (nothing of it was written).
 
         `one_trip=False` when `after()` must be asked once the thread's lock is held:
         a resume value's save asks whether a decision batch consumed it meanwhile (see
-        `_resume_consumed`), and in one round trip it would ask before the lock."""
+        `_resume_consumed`), and in one round trip it would ask before the lock.
+        `rows=False`: see `DurablePostgresSaver._fenced`."""
         await self.setup()
         token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config, after,
-                                   one_trip))
+                                   one_trip, rows))
         try:
             try:
                 return await write()
@@ -439,7 +448,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                                   task_path: str) -> None:
         late, one_trip = self._late_resume_after(config, writes, task_id)
         await self._fenced(config, lambda: AsyncPostgresSaver.aput_writes(
-            self, config, writes, task_id, task_path), late, one_trip=one_trip)
+            self, config, writes, task_id, task_path), late, one_trip=one_trip,
+            rows=bool(writes))
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, blobs, writes, effects, events and flow pin."""
@@ -466,6 +476,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
         async with self._txn() as cur:
             # The source's writes wait: the copy point is where it stands, copied.
             await cur.execute(_pg.LOCK_THREAD, (str(source_thread_id),))
+            await cur.execute(_pg.MARK_FENCED, (str(target_thread_id),))  # not fenced
             await self._flush_deferred(cur, str(source_thread_id))
             for statement in _pg.COPY_THREAD_CHECKPOINTS:
                 await cur.execute(statement, params)

@@ -77,6 +77,8 @@ from graph_durable.checkpointers.postgres._sql import (
     LANGGRAPH_APPLIED,
     LOCK_THREAD_READ_LEASE,
     LOCK_THREAD,
+    MARK_FENCED,
+    ROW_FENCES,
     SELECT_CALLED_TASKS,
     SELECT_COPY_POINT_STEPS,
     SELECT_STEP_WRITES,
@@ -135,7 +137,8 @@ T = TypeVar("T")
 
 # Set while `put`/`put_writes` run LangGraph's own statements, so that `_cursor` runs
 # them inside a fenced transaction of that thread (in one round trip if the flag allows).
-_FENCED_WRITE: ContextVar[tuple[str, RunnableConfig, Callable[[], list[Any]], bool] | None] = (
+_FENCED_WRITE: ContextVar[
+    tuple[str, RunnableConfig, Callable[[], list[Any]], bool, bool] | None] = (
     ContextVar("graph_durable_pg_fenced_write", default=None))
 
 
@@ -303,8 +306,11 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             if "checkpoint_migrations" not in tables or \
                     cur.execute(LANGGRAPH_APPLIED).fetchone()[0] + 1 < len(self.MIGRATIONS):
                 return False
-            return is_current(tables, lambda: cur.execute(SETUP_STATE).fetchone(),
-                              len(PG_MIGRATIONS))
+            if not is_current(tables, lambda: cur.execute(SETUP_STATE).fetchone(),
+                              len(PG_MIGRATIONS)):
+                return False
+            self._learn_row_fences(cur.execute(ROW_FENCES).fetchone()[0])
+            return True
 
     def _migrate(self) -> None:
         with self.lock, _internal.get_connection(self.conn) as conn, conn.transaction():
@@ -321,6 +327,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                         "VALUES (%s, %s)", (version, time.time()),
                     )
                 _run(cur, _sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
+                self._learn_row_fences(cur.execute(ROW_FENCES).fetchone()[0])
 
     def durability(self) -> DurabilityReport:
         """The settings this database's commits depend on, as the saver's own session
@@ -364,7 +371,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     def _one_trip(self, thread_id: str,
                   config: RunnableConfig | None, *,
                   fenced_by_block: bool = False, durable: bool = False,
-                  langgraph: bool = False) -> Iterator[Cursor[Any]]:
+                  langgraph: bool = False, rows: bool = False) -> Iterator[Cursor[Any]]:
         """A fenced write of a thread whose flow pin is known, in one round trip: the
         fence checked on the server (after the thread's lock), the thread's deferred
         receipts (`carried_transition`) and the block's statements are sent together in
@@ -380,14 +387,16 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         Raises `ImplicitNotReadCommitted` if the implicit transaction was not READ
         COMMITTED (nothing was written; send the write again).
         `langgraph`: the block gets LangGraph's cursor (binary, dict rows) for its
-        checkpoint writes, the fence sent on it too (it fetches nothing)."""
+        checkpoint writes, the fence sent on it too (it fetches nothing). `rows`: the
+        block first writes rows of the thread into LangGraph's tables, which fence it
+        themselves when the writer has no fencing token (`_one_trip_plan`)."""
         self.setup()
         with self._own_lock(), self._write_connection(thread_id) as conn, \
                 self._deferred_scope():
             carried: list[tuple[Any, Cursor[Any]]] = []
             try:
                 carrying, opening, closing = self._one_trip_plan(
-                    conn.autocommit, thread_id, config, fenced_by_block, durable)
+                    conn.autocommit, thread_id, config, fenced_by_block, durable, rows)
                 with conn.pipeline(), (conn.cursor(binary=True, row_factory=dict_row)
                                        if langgraph else conn.cursor(row_factory=tuple_row)
                                        ) as cur:
@@ -462,9 +471,9 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             with super()._cursor(pipeline=pipeline) as cur:
                 yield cur
             return
-        thread_id, config, after, may_trip = fenced
+        thread_id, config, after, may_trip, rows = fenced
         if may_trip and self._one_trip_possible(thread_id):
-            with self._one_trip(thread_id, config, langgraph=True) as cur:
+            with self._one_trip(thread_id, config, langgraph=True, rows=rows) as cur:
                 yield cur
                 for statement in after():
                     _run(cur, *statement)
@@ -476,16 +485,19 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                 _run(ledger_cur, *statement)
 
     def _fenced(self, config: RunnableConfig, write: Callable[[], T],
-                after: Callable[[], list[Any]] = list, *, one_trip: bool = True) -> T:
+                after: Callable[[], list[Any]] = list, *, one_trip: bool = True,
+                rows: bool = True) -> T:
         """Run `write()` (LangGraph's writes) in a fenced transaction, then `after()`'s
         statements; once more, begun explicitly, if it went without `BEGIN` in a
         transaction that was not READ COMMITTED (nothing of it was written).
 
         `one_trip=False` when `after()` must be asked once the thread's lock is held
-        (see `AsyncDurablePostgresSaver._fenced`)."""
+        (see `AsyncDurablePostgresSaver._fenced`). `rows=False` when `write()` may write
+        no row (`put_writes` of no writes): the fence is then sent whatever the tables
+        do (see `_one_trip_plan`)."""
         self.setup()
         token = _FENCED_WRITE.set((str(config["configurable"]["thread_id"]), config, after,
-                                   one_trip))
+                                   one_trip, rows))
         try:
             try:
                 return write()
@@ -514,7 +526,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                            task_id: str, task_path: str) -> None:
         late, one_trip = self._late_resume_after(config, writes, task_id)
         self._fenced(config, lambda: PostgresSaver.put_writes(
-            self, config, writes, task_id, task_path), late, one_trip=one_trip)
+            self, config, writes, task_id, task_path), late, one_trip=one_trip,
+            rows=bool(writes))
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints, blobs, writes, effects, events and flow pin."""
@@ -540,6 +553,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         with self._txn() as cur:
             # The source's writes wait: the copy point is where it stands, copied.
             cur.execute(LOCK_THREAD, (str(source_thread_id),))
+            cur.execute(MARK_FENCED, (str(target_thread_id),))  # the target is not fenced
             self._flush_deferred(cur, str(source_thread_id))
             for statement in COPY_THREAD_CHECKPOINTS:
                 cur.execute(statement, params)

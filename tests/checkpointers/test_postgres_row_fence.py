@@ -1,0 +1,144 @@
+"""LangGraph's tables fence the rows written to them (PostgreSQL migration 15): a
+checkpoint write without a fencing token sends no fence of its own, and is refused all
+the same while another worker holds the thread's lease; so is any other writer's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+psycopg = pytest.importorskip("psycopg")
+
+from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
+from langgraph.checkpoint.postgres import PostgresSaver  # noqa: E402
+
+from graph_durable.checkpointers.postgres import (  # noqa: E402
+    AsyncDurablePostgresSaver,
+    DurablePostgresSaver,
+)
+from graph_durable.errors import LeaseLost  # noqa: E402
+from graph_durable.testing.pg_trace import round_trips  # noqa: E402
+
+TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
+
+
+def config(thread_id: str, **configurable: Any) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": "", **configurable}}
+
+
+def executed(saver: DurablePostgresSaver, write: Any) -> int:
+    """Statements `write()` sends on the saver's connection."""
+    with round_trips(saver.conn) as seen:
+        write()
+    return sum(kind == "Execute" for sent in seen.sent for kind in sent)
+
+
+def put(saver: Any, thread_id: str, **configurable: Any) -> dict[str, Any]:
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"note": "x"}
+    checkpoint["channel_versions"] = {"note": 1}
+    return saver.put(config(thread_id, **configurable), checkpoint, {"step": 0},
+                     {"note": 1})
+
+
+def drop_triggers(conninfo: str) -> None:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for table in TABLES:
+            conn.execute(f"DROP TRIGGER graph_durable_fence ON {table}")
+
+
+def test_a_write_without_a_token_leaves_its_fence_to_the_tables(postgres_conninfo) -> None:
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as fenced:
+        fenced.setup()
+        assert fenced._rows_fenced
+        stored = put(fenced, "t")
+        by_tables = executed(fenced, lambda: put(fenced, "t"))
+        by_tables_writes = executed(fenced, lambda: fenced.put_writes(
+            stored, [("note", "y")], "task-1"))
+    drop_triggers(postgres_conninfo)
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as unfenced:
+        unfenced.setup()
+        assert not unfenced._rows_fenced  # the saver sends the fence itself again
+        stored = put(unfenced, "u")
+        assert executed(unfenced, lambda: put(unfenced, "u")) == by_tables + 1
+        assert executed(unfenced, lambda: unfenced.put_writes(
+            stored, [("note", "y")], "task-1")) == by_tables_writes + 1
+
+
+@pytest.mark.parametrize("triggers", [True, False], ids=["tables fence", "saver fences"])
+def test_a_write_without_a_token_is_refused_while_another_worker_holds_the_lease(
+        postgres_conninfo, triggers: bool) -> None:
+    if not triggers:
+        with DurablePostgresSaver.from_conn_string(postgres_conninfo) as first:
+            first.setup()
+        drop_triggers(postgres_conninfo)
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver, \
+            DurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
+        saver.setup()
+        assert saver._rows_fenced is triggers
+        stored = put(saver, "t")
+        lease = other.acquire_lease("t", "worker-b", ttl=60)
+        with pytest.raises(LeaseLost, match="worker-b"):
+            put(saver, "t")
+        with pytest.raises(LeaseLost, match="worker-b"):
+            saver.put_writes(stored, [("note", "y")], "task-1")
+        # The lease holder writes with its token, its fence sent (and marked) first.
+        put(other, "t", **{k: v for k, v in lease.config["configurable"].items()
+                           if k not in ("thread_id", "checkpoint_ns")})
+        other.release_lease(lease)
+        put(saver, "t")
+        assert len(list(saver.list(config("t")))) == 3
+        assert saver.get_tuple(stored).pending_writes == []
+
+
+def test_the_tables_refuse_any_writer_into_a_thread_another_worker_holds(
+        postgres_conninfo) -> None:
+    """LangGraph's own saver, on the same database: its checkpoint of a leased thread
+    is refused by the tables (SQLSTATE GD001), nothing of it stored."""
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as durable, \
+            PostgresSaver.from_conn_string(postgres_conninfo) as stock:
+        durable.setup()
+        lease = durable.acquire_lease("t", "worker-a", ttl=60)
+        with pytest.raises(psycopg.DatabaseError) as refused:
+            put(stock, "t")
+        assert refused.value.sqlstate == "GD001"
+        assert list(durable.list(config("t"))) == []
+        put(stock, "free")  # a thread nobody holds
+        durable.release_lease(lease)
+        put(stock, "t")
+        assert len(list(durable.list(config("t")))) == 1
+
+
+def test_a_copy_into_a_thread_stays_unfenced(postgres_conninfo) -> None:
+    """`copy_thread` fences neither thread (its source is locked while it copies):
+    the tables let its rows into a target another worker holds, as before them."""
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver, \
+            DurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
+        put(saver, "src")
+        lease = other.acquire_lease("dst", "worker-b", ttl=60)
+        saver.copy_thread("src", "dst")
+        other.release_lease(lease)
+        assert len(list(saver.list(config("dst")))) == 1
+
+
+async def test_the_async_saver_leaves_its_fence_to_the_tables_too(postgres_conninfo) -> None:
+    async with AsyncDurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+        await saver.setup()
+        assert saver._rows_fenced
+        checkpoint = empty_checkpoint()
+        stored = await saver.aput(config("t"), checkpoint, {"step": 0}, {})
+        with round_trips(saver.conn) as seen:
+            await saver.aput_writes(stored, [("note", "y")], "task-1")
+        statements = sum(kind == "Execute" for sent in seen.sent for kind in sent)
+        with DurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
+            lease = other.acquire_lease("t", "worker-b", ttl=60)
+            with pytest.raises(LeaseLost, match="worker-b"):
+                await saver.aput_writes(stored, [("note", "z")], "task-2")
+            other.release_lease(lease)
+        saver._rows_fenced = False
+        with round_trips(saver.conn) as seen:
+            await saver.aput_writes(stored, [("note", "y")], "task-3")
+        assert sum(kind == "Execute" for sent in seen.sent for kind in sent) == statements + 1
+        assert {w[0] for w in (await saver.aget_tuple(stored)).pending_writes} == {
+            "task-1", "task-3"}
