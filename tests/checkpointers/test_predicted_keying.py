@@ -187,3 +187,50 @@ def test_a_guarded_step_in_a_copy_claims_under_its_sources_keys(open_saver, tmp_
     copied = [effect for effect in saver.effects("copy") if effect.tool == "pay"]
     assert [effect.status for effect in copied] == [S.APPLIED]
     assert copied[0].key == [e for e in saver.effects("t") if e.tool == "pay"][0].key
+
+
+async def test_the_async_postgres_saver_claims_under_the_predicted_keying(
+        postgres_conninfo: str) -> None:
+    from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
+
+    async with AsyncDurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+        assert await saver.apredicted_keying("t") is None
+        await saver.akeying("first")
+        predicted = await saver.apredicted_keying("t")
+        [(record, created)] = await saver.aclaim_many([_intent("t", "k1", predicted)])
+        assert created and record.key == "k1"
+        assert (await saver.akeying("t"))[:3] == predicted[:3]
+        await saver.aclaim_many([_intent("source", "k0", None)])
+        await saver.acopy_thread("source", "copy")
+        with pytest.raises(KeyingChanged):
+            await saver.aclaim_many([_intent("copy", "k2", await saver.apredicted_keying(
+                "copy"))])
+        assert {effect.key for effect in await saver.aeffects("copy")} == {"k0"}
+
+
+async def test_the_async_group_commit_claims_a_prediction_only_in_a_group_of_its_own(
+        postgres_conninfo: str) -> None:
+    """Its check would refuse the whole transaction: grouped with another caller's
+    intent, a predicted intent is refused unasked (`KeyingChanged`, nothing written),
+    and the other caller's intent is claimed."""
+    import asyncio
+
+    from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver
+
+    async with AsyncDurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+        await saver.akeying("first")
+        predicted = await saver.apredicted_keying("t")
+        lock = saver._group_locks.setdefault("t", asyncio.Lock())
+        async with lock:  # both callers queue behind it: one commit takes both
+            read = asyncio.create_task(saver.aclaim_many([_intent("t", "read", None)]))
+            guessed = asyncio.create_task(saver.aclaim_many([_intent("t", "guessed",
+                                                                      predicted)]))
+            while len(saver._groups.get("t", [])) < 2:
+                await asyncio.sleep(0.01)
+        [(record, created)] = await read
+        assert created and record.key == "read"
+        with pytest.raises(KeyingChanged):
+            await guessed
+        assert [effect.key for effect in await saver.aeffects("t")] == ["read"]
+        [(_, created)] = await saver.aclaim_many([_intent("t", "guessed", predicted)])
+        assert created  # alone, the same prediction is claimed

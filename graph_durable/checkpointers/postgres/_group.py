@@ -12,9 +12,14 @@ from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import tuple_row
 
 from graph_durable.checkpointers.postgres import _sql as _pg
-from graph_durable.checkpointers._base import IntentExists, actor_of, claims_of
+from graph_durable.checkpointers._base import (
+    IntentExists,
+    KeyingChanged,
+    actor_of,
+    claims_of,
+)
 from graph_durable.errors import IllegalTransition, LeaseLost
-from graph_durable.ledger import EffectRecord, IntentWrite, LedgerWrite, WriteBatch
+from graph_durable.ledger import EffectRecord, IntentWrite, Keying, LedgerWrite, WriteBatch
 
 __all__ = ["AsyncGroupCommit"]
 
@@ -112,12 +117,23 @@ class AsyncGroupCommit:
         anything; a batch of transitions, or a check that flushes deferred receipts or
         pins the flow, runs in a savepoint. An intent is inserted whole or not at all (a
         known key keeps what it inherited). A group of intents only, made with one
-        fencing token, is claimed in one round trip (`_claim_in_one_trip`).
+        fencing token, is claimed in one round trip (`_claim_in_one_trip`), and only
+        such a group claims intents keyed by a predicted keying (`predicted_keying`): its
+        check refuses the whole transaction, so in any other group they are refused
+        (`KeyingChanged`, nothing written, nothing asked) and claimed again once read.
         """
         batch = self._groups.pop(thread_id, [])
-        if all(isinstance(item.write, IntentWrite) for item in batch) \
-                and len({actor_of(item.config) for item in batch}) == 1 \
-                and self._one_trip_possible(thread_id):
+        claims_only = all(isinstance(item.write, IntentWrite) for item in batch) \
+            and len({actor_of(item.config) for item in batch}) == 1 \
+            and self._one_trip_possible(thread_id)
+        predicted = [item for item in batch if getattr(item.write, "keying", None) is not None]
+        if predicted and (not claims_only or len(predicted) < len(batch)):
+            for item in predicted:
+                item.error, item.done = KeyingChanged(thread_id), True
+            batch = [item for item in batch if item.error is None]
+            if not batch:
+                return
+        if claims_only:
             await self._claim_in_one_trip(thread_id, batch)
             return
         checked: dict[int | None, BaseException | None] = {}
@@ -160,13 +176,15 @@ class AsyncGroupCommit:
         each of them."""
         config = batch[0].config
         actor = actor_of(config)
+        intents = [item.write for item in batch]
         planned = [plan[1:] for plan in self._plan_intents(  # type: ignore[attr-defined]
-            [item.write for item in batch], actor)]
+            intents, actor)]
         try:
+            predicted = _pg.predicted_of(intents)  # type: ignore[arg-type]
             try:
-                claimed = await self._claim_planned(thread_id, planned, config)
+                claimed = await self._claim_planned(thread_id, planned, config, predicted)
             except _pg.ImplicitNotReadCommitted:  # nothing was written: now begun explicitly
-                claimed = await self._claim_planned(thread_id, planned, config)
+                claimed = await self._claim_planned(thread_id, planned, config, predicted)
             for item, (record, created) in zip(batch, claimed, strict=True):
                 if created:
                     item.result = [record]
@@ -183,12 +201,14 @@ class AsyncGroupCommit:
 
     async def _claim_planned(
         self, thread_id: str, planned: list[tuple[list[Any], EffectRecord]],
-        config: RunnableConfig | None,
+        config: RunnableConfig | None, predicted: Keying | None = None,
     ) -> list[tuple[EffectRecord, bool]]:
         async with self._one_trip(thread_id, config, fenced_by_block=True,
                                   durable=True) as fenced:
             cur = fenced.connection.cursor(row_factory=tuple_row, binary=True)
             await cur.execute(*_pg.claim_call(thread_id, planned, actor_of(config)))
+            if predicted is not None:  # after the claim, which took the thread's lock
+                await fenced.execute(_pg.KEYED_AS, (thread_id, predicted.pin))
         async with cur:
             return self._claimed_rows(planned, await cur.fetchall())
 

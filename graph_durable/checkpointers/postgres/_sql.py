@@ -36,7 +36,7 @@ from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import KeyingChanged, actor_of
 from graph_durable.checkpointers.postgres._storage import storage_fault
 from graph_durable.errors import DatabaseUnavailable, ReadOnlyDatabase
-from graph_durable.ledger import EffectRecord, TransitionWrite
+from graph_durable.ledger import EffectRecord, IntentWrite, Keying, TransitionWrite
 
 __all__ = [
     "LANGGRAPH_APPLIED",
@@ -287,6 +287,19 @@ def read_only_refused(exc: BaseException, thread_id: str | None,
     if isinstance(exc, _read_only_base()) and not isinstance(exc, ReadOnlyDatabase):
         return PostgresReadOnly.refused(what, exc, thread_id=thread_id)
     return None
+
+
+def predicted_of(intents: Sequence[IntentWrite]) -> Keying | None:
+    """The predicted keying a step's claim checks (`IntentWrite.keying`), if any. The
+    server checks the thread's origin, legacy flag and pinned scheme against it
+    (`KEYED_AS`), which says as much as SQLite's comparison only for a prediction
+    (`predicted_keying`: the thread's own id, not legacy, a scheme to pin), never for a
+    keying that was read."""
+    keying = next((intent.keying for intent in intents if intent.keying is not None), None)
+    if keying is not None and (keying.pin is None or keying.legacy
+                               or keying.key_thread != intents[0].thread_id):
+        raise ValueError(f"IntentWrite.keying is a predicted keying, not {keying!r}")
+    return keying
 
 
 def raise_refused(exc: BaseException, thread_id: str | None,

@@ -85,7 +85,7 @@ from graph_durable.checkpointers._twins import (
 from graph_durable.durability import DurabilityReport
 from graph_durable.errors import DatabaseUnavailable, IllegalTransition, LeaseLost
 from graph_durable.leases import check_fence
-from graph_durable.ledger import EffectRecord, IntentWrite, Keying, TransitionWrite
+from graph_durable.ledger import EffectRecord, IntentWrite, TransitionWrite
 
 __all__ = ["AsyncDurablePostgresSaver"]
 
@@ -271,12 +271,6 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
         """The saver's lock on a single connection (one statement sequence at a time);
         nothing on a pool, where each transaction has a connection of its own."""
         return nullcontext() if isinstance(self.conn, AsyncConnectionPool) else self.lock
-
-    def predicted_keying(self, thread_id: str) -> Keying | None:
-        """`None`: a step's claim here reads the thread's keying first. Its group commit
-        claims intents of several callers together, which a keying check must not
-        refuse together."""
-        return None
 
     def _write_connection(self, thread_id: str | None) -> Any:
         """The connection a write runs on (an async context manager): the saver's own,

@@ -93,6 +93,7 @@ from graph_durable.checkpointers.postgres._sql import (
     claim_call,
     lock_keys,
     pg_sql,
+    predicted_of,
     raise_refused,
     unanswered_read,
 )
@@ -184,18 +185,6 @@ def _rows(cur: Any, statement: _steps.Statement) -> list[Any] | None:
     """Run one of `_steps`' statements; its rows, when it asks for them."""
     ran = _run(cur, statement.sql, statement.params)
     return ran.fetchall() if statement.fetch else None
-
-
-def _predicted(intents: Sequence[IntentWrite]) -> Keying | None:
-    """The predicted keying a step's claim checks (`IntentWrite.keying`), if any. The
-    server checks the thread's origin, legacy flag and pinned scheme against it, which
-    says as much as SQLite's comparison only for a prediction (`predicted_keying`: the
-    thread's own id, not legacy, a scheme to pin), never for a keying that was read."""
-    keying = next((intent.keying for intent in intents if intent.keying is not None), None)
-    if keying is not None and (keying.pin is None or keying.legacy
-                               or keying.key_thread != intents[0].thread_id):
-        raise ValueError(f"IntentWrite.keying is a predicted keying, not {keying!r}")
-    return keying
 
 
 class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixin,
@@ -698,7 +687,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
             return self._claim_in_one_trip(thread_id, intents, config)
         actor = actor_of(config)
         claimed: list[tuple[EffectRecord, bool]] = []
-        predicted = _predicted(intents)
+        predicted = predicted_of(intents)
         with self._txn(thread_id, config, durable=True) as cur:
             _run(cur, *lock_keys([intent.key for intent in intents]))
             for intent in intents:
@@ -717,7 +706,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         """`claim_many` as one `FENCED_CLAIM` call in a one-round-trip fenced write."""
         actor = actor_of(config)
         planned = [plan[1:] for plan in self._plan_intents(intents, actor)]
-        predicted = _predicted(intents)
+        predicted = predicted_of(intents)
         try:
             return self._claim_planned(thread_id, planned, config, predicted)
         except ImplicitNotReadCommitted:  # nothing was written: now begun explicitly
