@@ -692,4 +692,32 @@ PG_MIGRATIONS: list[str] = [
               'f:' || NEW.thread_id)
         EXECUTE FUNCTION graph_durable_fence_row();
     """,
+    # 16: a step's claim in one statement: `graph_durable_fenced_claim`'s, after the
+    # transaction's commit is made durable (`_pg.DURABLE_COMMIT`'s rule) and followed by
+    # `graph_durable_keyed_as` when `p_keyed_as` names a predicted keying's scheme; the
+    # statements a claim sent around it before.
+    """
+    CREATE FUNCTION graph_durable_claim_step(
+        p_thread_id TEXT, p_keys TEXT[], p_namespaces TEXT[], p_tool_call_ids TEXT[],
+        p_tools TEXT[], p_args TEXT[], p_statuses TEXT[], p_attempts INTEGER[],
+        p_events TEXT[], p_schemes TEXT[], p_nows DOUBLE PRECISION[], p_owner TEXT,
+        p_token BIGINT, p_keyed_as TEXT)
+    RETURNS TABLE (e_claimed BOOLEAN, e_key TEXT, e_thread_id TEXT, e_checkpoint_ns TEXT,
+                   e_tool_call_id TEXT, e_tool TEXT, e_args TEXT, e_status TEXT,
+                   e_receipt TEXT, e_error TEXT, e_attempts INTEGER, e_decision TEXT,
+                   e_asked INTEGER, e_created_at DOUBLE PRECISION,
+                   e_updated_at DOUBLE PRECISION)
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'on', true)
+            WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write');
+        RETURN QUERY SELECT * FROM graph_durable_fenced_claim(
+            p_thread_id, p_keys, p_namespaces, p_tool_call_ids, p_tools, p_args,
+            p_statuses, p_attempts, p_events, p_schemes, p_nows, p_owner, p_token);
+        IF p_keyed_as IS NOT NULL THEN  -- after the claim, which took the thread's lock
+            PERFORM graph_durable_keyed_as(p_thread_id, p_keyed_as);
+        END IF;
+    END
+    $fn$
+    """,
 ]

@@ -346,8 +346,9 @@ def test_a_fence_refused_on_the_server_commits_nothing_and_says_why(
 
 
 def test_the_fenced_claim_records_what_the_claim_before_it_recorded(saver) -> None:
-    """`graph_durable_fenced_claim` (migration 10) keeps `graph_durable_claim`'s rules
-    (migration 8): the same intents claimed on two copied threads, one through each,
+    """`graph_durable_claim_step` (migration 16, through migration 10's
+    `graph_durable_fenced_claim`) keeps `graph_durable_claim`'s rules (migration 8): the
+    same intents claimed on two copied threads, one through each,
     leave the same effects, journal entries, answers and key-scheme pin. (Keys embed the
     key thread, so each family has keys of its own here too.)"""
     from psycopg.rows import tuple_row
@@ -382,12 +383,13 @@ def test_the_fenced_claim_records_what_the_claim_before_it_recorded(saver) -> No
 
     before_fencing = "SELECT * FROM graph_durable_claim(" + ", ".join(["%s"] * 13) + ")"
     answers = {}
-    for name, sql in (("a", _pg.FENCED_CLAIM), ("b", before_fencing)):
+    for name, sql in (("a", _pg.CLAIM_STEP), ("b", before_fencing)):
         planned = [saver._plan_intent(one, (None, None))[1:] for one in family(name)]
         _, params = _pg.claim_call(name, planned, (None, None))
         with saver.conn.cursor(row_factory=tuple_row) as cur:
             cur.execute("SELECT graph_durable_fence(%s, NULL)", (name,))
-            rows = cur.execute(sql, params).fetchall()
+            rows = cur.execute(sql, params if sql is _pg.CLAIM_STEP else params[:13]
+                               ).fetchall()
         answers[name] = [(record.key[2:], record.status, created) for record, created
                          in saver._claimed_rows(planned, rows)]
 

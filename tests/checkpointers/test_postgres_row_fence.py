@@ -142,3 +142,39 @@ async def test_the_async_saver_leaves_its_fence_to_the_tables_too(postgres_conni
         assert sum(kind == "Execute" for sent in seen.sent for kind in sent) == statements + 1
         assert {w[0] for w in (await saver.aget_tuple(stored)).pending_writes} == {
             "task-1", "task-3"}
+
+
+def test_a_deferred_receipt_rides_after_langgraphs_rows_which_fence_it(
+        postgres_conninfo) -> None:
+    """A checkpoint write carrying a deferred receipt sends it after LangGraph's rows,
+    whose trigger fenced the transaction: no fence statement, and a refused write keeps
+    the receipt for the next one."""
+    from graph_durable.ledger import EffectStatus, IntentWrite, TransitionWrite
+
+    def receipt(key: str) -> TransitionWrite:
+        return TransitionWrite(thread_id="t", key=key, to=EffectStatus.APPLIED,
+                               kind="receipt", receipt={"id": key}, result="ok", defer=True)
+
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver, \
+            DurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
+        saver.claim_many([IntentWrite(key=key, thread_id="t", checkpoint_ns="", tool="pay",
+                                      tool_call_id=f"c-{key}", args={"cents": 5},
+                                      status=EffectStatus.IN_FLIGHT) for key in "abc"])
+        saver.apply(receipt("a"))
+        by_tables = executed(saver, lambda: put(saver, "t"))
+        saver._rows_fenced = False
+        saver.apply(receipt("b"))
+        assert executed(saver, lambda: put(saver, "t")) == by_tables + 1
+        saver._rows_fenced = True
+        saver.apply(receipt("c"))
+        lease = other.acquire_lease("t", "worker-b", ttl=60)
+        with pytest.raises(LeaseLost, match="worker-b"):
+            put(saver, "t")
+        assert [r.status for r in saver.effects("t")] == [
+            EffectStatus.APPLIED, EffectStatus.APPLIED, EffectStatus.IN_FLIGHT]
+        other.release_lease(lease)
+        put(saver, "t")
+        assert {r.status for r in saver.effects("t")} == {EffectStatus.APPLIED}
+        assert [(e.key, e.kind) for e in saver.events("t")] == [
+            ("a", "intent"), ("b", "intent"), ("c", "intent"),
+            ("a", "receipt"), ("b", "receipt"), ("c", "receipt")]

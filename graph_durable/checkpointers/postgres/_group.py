@@ -171,7 +171,7 @@ class AsyncGroupCommit:
                 item.done = True
 
     async def _claim_in_one_trip(self, thread_id: str, batch: list[_QueuedWrite]) -> None:
-        """Claim a group of intents made with one fencing token as one `_pg.FENCED_CLAIM` call
+        """Claim a group of intents made with one fencing token as one `_pg.CLAIM_STEP` call
         in a one-round-trip fenced write; a refused fence refuses them all, as it would
         each of them."""
         config = batch[0].config
@@ -203,12 +203,11 @@ class AsyncGroupCommit:
         self, thread_id: str, planned: list[tuple[list[Any], EffectRecord]],
         config: RunnableConfig | None, predicted: Keying | None = None,
     ) -> list[tuple[EffectRecord, bool]]:
-        async with self._one_trip(thread_id, config, fenced_by_block=True,
-                                  durable=True) as fenced:
+        # The claim's statement makes its commit durable and checks `predicted` itself.
+        async with self._one_trip(thread_id, config, fenced_by_block=True) as fenced:
             cur = fenced.connection.cursor(row_factory=tuple_row, binary=True)
-            await cur.execute(*_pg.claim_call(thread_id, planned, actor_of(config)))
-            if predicted is not None:  # after the claim, which took the thread's lock
-                await fenced.execute(_pg.KEYED_AS, (thread_id, predicted.pin))
+            await cur.execute(*_pg.claim_call(thread_id, planned, actor_of(config),
+                                              predicted))
         async with cur:
             return self._claimed_rows(planned, await cur.fetchall())
 

@@ -134,6 +134,10 @@ FENCED_CLAIM = "SELECT * FROM graph_durable_fenced_claim(" + ", ".join(["%s"] * 
 which does not fence, stays for workers of the release before). One row per intent, in
 order: `(claimed, *EFFECT_COLUMNS)`, the columns NULL for an intent it inserted; see
 `claim_call`."""
+CLAIM_STEP = "SELECT * FROM graph_durable_claim_step(" + ", ".join(["%s"] * 14) + ")"
+"""`FENCED_CLAIM`, its commit made durable first (`DURABLE_COMMIT`) and its predicted
+keying checked after (`KEYED_AS`, when the last parameter is not NULL), in one statement
+(PostgreSQL migration 16)."""
 SELECT_LEASE_WITH_CLOCK = (
     "SELECT l.owner, l.token, l.expires_at, n.now_at FROM (SELECT "
     "extract(epoch FROM clock_timestamp())::DOUBLE PRECISION AS now_at) n "
@@ -215,11 +219,12 @@ def lock_keys(keys: Sequence[str]) -> _sql.Statement:
 
 def claim_call(
     thread_id: str, planned: Sequence[tuple[list[_sql.Statement], EffectRecord]],
-    actor: tuple[str | None, int | None],
+    actor: tuple[str | None, int | None], keyed_as: Keying | None = None,
 ) -> _sql.Statement:
-    """`FENCED_CLAIM` for intents planned by `_plan_intent` (their inherit statements left
-    out: the function applies the same rules). Each plan is the intent's insert, its
-    journal entry and maybe its key-scheme pin, in `_sql.plan_intent`'s order."""
+    """`CLAIM_STEP` for intents planned by `_plan_intent` (their inherit statements left
+    out: the function applies the same rules), checked against the predicted keying
+    `keyed_as` if any (`predicted_of`). Each plan is the intent's insert, its journal
+    entry and maybe its key-scheme pin, in `_sql.plan_intent`'s order."""
     columns: list[list[Any]] = [[] for _ in range(10)]
     for plan, _record in planned:
         insert, event, *pin = plan
@@ -228,7 +233,8 @@ def claim_call(
         for column, value in zip(columns, (key, ns, tool_call_id, tool, args, status, attempts,
                                            event[1][3], scheme, now), strict=True):
             column.append(value)
-    return FENCED_CLAIM, (thread_id, *columns, *actor)
+    return CLAIM_STEP, (thread_id, *columns, *actor,
+                        None if keyed_as is None else keyed_as.pin)
 
 
 def carried_transition(update: _sql.Statement, event: _sql.Statement) -> _sql.Statement:
@@ -494,12 +500,13 @@ class TransactionDeferred:
         `durable`: a ledger write, committed durably whatever the server's settings
         (`DURABLE_COMMIT`, in the same round trip). `rows`: the block writes a row of
         the thread into LangGraph's tables before anything else, whose trigger fences
-        the transaction (migration 15) for a writer without a fencing token."""
-        if rows and self._rows_fenced and actor_of(config)[1] is None:
-            fenced_by_block = True
+        the transaction (migration 15) for a writer without a fencing token; the
+        receipts then go after the block (`_one_trip`), fenced by it too."""
+        rows_fence = rows and self._rows_fenced and actor_of(config)[1] is None
         carrying = self._carry_deferred(thread_id)
         opening, closing = self._fence_statements(
-            autocommit, thread_id, config, fenced_by_block=fenced_by_block and not carrying)
+            autocommit, thread_id, config,
+            fenced_by_block=rows_fence or (fenced_by_block and not carrying))
         if durable:
             opening.append((DURABLE_COMMIT, ()))
         return carrying, opening, closing
@@ -515,7 +522,7 @@ class TransactionDeferred:
         checks is READ COMMITTED (`FENCE_READ_COMMITTED`). Otherwise, and once that check
         refused, `BEGIN ISOLATION LEVEL READ COMMITTED`, `FENCE` and, last, `COMMIT`.
         `fenced_by_block`: the block's first statement fences the transaction itself
-        (`FENCED_CLAIM`), so no fence is sent before it."""
+        (`CLAIM_STEP`, LangGraph's rows), so no fence is sent before it."""
         fence = (thread_id, actor_of(config)[1])
         implicit = autocommit and not self._begin_explicitly
         opening: list[_sql.Statement] = [] if implicit else [(BEGIN_READ_COMMITTED, ())]
@@ -595,7 +602,7 @@ class TransactionDeferred:
         self, planned: Sequence[tuple[list[_sql.Statement], EffectRecord]],
         rows: Sequence[Sequence[Any]],
     ) -> list[tuple[EffectRecord, bool]]:
-        """`claim_many`'s answer from `FENCED_CLAIM`'s rows: the planned record of an intent
+        """`claim_many`'s answer from `CLAIM_STEP`'s rows: the planned record of an intent
         this call inserted, else the effect as recorded (known, or inherited)."""
         return [(record, True) if row[0] else (self._record(row[1:]), False)  # type: ignore[attr-defined]
                 for (_plan, record), row in zip(planned, rows, strict=True)]

@@ -334,10 +334,11 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                             else conn.cursor(row_factory=tuple_row)) as cur:
                         for statement in opening:
                             await cur.execute(*statement)
-                        for write, statement in carrying:
-                            carried.append((write, conn.cursor(row_factory=tuple_row)))
-                            await carried[-1][1].execute(*statement)
+                        if not langgraph:  # before the block (see the sync twin)
+                            await self._send_carried(conn, carrying, carried)
                         yield cur
+                        if langgraph:
+                            await self._send_carried(conn, carrying, carried)
                         if closing is not None:
                             await cur.execute(closing)
                     for write, outcome in carried:
@@ -358,6 +359,14 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
     @staticmethod
     def _unavailable(exc: BaseException, writing: str | None) -> DatabaseUnavailable:
         return _pg.broke_under_write(exc, writing, "An AsyncConnectionPool")
+
+    @staticmethod
+    async def _send_carried(conn: AsyncConnection[Any], carrying: list[tuple[Any, Any]],
+                            carried: list[tuple[Any, AsyncCursor[Any]]]) -> None:
+        """`DurablePostgresSaver._send_carried`, awaited."""
+        for write, statement in carrying:
+            carried.append((write, conn.cursor(row_factory=tuple_row)))
+            await carried[-1][1].execute(*statement)
 
     async def _refused_by_fence(self, conn: AsyncConnection[Any], thread_id: str,
                                 config: RunnableConfig | None) -> None:

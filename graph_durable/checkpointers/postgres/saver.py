@@ -371,7 +371,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         commit): give each its own cursor, and fetch nothing inside it (a fetch syncs
         the pipeline, which would end the implicit transaction there).
         `fenced_by_block`: the block's first statement fences the transaction itself
-        (`FENCED_CLAIM`); the fence is sent anyway if deferred receipts go before it.
+        (`CLAIM_STEP`); the fence is sent anyway if deferred receipts go before it
+        (they do, but after LangGraph's rows: see `rows`).
 
         Raises `ImplicitNotReadCommitted` if the implicit transaction was not READ
         COMMITTED (nothing was written; send the write again).
@@ -391,10 +392,11 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                                        ) as cur:
                     for statement in opening:
                         cur.execute(*statement)
-                    for write, statement in carrying:
-                        carried.append((write, conn.cursor(row_factory=tuple_row)))
-                        carried[-1][1].execute(*statement)
+                    if not langgraph:  # before the block: its journal entries come first
+                        self._send_carried(conn, carrying, carried)
                     yield cur
+                    if langgraph:  # LangGraph's rows: after them, which fenced them
+                        self._send_carried(conn, carrying, carried)
                     if closing is not None:
                         cur.execute(closing)
                 for write, outcome in carried:
@@ -411,6 +413,15 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                 for _, outcome in carried:
                     outcome.close()
             self._deferred_committed()
+
+    @staticmethod
+    def _send_carried(conn: Connection[Any], carrying: list[tuple[Any, Any]],
+                      carried: list[tuple[Any, Cursor[Any]]]) -> None:
+        """Send the deferred receipts a one-round-trip write carries, each on a cursor
+        of its own (read after the commit)."""
+        for write, statement in carrying:
+            carried.append((write, conn.cursor(row_factory=tuple_row)))
+            carried[-1][1].execute(*statement)
 
     def _refused_by_fence(self, conn: Connection[Any], thread_id: str,
                           config: RunnableConfig | None) -> None:
@@ -703,7 +714,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
     def _claim_in_one_trip(
         self, thread_id: str, intents: Sequence[IntentWrite], config: RunnableConfig | None
     ) -> list[tuple[EffectRecord, bool]]:
-        """`claim_many` as one `FENCED_CLAIM` call in a one-round-trip fenced write."""
+        """`claim_many` as one `CLAIM_STEP` call in a one-round-trip fenced write."""
         actor = actor_of(config)
         planned = [plan[1:] for plan in self._plan_intents(intents, actor)]
         predicted = predicted_of(intents)
@@ -716,10 +727,9 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         self, thread_id: str, planned: Sequence[tuple[list[Any], EffectRecord]],
         config: RunnableConfig | None, predicted: Keying | None = None,
     ) -> list[tuple[EffectRecord, bool]]:
-        with self._one_trip(thread_id, config, fenced_by_block=True, durable=True) as fenced:
+        # The claim's statement makes its commit durable and checks `predicted` itself.
+        with self._one_trip(thread_id, config, fenced_by_block=True) as fenced:
             cur = fenced.connection.cursor(row_factory=tuple_row, binary=True)
-            cur.execute(*claim_call(thread_id, planned, actor_of(config)))
-            if predicted is not None:  # after the claim, which took the thread's lock
-                fenced.execute(KEYED_AS, (thread_id, predicted.pin))
+            cur.execute(*claim_call(thread_id, planned, actor_of(config), predicted))
         with cur:
             return self._claimed_rows(planned, cur.fetchall())
