@@ -412,6 +412,11 @@ _SOURCE_MARKS: dict[EffectStatus, str] = {
 """`_SOURCES`' placeholders in a statement, by status."""
 
 
+def update_sources(to: EffectStatus) -> tuple[str, ...]:
+    """The statuses an effect may leave for `to` (what `plan_update` checks)."""
+    return _SOURCES[to]
+
+
 def plan_update(
     *,
     thread_id: str,

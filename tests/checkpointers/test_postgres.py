@@ -320,6 +320,39 @@ def test_a_steps_claim_and_a_write_carrying_receipts_are_one_round_trip_each(sav
         ("k2", "receipt")]
 
 
+def test_receipts_carried_together_are_one_statement_and_each_judged_alone(
+        saver, postgres_conninfo, caplog: pytest.LogCaptureFixture) -> None:
+    """A step's deferred receipts ride on the next checkpoint in one statement: each
+    moves its effect if the lifecycle allows it (one settled meanwhile is dropped, the
+    others stored), and the journal keeps their order."""
+    from graph_durable.testing.pg_trace import round_trips
+
+    keys = ["k1", "k2", "k3", "k4"]
+    saver.claim_many([intent(key=key) for key in keys])
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
+        other.apply(TransitionWrite(thread_id="t", key="k3", to=S.FAILED, kind="failure",
+                                    error="declined"))
+    for key in keys:
+        saver.apply(TransitionWrite(thread_id="t", key=key, to=S.APPLIED, kind="receipt",
+                                    receipt={"id": key}, result=f"ok {key}", defer=True))
+    alone = put_checkpoint(saver, "u")  # nothing carried: LangGraph's statements only
+    with round_trips(saver.conn) as bare:
+        put_checkpoint(saver, "u", alone)
+    with caplog.at_level("WARNING", logger="graph_durable"), round_trips(saver.conn) as put:
+        put_checkpoint(saver, "t")
+    sent = [sum(kind == "Execute" for kind in trip) for trip in (*put.sent, *bare.sent)]
+    assert put.count == 1 and sent[0] == sent[-1] + 1  # the four receipts: one statement
+    assert "Deferred receipt of effect 'k3' in thread 't' dropped" in caplog.text
+    assert {r.key: r.status for r in saver.effects("t")} == {
+        "k1": S.APPLIED, "k2": S.APPLIED, "k3": S.FAILED, "k4": S.APPLIED}
+    assert [saver.effect(key, "t").receipt for key in ("k1", "k2", "k4")] == [
+        {"id": "k1"}, {"id": "k2"}, {"id": "k4"}]
+    assert saver.stored_result("t", "k4") == "ok k4"
+    assert [(e.key, e.kind) for e in saver.events("t")] == [
+        *((key, "intent") for key in keys), ("k3", "failure"), ("k1", "receipt"),
+        ("k2", "receipt"), ("k4", "receipt")]
+
+
 def test_a_deferred_receipt_the_lifecycle_no_longer_allows_is_dropped(
         saver, postgres_conninfo, caplog: pytest.LogCaptureFixture) -> None:
     saver.claim(intent())

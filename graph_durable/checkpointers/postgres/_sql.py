@@ -36,7 +36,7 @@ from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import KeyingChanged, actor_of
 from graph_durable.checkpointers.postgres._storage import storage_fault
 from graph_durable.errors import DatabaseUnavailable, ReadOnlyDatabase
-from graph_durable.ledger import EffectRecord, IntentWrite, Keying, TransitionWrite
+from graph_durable.ledger import EffectRecord, EffectStatus, IntentWrite, Keying, TransitionWrite
 
 __all__ = [
     "LANGGRAPH_APPLIED",
@@ -250,6 +250,49 @@ def carried_transition(update: _sql.Statement, event: _sql.Statement) -> _sql.St
 
 
 _EFFECT_BEFORE = ", ".join(f"e.{column.strip()}" for column in _sql.EFFECT_COLUMNS.split(","))
+_COLUMN_TYPES = {"result": "bytea", "asked": "integer"}
+"""The type of each column a transition may set that is not `text` (see
+`DurableSaverMixin._transition_columns`)."""
+
+
+def carried_transitions(
+    thread_id: str, to: EffectStatus, now: float, columns: Sequence[str],
+    rows: Sequence[tuple[str, Sequence[Any], str]], kind: str,
+    actor: tuple[str | None, int | None],
+) -> _sql.Statement:
+    """`carried_transition` for several transitions of one thread, in one statement:
+    each moves its effect (`key`) to `to` setting `columns` (the same ones, each with
+    its own values) if its status allows it, and writes its journal entry (`kind`,
+    its own `data`) only then; the entries in the order of `rows` (`(key, values,
+    data)`, each key once). One row back per transition, in that order, as
+    `carried_transition`'s."""
+    arrays = [[key for key, _, _ in rows]]
+    arrays += [[values[index] for _, values, _ in rows] for index in range(len(columns))]
+    arrays.append([data for _, _, data in rows])
+    return _carried_many_sql(to, tuple(columns)), (
+        *arrays, to._value_, now, thread_id, *_sql.update_sources(to), thread_id, kind, now,
+        *actor, thread_id)
+
+
+@functools.lru_cache(maxsize=64)
+def _carried_many_sql(to: EffectStatus, columns: tuple[str, ...]) -> str:
+    """`carried_transitions`' statement (one per status and set of columns)."""
+    names = ", ".join(("key", *(f"c{index}" for index in range(len(columns))), "data"))
+    casts = ", ".join(f"%s::{_COLUMN_TYPES.get(column, 'text')}[]"
+                      for column in ("key", *columns, "data"))
+    sets = "".join(f", {column} = i.c{index}" for index, column in enumerate(columns))
+    sources = ", ".join("%s" for _ in _sql.update_sources(to))
+    return (
+        f"WITH input AS (SELECT * FROM unnest({casts}) WITH ORDINALITY AS i({names}, n)), "
+        f"changed AS (UPDATE effects e SET status = %s, updated_at = %s{sets} FROM input i "
+        f"WHERE e.thread_id = %s AND e.key = i.key AND e.status IN ({sources}) "
+        "RETURNING e.key), journal AS (INSERT INTO effect_events (key, thread_id, kind, "
+        "data, at, owner, fencing_token) SELECT i.key, %s, %s, i.data, %s, %s, %s "
+        "FROM input i JOIN changed c ON c.key = i.key ORDER BY i.n) "
+        f"SELECT (c.key IS NOT NULL)::int, {_EFFECT_BEFORE} FROM input i "
+        "LEFT JOIN changed c ON c.key = i.key "
+        "LEFT JOIN effects e ON e.thread_id = %s AND e.key = i.key ORDER BY i.n"
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -493,7 +536,8 @@ class TransactionDeferred:
     def _one_trip_plan(
         self, autocommit: bool, thread_id: str, config: RunnableConfig | None,
         fenced_by_block: bool, durable: bool = False, rows: bool = False,
-    ) -> tuple[list[tuple[TransitionWrite, _sql.Statement]], list[_sql.Statement], str | None]:
+    ) -> tuple[list[tuple[list[TransitionWrite], _sql.Statement]], list[_sql.Statement],
+               str | None]:
         """What a one-round-trip write sends besides its block: the deferred receipts it
         carries (`_carry_deferred`), then how it opens and closes (`_fence_statements`;
         a block that fences itself is fenced anyway when receipts go before it).
@@ -571,11 +615,14 @@ class TransactionDeferred:
             return not any(write.bump_attempts
                            for write, _ in self._deferred.get(thread_id, ()))  # type: ignore[attr-defined]
 
-    def _carry_deferred(self, thread_id: str) -> list[tuple[TransitionWrite, _sql.Statement]]:
-        """Take the thread's deferred receipts for a one-round-trip write, each as its
-        `carried_transition`. One whose journal entry needs the updated row (a new
-        attempt's number) stays for the next write: only one arriving meanwhile, since
-        `_one_trip_possible` said none was there."""
+    def _carry_deferred(self, thread_id: str
+                        ) -> list[tuple[list[TransitionWrite], _sql.Statement]]:
+        """Take the thread's deferred receipts for a one-round-trip write, as
+        statements: neighbours alike in one `carried_transitions`, any other in its own
+        `carried_transition`; each with the receipts whose rows it returns. One whose
+        journal entry needs the updated row (a new attempt's number) stays for the next
+        write: only one arriving meanwhile, since `_one_trip_possible` said none was
+        there."""
         if thread_id not in self._deferred:  # type: ignore[attr-defined]
             return []  # nothing deferred (one deferred meanwhile rides on the next write)
         with self._deferred_lock:  # type: ignore[attr-defined]
@@ -588,14 +635,32 @@ class TransactionDeferred:
         assert mine is not None, "deferred receipts are taken inside a transaction"
         mine.extend(taken)
         now = time.time()
-        carried = []
         receipts = self._receipt_texts([write for write, _ in taken])  # type: ignore[attr-defined]
+        # Neighbours that set the same columns alike (a step's receipts) go together.
+        runs: list[tuple[Any, list[tuple[TransitionWrite, dict[str, Any], Any]]]] = []
         for (write, config), receipt in zip(taken, receipts, strict=True):
+            columns = self._transition_columns(write, receipt)  # type: ignore[attr-defined]
             # The journal entry needs only what the transition sets (no attempt number).
             after = _sql.Journaled(write.key, write.thread_id, write.to, 0)
-            carried.append((write, carried_transition(
-                self._plan_update(write, now, "key, thread_id", receipt),  # type: ignore[attr-defined]
-                self._transition_event(after, write, now, actor_of(config)))))  # type: ignore[attr-defined]
+            event = self._transition_event(after, write, now, actor_of(config))  # type: ignore[attr-defined]
+            alike = (write.to, write.kind, tuple(columns), event[1][5:])
+            if runs and runs[-1][0] == alike and all(
+                    write.key != other.key for other, _, _ in runs[-1][1]):
+                runs[-1][1].append((write, columns, event))
+            else:
+                runs.append((alike, [(write, columns, event)]))
+        carried: list[tuple[list[TransitionWrite], _sql.Statement]] = []
+        for (to, kind, names, actor), run in runs:
+            if len(run) == 1:
+                [(write, columns, event)] = run
+                carried.append(([write], carried_transition(_sql.plan_update(
+                    thread_id=write.thread_id, key=write.key, to=to, now=now, columns=columns,
+                    returning="key, thread_id"), event)))
+                continue
+            carried.append(([write for write, _, _ in run], carried_transitions(
+                thread_id, to, now, names,
+                [(write.key, list(columns.values()), event[1][3])
+                 for write, columns, event in run], kind, actor)))
         return carried
 
     def _claimed_rows(
@@ -607,14 +672,16 @@ class TransactionDeferred:
         return [(record, True) if row[0] else (self._record(row[1:]), False)  # type: ignore[attr-defined]
                 for (_plan, record), row in zip(planned, rows, strict=True)]
 
-    def _carried_outcome(self, write: TransitionWrite, row: Sequence[Any]) -> None:
-        """A carried receipt's `carried_transition` row, read after the commit: one that
-        changed nothing is dropped as `_flush_deferred` drops one the lifecycle refuses."""
-        changed, *before = row
-        if changed == 0:
-            self._refused_deferred(write, _sql.refusal(
-                None if before[0] is None else before, thread_id=write.thread_id,
-                key=write.key, to=write.to))
+    def _carried_outcome(self, writes: Sequence[TransitionWrite],
+                         rows: Sequence[Sequence[Any]]) -> None:
+        """Carried receipts' rows (`carried_transition`'s, one per receipt), read after
+        the commit: one that changed nothing is dropped as `_flush_deferred` drops one
+        the lifecycle refuses."""
+        for write, (changed, *before) in zip(writes, rows, strict=True):
+            if changed == 0:
+                self._refused_deferred(write, _sql.refusal(
+                    None if before[0] is None else before, thread_id=write.thread_id,
+                    key=write.key, to=write.to))
 
     def _deferred_rolled_back(self) -> None:
         mine = _TAKEN.get() or []

@@ -341,8 +341,8 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                             await self._send_carried(conn, carrying, carried)
                         if closing is not None:
                             await cur.execute(closing)
-                    for write, outcome in carried:
-                        self._carried_outcome(write, await outcome.fetchone())
+                    for writes, outcome in carried:
+                        self._carried_outcome(writes, await outcome.fetchall())
                 except BaseException as exc:
                     self._deferred_rolled_back()
                     if not conn.closed and not conn.broken \

@@ -399,8 +399,8 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                         self._send_carried(conn, carrying, carried)
                     if closing is not None:
                         cur.execute(closing)
-                for write, outcome in carried:
-                    self._carried_outcome(write, outcome.fetchone())
+                for writes, outcome in carried:
+                    self._carried_outcome(writes, outcome.fetchall())
             except BaseException as exc:
                 self._deferred_rolled_back()
                 if not conn.closed and not conn.broken \
