@@ -621,7 +621,7 @@ PG_MIGRATIONS: list[str] = [
     # thread: `graph_durable_fence` and `graph_durable_lock_thread_at` now mark it so
     # (`graph_durable.fenced`, local to the transaction). A checkpoint write without a
     # token then needs no fence statement of its own, and no writer (LangGraph's savers
-    # included) writes a row into a thread whose lease another worker holds.
+    # included) inserts a row into a thread whose lease another worker holds.
     """
     CREATE OR REPLACE FUNCTION graph_durable_fence(p_thread_id TEXT, p_token BIGINT)
     RETURNS DOUBLE PRECISION
@@ -679,11 +679,13 @@ PG_MIGRATIONS: list[str] = [
         RETURN NEW;
     END
     $fn$;
-    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON checkpoints FOR EACH ROW
+    -- In the order LangGraph's `put` writes the tables, so that a write under way
+    -- finishes first (a deadlock with another order is retried by `setup()`).
+    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON checkpoint_blobs FOR EACH ROW
         WHEN (current_setting('graph_durable.fenced', true) IS DISTINCT FROM
               'f:' || NEW.thread_id)
         EXECUTE FUNCTION graph_durable_fence_row();
-    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON checkpoint_blobs FOR EACH ROW
+    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON checkpoints FOR EACH ROW
         WHEN (current_setting('graph_durable.fenced', true) IS DISTINCT FROM
               'f:' || NEW.thread_id)
         EXECUTE FUNCTION graph_durable_fence_row();

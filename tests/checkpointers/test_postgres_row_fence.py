@@ -178,3 +178,64 @@ def test_a_deferred_receipt_rides_after_langgraphs_rows_which_fence_it(
         assert [(e.key, e.kind) for e in saver.events("t")] == [
             ("a", "intent"), ("b", "intent"), ("c", "intent"),
             ("a", "receipt"), ("b", "receipt"), ("c", "receipt")]
+
+
+def test_setup_creating_the_triggers_under_a_write_in_another_order_is_retried(
+        postgres_conninfo) -> None:
+    """A worker of the release before holds `checkpoints` and then writes
+    `checkpoint_blobs` while a new worker's `setup()` creates the triggers (blobs first):
+    the server breaks the deadlock by aborting the migration, which `setup()` runs again;
+    both end."""
+    import threading
+    import time
+
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+        saver.setup()
+    with psycopg.connect(postgres_conninfo, autocommit=True) as conn:  # back to migration 14
+        drop_triggers(postgres_conninfo)
+        conn.execute("DROP FUNCTION graph_durable_fence_row()")
+        conn.execute("DROP FUNCTION graph_durable_claim_step(TEXT, TEXT[], TEXT[], TEXT[], "
+                     "TEXT[], TEXT[], TEXT[], INTEGER[], TEXT[], TEXT[], DOUBLE PRECISION[], "
+                     "TEXT, BIGINT, TEXT)")
+        conn.execute("DELETE FROM graph_durable_migrations WHERE v >= 15")
+    outcome: dict[str, Any] = {}
+    with psycopg.connect(postgres_conninfo) as worker:
+        worker.execute("INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
+                       "checkpoint, metadata) VALUES ('t', '', '1', '{}', '{}')")
+
+        def upgrade() -> None:
+            try:
+                with DurablePostgresSaver.from_conn_string(postgres_conninfo) as new:
+                    new.setup()
+                    outcome["fenced"] = new._rows_fenced
+            except Exception as exc:  # noqa: BLE001 - reported below
+                outcome["error"] = exc
+
+        upgrading = threading.Thread(target=upgrade)
+        upgrading.start()
+        time.sleep(0.5)  # the migration holds checkpoint_blobs, waits for checkpoints
+        worker.execute("INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, "
+                       "version, type, blob) VALUES ('t', '', 'a', '1', 'x', NULL)")
+        worker.commit()
+        upgrading.join(60)
+    assert outcome == {"fenced": True}
+
+
+def test_a_session_where_triggers_do_not_fire_sends_its_fence_itself(
+        postgres_server, postgres_conninfo) -> None:
+    """`session_replication_role = replica` (a database default here) keeps triggers
+    from firing: a saver set up in such a session fences its writes itself."""
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as first:
+        first.setup()
+    name = postgres_conninfo.rsplit("dbname=", 1)[1].split()[0]
+    with psycopg.connect(postgres_conninfo, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {name} SET session_replication_role = replica")
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver, \
+            DurablePostgresSaver.from_conn_string(postgres_conninfo) as other:
+        saver.setup()
+        assert not saver._rows_fenced
+        lease = other.acquire_lease("t", "worker-b", ttl=60)
+        with pytest.raises(LeaseLost, match="worker-b"):
+            put(saver, "t")
+        other.release_lease(lease)
+        assert list(saver.list(config("t"))) == []

@@ -234,3 +234,13 @@ async def test_the_async_group_commit_claims_a_prediction_only_in_a_group_of_its
         assert [effect.key for effect in await saver.aeffects("t")] == ["read"]
         [(_, created)] = await saver.aclaim_many([_intent("t", "guessed", predicted)])
         assert created  # alone, the same prediction is claimed
+
+
+def test_intents_claimed_together_carry_one_predicted_keying() -> None:
+    from graph_durable.checkpointers.postgres._sql import predicted_of
+
+    one = Keying("t", False, b"a" * 32, "hmac-sha256:a")
+    other = Keying("t", False, b"b" * 32, "hmac-sha256:b")
+    assert predicted_of([_intent("t", "k1", one), _intent("t", "k2", None)]) == one
+    with pytest.raises(ValueError, match="different predicted keyings"):
+        predicted_of([_intent("t", "k1", one), _intent("t", "k2", other)])

@@ -118,16 +118,18 @@ class AsyncGroupCommit:
         pins the flow, runs in a savepoint. An intent is inserted whole or not at all (a
         known key keeps what it inherited). A group of intents only, made with one
         fencing token, is claimed in one round trip (`_claim_in_one_trip`), and only
-        such a group claims intents keyed by a predicted keying (`predicted_keying`): its
-        check refuses the whole transaction, so in any other group they are refused
-        (`KeyingChanged`, nothing written, nothing asked) and claimed again once read.
+        such a group claims intents keyed by a predicted keying (`predicted_keying`), all
+        by the same one: its check refuses the whole transaction, so in any other group
+        they are refused (`KeyingChanged`, nothing written, nothing asked) and claimed
+        again once read.
         """
         batch = self._groups.pop(thread_id, [])
         claims_only = all(isinstance(item.write, IntentWrite) for item in batch) \
             and len({actor_of(item.config) for item in batch}) == 1 \
             and self._one_trip_possible(thread_id)
         predicted = [item for item in batch if getattr(item.write, "keying", None) is not None]
-        if predicted and (not claims_only or len(predicted) < len(batch)):
+        if predicted and (not claims_only or len(predicted) < len(batch)
+                          or len({item.write.keying for item in predicted}) > 1):
             for item in predicted:
                 item.error, item.done = KeyingChanged(thread_id), True
             batch = [item for item in batch if item.error is None]

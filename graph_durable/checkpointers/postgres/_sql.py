@@ -103,10 +103,12 @@ FENCE_REFUSED = "GD001"
 ROW_FENCES = (
     "SELECT count(*) FROM pg_trigger WHERE tgname = 'graph_durable_fence' "
     "AND tgenabled IN ('O', 'A') AND tgrelid IN (to_regclass('checkpoints'), "
-    "to_regclass('checkpoint_blobs'), to_regclass('checkpoint_writes'))"
+    "to_regclass('checkpoint_blobs'), to_regclass('checkpoint_writes')) "
+    "AND current_setting('session_replication_role') = 'origin'"
 )
 """How many of LangGraph's tables fence the rows written to them (PostgreSQL migration
-15's trigger, enabled): three, or a checkpoint write sends its fence itself."""
+15's trigger, enabled, in a session where triggers fire): three, or a checkpoint write
+sends its fence itself."""
 MARK_FENCED = "SELECT set_config('graph_durable.fenced', 'f:' || %s, true)"
 """Let this transaction write the thread's rows into LangGraph's tables without their
 trigger fencing it (a copy into a thread, which is not fenced: see `copy_thread`)."""
@@ -339,12 +341,15 @@ def read_only_refused(exc: BaseException, thread_id: str | None,
 
 
 def predicted_of(intents: Sequence[IntentWrite]) -> Keying | None:
-    """The predicted keying a step's claim checks (`IntentWrite.keying`), if any. The
-    server checks the thread's origin, legacy flag and pinned scheme against it
-    (`KEYED_AS`), which says as much as SQLite's comparison only for a prediction
-    (`predicted_keying`: the thread's own id, not legacy, a scheme to pin), never for a
-    keying that was read."""
-    keying = next((intent.keying for intent in intents if intent.keying is not None), None)
+    """The predicted keying a step's claim checks (`IntentWrite.keying`), if any: one for
+    all the intents that carry one. The server checks the thread's origin, legacy flag
+    and pinned scheme against it (`KEYED_AS`), which says as much as SQLite's comparison
+    only for a prediction (`predicted_keying`: the thread's own id, not legacy, a scheme
+    to pin), never for a keying that was read."""
+    keyings = {intent.keying for intent in intents if intent.keying is not None}
+    if len(keyings) > 1:
+        raise ValueError("intents claimed together carry different predicted keyings")
+    keying = next(iter(keyings), None)
     if keying is not None and (keying.pin is None or keying.legacy
                                or keying.key_thread != intents[0].thread_id):
         raise ValueError(f"IntentWrite.keying is a predicted keying, not {keying!r}")

@@ -99,6 +99,21 @@ runs them inside a fenced transaction of that thread."""
 
 
 
+
+async def _aretried_on_deadlock(migrate: Callable[[], Awaitable[T]], attempts: int = 3) -> T:
+    """`DurablePostgresSaver`'s `_retried_on_deadlock`, awaited."""
+    from psycopg.errors import DeadlockDetected
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return await migrate()
+        except DeadlockDetected:
+            if attempt == attempts:
+                raise
+            await asyncio.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
+
+
 @asynccontextmanager
 async def _setup_mutex(conn: _ainternal.Conn) -> AsyncIterator[AsyncConnection[Any]]:
     """Hold the database-wide setup lock; yield the connection holding it (see
@@ -229,7 +244,7 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                     self.conn = held
                     try:
                         await super().setup()
-                        await self._migrate()
+                        await _aretried_on_deadlock(self._migrate)
                     finally:
                         self.conn = pool
             except BaseException as exc:

@@ -143,6 +143,23 @@ _FENCED_WRITE: ContextVar[
     ContextVar("graph_durable_pg_fenced_write", default=None))
 
 
+def _retried_on_deadlock(migrate: Callable[[], T], attempts: int = 3) -> T:
+    """`migrate()`, again (up to `attempts` in all) if the server broke a deadlock by
+    aborting it: creating a trigger on LangGraph's tables waits for the writes under
+    way, and a write taking them in another order deadlocks with it. Nothing of an
+    aborted migration stays (it is one transaction)."""
+    from psycopg.errors import DeadlockDetected
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return migrate()
+        except DeadlockDetected:
+            if attempt == attempts:
+                raise
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def _setup_mutex(conn: _internal.Conn) -> Iterator[Connection[Any]]:
     """Hold a database-wide lock while the schema is created or migrated; yields the
@@ -279,7 +296,7 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                     self.conn = held
                     try:
                         super().setup()
-                        self._migrate()
+                        _retried_on_deadlock(self._migrate)
                     finally:
                         self.conn = pool
             except BaseException as exc:
