@@ -301,6 +301,41 @@ _INHERITED_EVENT = """                    SELECT e.key, e.thread_id, 'intent', '
                     FROM effects e WHERE e.thread_id = p_thread_id AND e.key = p_keys[i];
 """
 
+_FENCE = """
+    {create} FUNCTION graph_durable_fence(p_thread_id TEXT, p_token BIGINT)
+    RETURNS DOUBLE PRECISION
+    LANGUAGE plpgsql VOLATILE AS $fn$
+    DECLARE
+        now_at DOUBLE PRECISION;
+        lease thread_leases%ROWTYPE;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_thread_id, 0));
+        now_at := extract(epoch FROM clock_timestamp())::DOUBLE PRECISION;
+        SELECT * INTO lease FROM thread_leases l WHERE l.thread_id = p_thread_id;
+        IF (NOT FOUND AND p_token IS NOT NULL)
+            OR (FOUND AND p_token IS NULL
+                AND (lease.owner LIKE 'cancelled-by:%' OR lease.expires_at > now_at))
+            OR (FOUND AND p_token IS NOT NULL
+                AND (p_token <> lease.token OR lease.expires_at <= now_at)) THEN
+            RAISE EXCEPTION 'graph_durable refused a write to thread %', p_thread_id
+                USING ERRCODE = 'GD001';
+        END IF;
+{mark}        RETURN now_at;
+    END
+    $fn$
+"""
+"""`graph_durable_fence` (PostgreSQL migration 7; migration 15 makes it mark the
+transaction fenced, `_MARK_FENCED`)."""
+_MARK_FENCED = """        PERFORM set_config('graph_durable.fenced', 'f:' || p_thread_id, true);
+"""
+_ROW_FENCE = """
+    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON {table} FOR EACH ROW
+        WHEN (current_setting('graph_durable.fenced', true) IS DISTINCT FROM
+              'f:' || NEW.thread_id)
+        EXECUTE FUNCTION graph_durable_fence_row();
+"""
+"""PostgreSQL migration 15's trigger on one of LangGraph's tables."""
+
 # PostgreSQL: the same tables in PostgreSQL's types, numbered on their own.
 PG_MIGRATIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS graph_durable_migrations (
@@ -436,29 +471,7 @@ PG_MIGRATIONS: list[str] = [
     # server (`graph_durable.leases.check_fence`'s rules, on the server's clock), raising
     # SQLSTATE GD001 when it refuses, so the writes sent after it in the same
     # transaction never commit; the writer then reads the lease row to say why.
-    """
-    CREATE FUNCTION graph_durable_fence(p_thread_id TEXT, p_token BIGINT)
-    RETURNS DOUBLE PRECISION
-    LANGUAGE plpgsql VOLATILE AS $fn$
-    DECLARE
-        now_at DOUBLE PRECISION;
-        lease thread_leases%ROWTYPE;
-    BEGIN
-        PERFORM pg_advisory_xact_lock(hashtextextended(p_thread_id, 0));
-        now_at := extract(epoch FROM clock_timestamp())::DOUBLE PRECISION;
-        SELECT * INTO lease FROM thread_leases l WHERE l.thread_id = p_thread_id;
-        IF (NOT FOUND AND p_token IS NOT NULL)
-            OR (FOUND AND p_token IS NULL
-                AND (lease.owner LIKE 'cancelled-by:%' OR lease.expires_at > now_at))
-            OR (FOUND AND p_token IS NOT NULL
-                AND (p_token <> lease.token OR lease.expires_at <= now_at)) THEN
-            RAISE EXCEPTION 'graph_durable refused a write to thread %', p_thread_id
-                USING ERRCODE = 'GD001';
-        END IF;
-        RETURN now_at;
-    END
-    $fn$
-    """,
+    _FENCE.format(create="CREATE", mark=""),
     # 8: a step's claim in one round trip. For each intent in order, what `claim_many`
     # does statement by statement: take the effect over from a thread of the family that
     # holds its key (`_sql.plan_inherit`'s rules), else insert it, journal it and pin its
@@ -622,29 +635,8 @@ PG_MIGRATIONS: list[str] = [
     # (`graph_durable.fenced`, local to the transaction). A checkpoint write without a
     # token then needs no fence statement of its own, and no writer (LangGraph's savers
     # included) inserts a row into a thread whose lease another worker holds.
-    """
-    CREATE OR REPLACE FUNCTION graph_durable_fence(p_thread_id TEXT, p_token BIGINT)
-    RETURNS DOUBLE PRECISION
-    LANGUAGE plpgsql VOLATILE AS $fn$
-    DECLARE
-        now_at DOUBLE PRECISION;
-        lease thread_leases%ROWTYPE;
-    BEGIN
-        PERFORM pg_advisory_xact_lock(hashtextextended(p_thread_id, 0));
-        now_at := extract(epoch FROM clock_timestamp())::DOUBLE PRECISION;
-        SELECT * INTO lease FROM thread_leases l WHERE l.thread_id = p_thread_id;
-        IF (NOT FOUND AND p_token IS NOT NULL)
-            OR (FOUND AND p_token IS NULL
-                AND (lease.owner LIKE 'cancelled-by:%' OR lease.expires_at > now_at))
-            OR (FOUND AND p_token IS NOT NULL
-                AND (p_token <> lease.token OR lease.expires_at <= now_at)) THEN
-            RAISE EXCEPTION 'graph_durable refused a write to thread %', p_thread_id
-                USING ERRCODE = 'GD001';
-        END IF;
-        PERFORM set_config('graph_durable.fenced', 'f:' || p_thread_id, true);
-        RETURN now_at;
-    END
-    $fn$;
+    _FENCE.format(create="CREATE OR REPLACE", mark=_MARK_FENCED)
+    + """;
     CREATE OR REPLACE FUNCTION graph_durable_lock_thread_at(p_thread_id TEXT)
     RETURNS TABLE (owner TEXT, token BIGINT, expires_at DOUBLE PRECISION,
                    now_at DOUBLE PRECISION)
@@ -662,38 +654,15 @@ PG_MIGRATIONS: list[str] = [
     RETURNS trigger
     LANGUAGE plpgsql VOLATILE AS $fn$
     BEGIN
-        -- `graph_durable_fence_read_committed(NEW.thread_id, NULL)`, inlined.
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE EXCEPTION 'graph_durable writes thread % READ COMMITTED, not %',
-                NEW.thread_id, current_setting('transaction_isolation')
-                USING ERRCODE = 'GD002';
-        END IF;
-        PERFORM pg_advisory_xact_lock(hashtextextended(NEW.thread_id, 0));
-        IF EXISTS (SELECT 1 FROM thread_leases l WHERE l.thread_id = NEW.thread_id
-                   AND (l.owner LIKE 'cancelled-by:%'
-                        OR l.expires_at > extract(epoch FROM clock_timestamp()))) THEN
-            RAISE EXCEPTION 'graph_durable refused a write to thread %', NEW.thread_id
-                USING ERRCODE = 'GD001';
-        END IF;
-        PERFORM set_config('graph_durable.fenced', 'f:' || NEW.thread_id, true);
+        PERFORM graph_durable_fence_read_committed(NEW.thread_id, NULL);  -- marks it
         RETURN NEW;
     END
     $fn$;
     -- In the order LangGraph's `put` writes the tables, so that a write under way
     -- finishes first (a deadlock with another order is retried by `setup()`).
-    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON checkpoint_blobs FOR EACH ROW
-        WHEN (current_setting('graph_durable.fenced', true) IS DISTINCT FROM
-              'f:' || NEW.thread_id)
-        EXECUTE FUNCTION graph_durable_fence_row();
-    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON checkpoints FOR EACH ROW
-        WHEN (current_setting('graph_durable.fenced', true) IS DISTINCT FROM
-              'f:' || NEW.thread_id)
-        EXECUTE FUNCTION graph_durable_fence_row();
-    CREATE TRIGGER graph_durable_fence BEFORE INSERT ON checkpoint_writes FOR EACH ROW
-        WHEN (current_setting('graph_durable.fenced', true) IS DISTINCT FROM
-              'f:' || NEW.thread_id)
-        EXECUTE FUNCTION graph_durable_fence_row();
-    """,
+    """
+    + "".join(_ROW_FENCE.format(table=table)
+              for table in ("checkpoint_blobs", "checkpoints", "checkpoint_writes")),
     # 16: a step's claim in one statement: `graph_durable_fenced_claim`'s, after the
     # transaction's commit is made durable (`_pg.DURABLE_COMMIT`'s rule) and followed by
     # `graph_durable_keyed_as` when `p_keyed_as` names a predicted keying's scheme; the
