@@ -37,7 +37,8 @@ from langchain_core.messages import AIMessage
 from graph_durable.errors import UnkeyableToolCall
 from graph_durable.ledger import canonical_json
 
-__all__ = ["Request", "call_anchor", "messages_of", "request_of", "requested_args"]
+__all__ = ["UNREAD", "Request", "call_anchor", "messages_of", "request_of", "requested_args",
+           "requests_of"]
 
 
 def messages_of(state: Any, messages_key: str = "messages") -> Sequence[Any]:
@@ -69,19 +70,40 @@ def request_of(state: Any, tool_call_id: str | None, messages_key: str = "messag
     return None
 
 
-_UNREAD: Any = object()
+def requests_of(state: Any, tool_call_ids: Sequence[str | None],
+                messages_key: str = "messages") -> dict[str | None, Request]:
+    """`request_of` for each of `tool_call_ids` (a step's calls), the messages read
+    once for all of them: the last AIMessage holding each id, with its calls under
+    it, or `None`."""
+    found: dict[str | None, Request] = {}
+    wanted = set(tool_call_ids)
+    for message in reversed(messages_of(state, messages_key)):
+        if not wanted:
+            break
+        if not isinstance(message, AIMessage):
+            continue
+        for call in message.tool_calls:
+            call_id = call.get("id")
+            if call_id in wanted:
+                found.setdefault(call_id, (message, []))[1].append(call)
+        wanted.difference_update(found)
+    return {call_id: found.get(call_id) for call_id in tool_call_ids}
+
+
+UNREAD: Any = object()
+"""What a `request` argument defaults to: not looked up yet."""
 
 
 def call_anchor(state: Any, tool_call_id: str | None, fallback: str,
                 messages_key: str = "messages", *, thread_id: str | None = None,
-                request: Request = _UNREAD) -> str:
+                request: Request = UNREAD) -> str:
     """The anchor of the call `tool_call_id` in `state` (see the module docstring);
     `request` is its `request_of`, when already found.
 
     Raises:
         UnkeyableToolCall: the requesting AIMessage has no id.
     """
-    if request is _UNREAD:
+    if request is UNREAD:
         request = request_of(state, tool_call_id, messages_key)
     if request is not None:
         message, asked = request
@@ -103,7 +125,7 @@ def call_anchor(state: Any, tool_call_id: str | None, fallback: str,
 
 def requested_args(state: Any, tool_call: Mapping[str, Any],
                    messages_key: str = "messages", *, thread_id: str | None = None,
-                   request: Request = _UNREAD) -> dict[str, Any] | None:
+                   request: Request = UNREAD) -> dict[str, Any] | None:
     """The args the model asked for, when `tool_call` reaches the guard with others.
 
     A middleware listed before the guard may change a call's args before it runs (a
@@ -123,7 +145,7 @@ def requested_args(state: Any, tool_call: Mapping[str, Any],
         UnkeyableToolCall: the args were changed and the requesting message holds several
             calls to the tool under the call's id.
     """
-    if request is _UNREAD:
+    if request is UNREAD:
         request = request_of(state, tool_call.get("id"), messages_key)
     if request is not None:
         same_tool = [call for call in request[1] if call.get("name") == tool_call.get("name")]

@@ -17,6 +17,7 @@ from graph_durable.errors import UnkeyableToolCall
 from graph_durable.ledger import (
     EffectRecord,
     EffectStatus,
+    Keying,
     TransitionWrite,
     encode_args,
     key_of_encoded,
@@ -58,6 +59,10 @@ class CallContext:
     """The call id the key is derived from, when it is not the call's own: a guarded
     write's id names where it was made, so that each question has an id unique in its
     thread, and its key stays that of `name#position`."""
+    predicted_keying: Keying | None = field(default=None, init=False)
+    """The keying the key was derived from, when predicted rather than read: set on a
+    step's call claimed ahead (`GuardBase._claiming`), whose intent carries it for the
+    claim to check (`IntentWrite.keying`)."""
     sent: bool = field(default=False, init=False)
     outcome: str | None = field(default=None, init=False)
     """What became of the call so far, as telemetry names it (`telemetry.CallOutcome`):

@@ -18,14 +18,21 @@ perform.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Generator, Hashable, Mapping
+from collections.abc import Generator, Hashable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
 from graph_durable._langgraph import CONFIG_KEY_CHECKPOINT_MAP
 from graph_durable.ledger import Keying
-from graph_durable.nodes.anchor import call_anchor, request_of, requested_args
+from graph_durable.nodes.anchor import (
+    UNREAD,
+    Request,
+    call_anchor,
+    request_of,
+    requested_args,
+    requests_of,
+)
 from graph_durable.nodes.call_context import CallContext
 from graph_durable.nodes.operations import Read
 from graph_durable.nodes.restarts import ForkOrigin, earlier_effect, fork_links, restart_root
@@ -146,14 +153,23 @@ class ToolCallKeys:
         """The call's context, keyed (legacy key, restarts)."""
         return self.step_context(task, request.tool_call, request.state, policy, keying)
 
+    def requests(self, state: Any, tool_calls: Sequence[Mapping[str, Any]]
+                 ) -> dict[str | None, Request]:
+        """The request of each of a step's `tool_calls` in `state` (`anchor.requests_of`),
+        by id: what `step_context` is given as `request`."""
+        return requests_of(state, [call.get("id") for call in tool_calls], self.messages_key)
+
     def step_context(self, task: Task, tool_call: Mapping[str, Any], state: Any,
-                     policy: Effect, keying: Keying) -> Generator[Read, Any, CallContext]:
-        """The context of `tool_call`, requested by an AIMessage in `state`.
+                     policy: Effect, keying: Keying, *, request: Request = UNREAD
+                     ) -> Generator[Read, Any, CallContext]:
+        """The context of `tool_call`, requested by an AIMessage in `state` (`request`:
+        its `request_of`, when already found).
 
         The key's anchor is that AIMessage; one without an id is refused here, before
         anything is claimed or sent.
         """
-        request = request_of(state, tool_call.get("id"), self.messages_key)
+        if request is UNREAD:
+            request = request_of(state, tool_call.get("id"), self.messages_key)
         anchor = call_anchor(state, tool_call.get("id"), task.checkpoint_ns,
                              self.messages_key, thread_id=task.thread_id, request=request)
         ctx = CallContext(task.thread_id, task.checkpoint_ns, dict(tool_call), policy,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 from langchain_core.messages import ToolMessage
@@ -229,8 +229,10 @@ class GuardBase:
         predicted = yield Read("predicted_keying", (first.thread_id,))
         keying = predicted if predicted is not None else (
             yield Read("keying", (first.thread_id,)))
-        # The calls of a step run from one root checkpoint (asked about once).
+        # The calls of a step run from one root checkpoint (asked about once), and were
+        # requested by messages of one state (each found once, for all of them).
         yield from self._checkpoint_stored(first, calls[0], keys.fork_root(first))
+        requests = keys.requests(state, calls)
         while True:
             if keying.legacy:
                 return {}  # legacy keys are looked up call by call
@@ -238,14 +240,15 @@ class GuardBase:
             for call in calls:
                 task = first if call is calls[0] else first.for_call(call)
                 ctx = yield from keys.step_context(task, call, state,
-                                                   self.policy_for(call["name"]), keying)
+                                                   self.policy_for(call["name"]), keying,
+                                                   request=requests[call.get("id")])
+                if keying is predicted:  # its intent carries it, for the claim to check
+                    ctx.predicted_keying = keying
                 started.append(Started(task, ctx, run_call(ctx)))
             claims = [_claim(one) for one in started]
             yield from self._checkpoint_stored(first, calls[0],
                                                keys.requesting_checkpoint(first))
             intents = tuple(claim.intent for claim in claims)
-            if keying is predicted:
-                intents = tuple(replace(intent, keying=keying) for intent in intents)
             try:
                 claimed = yield ClaimMany(intents)
             except KeyingChanged:  # nothing was claimed: key the calls as the thread is

@@ -41,6 +41,7 @@ from graph_durable.ledger import (
     EffectRecord,
     EffectStatus,
     IntentWrite,
+    Keying,
     WriteBatch,
     derive_key,
 )
@@ -153,7 +154,8 @@ def run_call(ctx: CallContext) -> Protocol:
     """The whole protocol for one guarded tool call; returns its ToolMessage or Command."""
     approval = ctx.policy.needs_approval(ctx.tool_call)
     fault_point("before_intent", tool=ctx.tool)
-    record, created = yield Claim(_intent(ctx, S.AWAITING_APPROVAL if approval else S.IN_FLIGHT))
+    record, created = yield Claim(_intent(ctx, S.AWAITING_APPROVAL if approval else S.IN_FLIGHT,
+                                          keying=ctx.predicted_keying))
     if not created:
         return (yield from _resume(ctx, record))
     if approval:
@@ -163,7 +165,7 @@ def run_call(ctx: CallContext) -> Protocol:
 
 
 def _intent(ctx: CallContext, status: EffectStatus, *, record_args: dict[str, Any] | None = None,
-            key: str | None = None) -> IntentWrite:
+            key: str | None = None, keying: Keying | None = None) -> IntentWrite:
     if record_args is None and ctx.requested_args is not None:
         record_args = ctx.tool_call["args"]  # changed before the guard: what is sent
     return IntentWrite(
@@ -179,6 +181,7 @@ def _intent(ctx: CallContext, status: EffectStatus, *, record_args: dict[str, An
         redact=None if record_args is not None else ctx.policy.redact,
         key_scheme=ctx.key_scheme,
         data=ctx.intent_data,
+        keying=keying,
     )
 
 

@@ -218,3 +218,31 @@ def test_a_refused_thread_goes_on_once_its_request_has_an_id(make_saver, provide
     bounded_graph(saver, provider, policy, with_ids=True).invoke(
         turn(1), config("t"), durability="sync")
     assert provider.count() == 2 and len(saver.effects("t")) == 2
+
+
+def test_a_steps_requests_are_found_as_each_call_finds_its_own() -> None:
+    """`requests_of` reads the messages once for a step's calls, and finds for each
+    what `request_of` finds for it alone: the last AIMessage holding its id, with every
+    call of that message under the id, or nothing."""
+    from graph_durable.nodes.anchor import request_of, requests_of
+
+    def call(call_id: str, name: str = "charge", **args: Any) -> dict[str, Any]:
+        return {"id": call_id, "name": name, "args": args, "type": "tool_call"}
+
+    older = AIMessage("", id="m1", tool_calls=[call("a", cents=1), call("b", cents=2)])
+    newer = AIMessage("", id="m2", tool_calls=[call("a", cents=3), call("c", cents=4),
+                                               call("c", name="refund", cents=5)])
+    messages = [HumanMessage("hi", id="h"), older,
+                ToolMessage("ok", tool_call_id="a", id="t"), newer, HumanMessage("more")]
+    ids = ["a", "b", "c", "missing", None]
+    for state in (messages, {"messages": messages}, {"history": messages}):
+        key = "history" if isinstance(state, dict) and "history" in state else "messages"
+        found = requests_of(state, ids, key)
+        assert list(found) == ids
+        for call_id in ids:
+            assert found[call_id] == request_of(state, call_id, key)
+        assert found["a"] == (newer, [newer.tool_calls[0]])
+        assert found["b"] == (older, [older.tool_calls[1]])
+        assert found["c"] == (newer, newer.tool_calls[1:])
+        assert found["missing"] is None and found[None] is None
+    assert requests_of({"messages": "not a list"}, ["a"]) == {"a": None}
