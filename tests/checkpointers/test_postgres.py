@@ -353,6 +353,39 @@ def test_receipts_carried_together_are_one_statement_and_each_judged_alone(
         ("k2", "receipt"), ("k4", "receipt")]
 
 
+AWKWARD = ["", "NULL", "null", 'say "hi"', "back\\slash", "{braces}, commas",
+           "  spaces\tand\nlines ", "é ü 中文 😀", "\\\"", "%s %b ?"]
+"""Texts an array in PostgreSQL's text format must quote or escape (and a lone word
+NULL), sent through the binary arrays of a step's claim and its carried receipts."""
+
+
+def test_a_steps_claim_and_carried_receipts_keep_awkward_texts_whole(saver) -> None:
+    """A step's claim (`CLAIM_STEP`) and the receipts carried on its checkpoint
+    (`carried_transitions`) send their values as arrays: every text comes back as it
+    went, in args, tool names, namespaces, call ids, receipts, errors and results."""
+    intents = [IntentWrite(key=f"k{index}", thread_id="t", checkpoint_ns=f"tools:{text}",
+                           tool_call_id=f"c-{text}-{index}", tool=f"pay {text}",
+                           args={"note": text, text: [text, None, 1.5]}, status=S.IN_FLIGHT)
+               for index, text in enumerate(AWKWARD)]
+    claimed = saver.claim_many(intents)
+    assert [created for _, created in claimed] == [True] * len(AWKWARD)
+    for index, text in enumerate(AWKWARD):
+        saver.apply(TransitionWrite(thread_id="t", key=f"k{index}", to=S.APPLIED,
+                                    kind="receipt", receipt={"id": text, "at": [text]},
+                                    result=f"ok {text}", defer=True))
+    put_checkpoint(saver, "t")
+    for index, text in enumerate(AWKWARD):
+        record = saver.effect(f"k{index}", "t")
+        assert (record.checkpoint_ns, record.tool_call_id, record.tool, record.args) == (
+            f"tools:{text}", f"c-{text}-{index}", f"pay {text}",
+            {"note": text, text: [text, None, 1.5]})
+        assert record.status is S.APPLIED and record.receipt == {"id": text, "at": [text]}
+        assert saver.stored_result("t", f"k{index}") == f"ok {text}"
+    assert [(e.key, e.kind) for e in saver.events("t")] == [
+        *((f"k{index}", "intent") for index in range(len(AWKWARD))),
+        *((f"k{index}", "receipt") for index in range(len(AWKWARD)))]
+
+
 def test_a_deferred_receipt_the_lifecycle_no_longer_allows_is_dropped(
         saver, postgres_conninfo, caplog: pytest.LogCaptureFixture) -> None:
     saver.claim(intent())
