@@ -386,6 +386,28 @@ def test_a_steps_claim_and_carried_receipts_keep_awkward_texts_whole(saver) -> N
         *((f"k{index}", "receipt") for index in range(len(AWKWARD)))]
 
 
+@pytest.mark.parametrize("encoding", ["UTF8", "LATIN1"])
+def test_texts_arrays_are_dumped_whole_in_the_connections_encoding(
+        postgres_conninfo: str, encoding: str) -> None:
+    """`Texts`, the lists of text a claim and its carried receipts send, is dumped in
+    binary by a dumper of its own, in the client encoding: every value comes back as it
+    went, NULLs, empty lists and texts the text format must quote included."""
+    from psycopg.adapt import PyFormat
+
+    from graph_durable.checkpointers.postgres._arrays import Texts, TextsDumper
+
+    values = AWKWARD if encoding == "UTF8" else [text for text in AWKWARD
+                                                 if text.isascii()] + ["é à ü"]
+    with psycopg.Connection.connect(postgres_conninfo, autocommit=True) as conn:
+        conn.execute(f"SET client_encoding TO '{encoding}'")
+        assert conn.adapters.get_dumper(Texts, PyFormat.BINARY) is TextsDumper
+        for texts in (values, [None, *values, None], [], [None], ["x"]):
+            for placeholder in ("%b", "%s"):
+                row = conn.execute(f"SELECT {placeholder}::text[], cardinality("
+                                   f"{placeholder}::text[])", (Texts(texts), Texts(texts)))
+                assert row.fetchone() == (texts, len(texts))
+
+
 def test_a_deferred_receipt_the_lifecycle_no_longer_allows_is_dropped(
         saver, postgres_conninfo, caplog: pytest.LogCaptureFixture) -> None:
     saver.claim(intent())

@@ -34,6 +34,7 @@ from langchain_core.runnables import RunnableConfig
 
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._base import KeyingChanged, actor_of
+from graph_durable.checkpointers.postgres._arrays import Texts
 from graph_durable.checkpointers.postgres._storage import storage_fault
 from graph_durable.errors import DatabaseUnavailable, ReadOnlyDatabase
 from graph_durable.ledger import EffectRecord, EffectStatus, IntentWrite, Keying, TransitionWrite
@@ -145,7 +146,8 @@ CLAIM_STEP = (
 keying checked after (`KEYED_AS`, when the last parameter is not NULL), in one statement
 (PostgreSQL migration 16). Its arrays are sent in binary (`%b`), as those of
 `carried_transitions` are: psycopg's text format quotes a JSON value's every `"` by a
-regular expression, some ten microseconds a value, where binary copies its bytes."""
+regular expression, some ten microseconds a value, where binary copies its bytes (its
+lists of text as `Texts`, dumped in one pass)."""
 SELECT_LEASE_WITH_CLOCK = (
     "SELECT l.owner, l.token, l.expires_at, n.now_at FROM (SELECT "
     "extract(epoch FROM clock_timestamp())::DOUBLE PRECISION AS now_at) n "
@@ -233,7 +235,8 @@ def claim_call(
     out: the function applies the same rules), checked against the predicted keying
     `keyed_as` if any (`predicted_of`). Each plan is the intent's insert, its journal
     entry and maybe its key-scheme pin, in `_sql.plan_intent`'s order."""
-    columns: list[list[Any]] = [[] for _ in range(10)]
+    columns: list[list[Any]] = [Texts() for _ in range(10)]
+    columns[6], columns[9] = [], []  # attempts and times: not text
     for plan, _record in planned:
         insert, event, *pin = plan
         _, key, ns, tool_call_id, tool, args, status, attempts, now, _ = insert[1]
@@ -274,9 +277,10 @@ def carried_transitions(
     its own `data`) only then; the entries in the order of `rows` (`(key, values,
     data)`, each key once). One row back per transition, in that order, as
     `carried_transition`'s."""
-    arrays = [[key for key, _, _ in rows]]
-    arrays += [[values[index] for _, values, _ in rows] for index in range(len(columns))]
-    arrays.append([data for _, _, data in rows])
+    arrays: list[list[Any]] = [Texts(key for key, _, _ in rows)]
+    arrays += [(list if column in _COLUMN_TYPES else Texts)(values[index] for _, values, _ in rows)
+               for index, column in enumerate(columns)]
+    arrays.append(Texts(data for _, _, data in rows))
     return _carried_many_sql(to, tuple(columns)), (
         *arrays, to._value_, now, thread_id, *_sql.update_sources(to), thread_id, kind, now,
         *actor, thread_id)
