@@ -5,10 +5,12 @@ psycopg dumps a plain `list` by looking for a dumper of its elements on every ex
 list of five strings. A step's claim sends eight such lists, and the receipts its
 checkpoint carries as many. `Texts` marks a list of `str` (or `None`), and its dumper
 writes PostgreSQL's binary `text[]` (`array_send`'s layout: dimensions, flags, element
-type, then each element's length and bytes) in the connection's encoding.
+type, then each element's length and bytes) in the connection's encoding (UTF-8 on a
+`SQL_ASCII` one, as psycopg's own text dumpers).
 
 The dumper is registered on psycopg's global adapters when this module is imported, so
-every connection made afterwards has it. A connection made before dumps a `Texts` as any
+every connection made afterwards has it (and one made before that had run nothing yet:
+psycopg copies a connection's adapters on first use). Any other dumps a `Texts` as any
 list (psycopg looks a type's dumper up along its MRO): the same array, the slower way.
 """
 
@@ -46,7 +48,9 @@ class TextsDumper(Dumper):
     def __init__(self, cls: type, context: Any = None) -> None:
         super().__init__(cls, context)
         info = getattr(self.connection, "info", None)
-        self._encoding = getattr(info, "encoding", None) or "utf-8"
+        encoding = getattr(info, "encoding", None) or "utf-8"
+        # As psycopg's own text dumpers: SQL_ASCII stores whatever bytes it gets.
+        self._encoding = encoding if encoding != "ascii" else "utf-8"
 
     def dump(self, obj: Any) -> bytes:
         if not obj:
