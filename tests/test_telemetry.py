@@ -392,3 +392,124 @@ def test_a_global_tracer_provider_named_in_the_environment_is_loaded() -> None:
         """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["opentelemetry.sdk.trace", "True"]
+
+
+# -- a call nobody watches: its outcome kept for the log alone ---------------------------
+
+
+def lazily_observed(config: RunnableConfig, outcome: CallOutcome,
+                    made: list[CallInfo]) -> Any:
+    """`observe_lazily` around one call; `made` gets each `CallInfo` it made."""
+    def make() -> CallInfo:
+        made.append(REFUND)
+        return REFUND
+
+    with telemetry.observe_lazily(make, config) as call:
+        with call.provider_call() as provider:
+            pass
+        call.outcome(outcome, attempts=1)
+    assert provider.duration is not None and provider.duration >= 0
+    return call
+
+
+def test_a_call_nobody_watches_is_observed_quietly_and_logged_when_the_log_listens(
+        caplog: pytest.LogCaptureFixture) -> None:
+    observed: list[Any] = []
+    made: list[CallInfo] = []
+
+    def node(state: State, config: RunnableConfig) -> State:
+        observed.append(lazily_observed(config, CallOutcome.SENT, made))
+        return {"done": 1}
+
+    graph_of(node).invoke({"done": 0})
+    assert isinstance(observed[-1], telemetry.QuietCall) and made == []
+    caplog.set_level(logging.DEBUG, logger="graph_durable")
+    graph_of(node).invoke({"done": 0})
+    assert isinstance(observed[-1], telemetry.QuietCall) and made == [REFUND]
+    [record] = [r for r in caplog.records if r.name == "graph_durable"]
+    assert record.outcome == "sent" and record.key == REFUND.key  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("listener", ["callbacks", "custom stream", "opentelemetry"])
+def test_any_listener_gets_the_whole_observation(
+        request: pytest.FixtureRequest, listener: str) -> None:
+    observed: list[Any] = []
+    made: list[CallInfo] = []
+
+    def node(state: State, config: RunnableConfig) -> State:
+        observed.append(lazily_observed(config, CallOutcome.RECONCILED, made))
+        return {"done": 1}
+
+    graph = graph_of(node)
+    if listener == "callbacks":
+        recorder = Recorder()
+        graph.invoke({"done": 0}, {"callbacks": [recorder]})
+        heard = [data["outcome"] for _, data in recorder.events]
+    elif listener == "custom stream":
+        heard = [chunk["outcome"] for chunk in graph.stream({"done": 0}, stream_mode="custom")]
+    else:
+        spans, _ = request.getfixturevalue("otel")
+        graph.invoke({"done": 0})
+        heard = [span.attributes["graph_durable.effect.outcome"]
+                 for span in spans.get_finished_spans() if span.name.startswith("guarded")]
+    assert heard == ["reconciled"]
+    assert not isinstance(observed[-1], telemetry.QuietCall) and made == [REFUND]
+
+
+def test_only_a_writer_that_does_nothing_counts_as_nobody_streaming() -> None:
+    from functools import partial
+
+    from graph_durable.telemetry.emit import _silent
+
+    class Writer:
+        def write(self, chunk: Any) -> None:
+            pass
+
+    seen: list[Any] = []
+
+    def keep(chunk: Any) -> None:
+        seen.append(chunk)
+
+    def documented(chunk: Any) -> None:
+        """Does nothing, but says so."""
+
+    assert _silent(lambda chunk: None) and _silent(Writer().write)
+    assert not _silent(keep) and not _silent(lambda chunk: print(chunk))
+    assert not _silent(documented)  # judged by its code alone: anything more is a listener
+    assert not _silent(lambda chunk: 1) and not _silent(partial(keep)) and not _silent(None)
+
+
+def test_a_guarded_tool_call_nobody_watches_makes_no_report(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `EffectGuardNode` a call run with no handler, no `custom` stream and no
+    OpenTelemetry provider makes no `CallInfo` and no report unless the log takes its
+    outcome; a `custom` stream in the same process still hears of every call."""
+    from graph_durable.nodes.core import GuardBase
+    from graph_durable.testing.scenarios.effects import build_effects_agent
+
+    made: list[str | None] = []
+    call_info = GuardBase._call_info
+
+    def counted(self: Any, task: Any, key: str | None) -> CallInfo:
+        made.append(key)
+        return call_info(self, task, key)
+
+    monkeypatch.setattr(GuardBase, "_call_info", counted)
+    agent = build_effects_agent(str(tmp_path / "agent.db"), str(tmp_path),
+                                [[["ticket", "a"], ["ticket", "b"]]], {"ticket": "dedupe"})
+    agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": "quiet"}},
+                       durability="sync")
+    assert made == [] and agent.providers["ticket"].count() == 2
+    streamed = [chunk for chunk in agent.graph.stream(
+        agent.inputs, {"configurable": {"thread_id": "streamed"}}, stream_mode="custom",
+        durability="sync")
+        if chunk.get("event") == telemetry.EVENT]
+    assert [c["outcome"] for c in streamed] == ["sent", "sent"] and len(made) == 2
+    caplog.set_level(logging.DEBUG, logger="graph_durable")
+    agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": "logged"}},
+                       durability="sync")
+    logged = [r for r in caplog.records if r.name == "graph_durable"
+              and getattr(r, "thread_id", None) == "logged"]
+    assert [r.outcome for r in logged] == ["sent", "sent"]  # type: ignore[attr-defined]
+    assert [r.key for r in logged] == made[2:]  # type: ignore[attr-defined]

@@ -146,9 +146,10 @@ class GuardBase:
         return call_info(task, key, self.policy_for(name), self.keys.kind)
 
     def _observing(self, started: Started) -> telemetry.ObservedCall:
-        """The call's telemetry, from its first look at the ledger to its outcome."""
-        return telemetry.observe(self._call_info(started.task, started.ctx.key),
-                                 started.task.config)
+        """The call's telemetry, from its first look at the ledger to its outcome (a
+        `QuietCall` when nothing but the log would hear of it)."""
+        task, key = started.task, started.ctx.key
+        return telemetry.observe_lazily(lambda: self._call_info(task, key), task.config)
 
     def _refused(self, task: Task, error: BaseException) -> None:
         """Report a call refused before its protocol ran (no durable checkpoint, a call

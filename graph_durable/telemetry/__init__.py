@@ -52,7 +52,14 @@ from graph_durable.telemetry.model import (
     CallReport,
     policy_label,
 )
-from graph_durable.telemetry.spans import CallEvent, ObservedCall, ProviderSpan, observe
+from graph_durable.telemetry.spans import (
+    CallEvent,
+    ObservedCall,
+    ProviderSpan,
+    QuietCall,
+    observe,
+    observe_lazily,
+)
 from graph_durable.telemetry.stats import LedgerStats
 
 __all__ = [
@@ -67,11 +74,13 @@ __all__ = [
     "LedgerStats",
     "ObservedCall",
     "ProviderSpan",
+    "QuietCall",
     "areport",
     "configure",
     "log_lease_takeover",
     "logger",
     "observe",
+    "observe_lazily",
     "policy_label",
     "report",
     "run_metadata",

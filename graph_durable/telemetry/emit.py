@@ -24,7 +24,7 @@ from graph_durable.telemetry import _otel
 from graph_durable.telemetry.model import ATTRIBUTES, CallInfo, CallOutcome, CallReport
 
 __all__ = ["EVENT", "LOG_LEVELS", "RUN_TAG", "areport", "log_lease_takeover", "logger",
-           "report", "run_metadata", "with_run_metadata"]
+           "quiet", "report", "run_metadata", "with_run_metadata"]
 
 EVENT = "graph_durable.outcome"
 """Name of the LangChain custom event (and the `event` of a stream chunk) a report is."""
@@ -83,6 +83,36 @@ def _manager(config: Mapping[str, Any] | None) -> Any:
             and callbacks.handlers):
         return callbacks
     return None
+
+
+_SILENT = (lambda _: None).__code__
+"""The code of a writer that does nothing (LangGraph's when the run does not stream
+`custom`): `RESUME; LOAD_CONST None; RETURN_VALUE`, nothing else."""
+
+
+def _silent(writer: Any) -> bool:
+    """Whether `writer` is a function whose body does nothing (it reads no name and
+    calls nothing: its code is `_SILENT`'s)."""
+    code = getattr(writer, "__code__", None)
+    return (code is not None and code.co_code == _SILENT.co_code
+            and code.co_consts == _SILENT.co_consts)
+
+
+def quiet(config: Mapping[str, Any] | None) -> bool:
+    """Whether a report made now would reach nothing but the log: the run has no
+    callback handler, it streams no `custom` events (outside a graph run nobody does),
+    and OpenTelemetry records neither spans nor measurements. A guarded call then keeps
+    its outcome for the log alone (`spans.QuietCall`)."""
+    if _manager(config) is not None:
+        return False
+    otel = _otel.instruments()
+    if otel is not None and (otel.tracing() or otel.metering()):
+        return False
+    try:
+        writer = get_stream_writer()
+    except (RuntimeError, KeyError, AttributeError):
+        return True  # outside a graph run (or a context that lost it): nobody streams
+    return _silent(writer)
 
 
 def _write_stream(payload: dict[str, Any]) -> None:

@@ -19,15 +19,16 @@ the report.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
 from graph_durable.telemetry import _otel
-from graph_durable.telemetry.emit import areport, report
+from graph_durable.telemetry.emit import LOG_LEVELS, areport, logger, quiet, report
 from graph_durable.telemetry.model import ATTRIBUTES, CallInfo, CallOutcome, CallReport
 
-__all__ = ["CallEvent", "ObservedCall", "ProviderSpan", "observe"]
+__all__ = ["CallEvent", "ObservedCall", "ProviderSpan", "QuietCall", "observe",
+           "observe_lazily"]
 
 CallEvent = Literal["intent_claimed", "receipt_recorded", "decision_journaled",
                     "lease_taken", "lease_lost"]
@@ -196,6 +197,55 @@ class ObservedCall:
             self._end_span(rep)
 
 
+class QuietCall(ObservedCall):
+    """A guarded call that nothing but the log would hear of (`emit.quiet`): no span, no
+    callback handler, no `custom` stream, no meter. It keeps what `outcome` is told,
+    and reports it when the block ends only if the `graph_durable` logger logs that
+    outcome's level (`LOG_LEVELS`); its `CallInfo` is made then, or when `call` is
+    read, not before. Its provider spans still time their block (`duration`)."""
+
+    __slots__ = ("_info",)
+
+    def __init__(self, make_info: Callable[[], CallInfo],
+                 config: Mapping[str, Any] | None = None) -> None:
+        self._info: CallInfo | Callable[[], CallInfo] = make_info
+        self.config = config
+        self.recording = False
+        self._otel = None
+        self._span = None
+        self._outcome = None
+        self._attempts = None
+        self._error_type = None
+
+    @property  # type: ignore[override]
+    def call(self) -> CallInfo:
+        """The call observed (made on first use)."""
+        info = self._info
+        if not isinstance(info, CallInfo):
+            info = self._info = info()
+        return info
+
+    def __enter__(self) -> QuietCall:
+        self._start = time.perf_counter()
+        return self
+
+    def _logged(self) -> bool:
+        return logger.isEnabledFor(LOG_LEVELS[self._outcome or CallOutcome.ABORTED])
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._logged():
+            report(self._finish(exc_type), self.config)
+
+    async def __aenter__(self) -> QuietCall:
+        return self.__enter__()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._logged():
+            await areport(self._finish(exc_type), self.config)
+
+
 def _type_name(error: BaseException | type[BaseException] | str | None) -> str | None:
     if error is None or isinstance(error, str):
         return error
@@ -214,3 +264,13 @@ def observe(call: CallInfo, config: Mapping[str, Any] | None = None) -> Observed
         config: The `RunnableConfig` of the run (the task's), for the callback event.
     """
     return ObservedCall(call, config)
+
+
+def observe_lazily(make_call: Callable[[], CallInfo],
+                   config: Mapping[str, Any] | None = None) -> ObservedCall:
+    """`observe(make_call(), config)`, or a `QuietCall` when a report would reach
+    nothing but the log (`emit.quiet`): what the guard observes every call with, so
+    that a call nobody watches costs no span, no report and no `CallInfo`."""
+    if quiet(config):
+        return QuietCall(make_call, config)
+    return ObservedCall(make_call(), config)
