@@ -476,6 +476,16 @@ def test_only_a_writer_that_does_nothing_counts_as_nobody_streaming() -> None:
     assert _silent(lambda chunk: None) and _silent(Writer().write)
     assert not _silent(keep) and not _silent(lambda chunk: print(chunk))
     assert not _silent(documented)  # judged by its code alone: anything more is a listener
+
+    class Forwarding:
+        """A wrapper that shows its wrapped function's `__code__` but does more."""
+
+        __code__ = (lambda chunk: None).__code__
+
+        def __call__(self, chunk: Any) -> None:
+            seen.append(chunk)
+
+    assert not _silent(Forwarding())
     assert not _silent(lambda chunk: 1) and not _silent(partial(keep)) and not _silent(None)
 
 
@@ -485,17 +495,17 @@ def test_a_guarded_tool_call_nobody_watches_makes_no_report(
     """Under `EffectGuardNode` a call run with no handler, no `custom` stream and no
     OpenTelemetry provider makes no `CallInfo` and no report unless the log takes its
     outcome; a `custom` stream in the same process still hears of every call."""
-    from graph_durable.nodes.core import GuardBase
+    from graph_durable.nodes import core
     from graph_durable.testing.scenarios.effects import build_effects_agent
 
     made: list[str | None] = []
-    call_info = GuardBase._call_info
+    call_info = core.call_info
 
-    def counted(self: Any, task: Any, key: str | None) -> CallInfo:
+    def counted(task: Any, key: str | None, *args: Any) -> CallInfo:
         made.append(key)
-        return call_info(self, task, key)
+        return call_info(task, key, *args)
 
-    monkeypatch.setattr(GuardBase, "_call_info", counted)
+    monkeypatch.setattr(core, "call_info", counted)
     agent = build_effects_agent(str(tmp_path / "agent.db"), str(tmp_path),
                                 [[["ticket", "a"], ["ticket", "b"]]], {"ticket": "dedupe"})
     agent.graph.invoke(agent.inputs, {"configurable": {"thread_id": "quiet"}},

@@ -149,7 +149,9 @@ class GuardBase:
         """The call's telemetry, from its first look at the ledger to its outcome (a
         `QuietCall` when nothing but the log would hear of it)."""
         task, key = started.task, started.ctx.key
-        return telemetry.observe_lazily(lambda: self._call_info(task, key), task.config)
+        policy, kind = self.policy_for(str(task.call.get("name"))), self.keys.kind
+        return telemetry.observe_lazily(lambda: call_info(task, key, policy, kind),
+                                        task.config)
 
     def _refused(self, task: Task, error: BaseException) -> None:
         """Report a call refused before its protocol ran (no durable checkpoint, a call

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from types import FunctionType, MethodType
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackManager
@@ -91,11 +92,14 @@ _SILENT = (lambda _: None).__code__
 
 
 def _silent(writer: Any) -> bool:
-    """Whether `writer` is a function whose body does nothing (it reads no name and
-    calls nothing: its code is `_SILENT`'s)."""
-    code = getattr(writer, "__code__", None)
-    return (code is not None and code.co_code == _SILENT.co_code
-            and code.co_consts == _SILENT.co_consts)
+    """Whether `writer` is a Python function (or a method of one) whose body does
+    nothing (it reads no name and calls nothing: its code is `_SILENT`'s). Anything
+    else, a wrapper that forwards `__code__` included, counts as a listener."""
+    function = writer.__func__ if isinstance(writer, MethodType) else writer
+    if not isinstance(function, FunctionType):
+        return False
+    code = function.__code__
+    return code.co_code == _SILENT.co_code and code.co_consts == _SILENT.co_consts
 
 
 def quiet(config: Mapping[str, Any] | None) -> bool:

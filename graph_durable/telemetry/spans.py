@@ -204,11 +204,12 @@ class QuietCall(ObservedCall):
     outcome's level (`LOG_LEVELS`); its `CallInfo` is made then, or when `call` is
     read, not before. Its provider spans still time their block (`duration`)."""
 
-    __slots__ = ("_info",)
+    __slots__ = ("_make_info", "_info")
 
     def __init__(self, make_info: Callable[[], CallInfo],
                  config: Mapping[str, Any] | None = None) -> None:
-        self._info: CallInfo | Callable[[], CallInfo] = make_info
+        self._make_info = make_info
+        self._info: CallInfo | None = None
         self.config = config
         self.recording = False
         self._otel = None
@@ -220,10 +221,9 @@ class QuietCall(ObservedCall):
     @property  # type: ignore[override]
     def call(self) -> CallInfo:
         """The call observed (made on first use)."""
-        info = self._info
-        if not isinstance(info, CallInfo):
-            info = self._info = info()
-        return info
+        if self._info is None:
+            self._info = self._make_info()
+        return self._info
 
     def __enter__(self) -> QuietCall:
         self._start = time.perf_counter()
