@@ -235,6 +235,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("telemetry: the call observed and its outcome reported", (
         "graph_durable.nodes.core:GuardBase._observing",
         "graph_durable.nodes.core:GuardBase._call_info",
+        "graph_durable.nodes.observing:call_info",
         "graph_durable.nodes.observing:observed_outcome",
         "graph_durable.nodes.observing:traced",
         "graph_durable.nodes.observing:with_metadata",

@@ -140,23 +140,21 @@ class GuardBase:
             raise refused
         self._keys_delivered.add(name)
 
-    def _call_info(self, task: Task, key: str | None) -> telemetry.CallInfo:
-        """The call of `task` as telemetry names it."""
-        name = str(task.call.get("name"))
-        return call_info(task, key, self.policy_for(name), self.keys.kind)
+    def _call_info(self, task: Task, key: str | None) -> Callable[[], telemetry.CallInfo]:
+        """What makes the call of `task` as telemetry names it, its policy read now."""
+        policy, kind = self.policy_for(str(task.call.get("name"))), self.keys.kind
+        return lambda: call_info(task, key, policy, kind)
 
     def _observing(self, started: Started) -> telemetry.ObservedCall:
         """The call's telemetry, from its first look at the ledger to its outcome (a
         `QuietCall` when nothing but the log would hear of it)."""
-        task, key = started.task, started.ctx.key
-        policy, kind = self.policy_for(str(task.call.get("name"))), self.keys.kind
-        return telemetry.observe_lazily(lambda: call_info(task, key, policy, kind),
-                                        task.config)
+        return telemetry.observe_lazily(self._call_info(started.task, started.ctx.key),
+                                        started.task.config)
 
     def _refused(self, task: Task, error: BaseException) -> None:
         """Report a call refused before its protocol ran (no durable checkpoint, a call
         that cannot be keyed, a lease lost)."""
-        refused(self._call_info(task, None), task, error)
+        refused(self._call_info(task, None)(), task, error)
 
     def _writes(self, tool_call: Mapping[str, Any], has_tool: bool) -> bool:
         """Whether the ledger guards this call (a write to a tool the node has)."""

@@ -235,8 +235,8 @@ def claim_call(
     out: the function applies the same rules), checked against the predicted keying
     `keyed_as` if any (`predicted_of`). Each plan is the intent's insert, its journal
     entry and maybe its key-scheme pin, in `_sql.plan_intent`'s order."""
-    columns: list[list[Any]] = [Texts() for _ in range(10)]
-    columns[6], columns[9] = [], []  # attempts and times: not text
+    columns: list[list[Any]] = [[] if index in (6, 9) else Texts()  # attempts, times
+                                for index in range(10)]
     for plan, _record in planned:
         insert, event, *pin = plan
         _, key, ns, tool_call_id, tool, args, status, attempts, now, _ = insert[1]
