@@ -377,6 +377,13 @@ class DurableSaverMixin:
         self._stored.clear()
 
     # -- deferred receipts: committed with the thread's next write -----------------------
+    #
+    # A deferred receipt stays deferred until a write that carries it commits: every
+    # write of its thread that begins meanwhile carries it too. So whichever write of
+    # the thread commits first after the receipt was deferred (on a pool, writes of one
+    # thread may commit in another order than they began) has it: a step's own write
+    # never commits without its calls' receipts. A second carrier changes nothing (the
+    # lifecycle refuses the same receipt twice) and says nothing.
 
     def _defer(self, write: Any, config: RunnableConfig | None) -> bool:
         """Keep a deferrable write for the thread's next transaction; `False` if not one."""
@@ -387,29 +394,51 @@ class DurableSaverMixin:
         return True
 
     def _take_deferred(self, thread_id: str) -> list[tuple[TransitionWrite, RunnableConfig | None]]:
-        """The thread's deferred writes, for the transaction being written (held as
-        uncommitted until it commits: a rollback puts them back)."""
+        """The thread's deferred writes, for the transaction being written; they stay
+        deferred until it commits (`_deferred_committed`)."""
         with self._deferred_lock:
-            taken = self._deferred.pop(thread_id, [])
+            taken = list(self._deferred.get(thread_id, ()))
         self._uncommitted.extend(taken)
         return taken
 
-    def _refused_deferred(self, write: TransitionWrite, error: IllegalTransition) -> None:
-        """A deferred write the lifecycle no longer allows (someone settled the effect
-        meanwhile): it wrote nothing, and is dropped rather than fail the write it
-        rode on."""
+    def _refused_deferred(self, write: TransitionWrite, error: IllegalTransition, *,
+                          already: bool = False) -> None:
+        """A deferred write the lifecycle no longer allows: it wrote nothing, and is
+        dropped rather than fail the write it rode on. `already`: the effect is in the
+        state the write would set, as when another write carrying it committed first;
+        otherwise someone settled the effect meanwhile, which is logged."""
         self._uncommitted[:] = [item for item in self._uncommitted if item[0] is not write]
+        if not self._drop_deferred([write]) or already:
+            _log.debug("Deferred %s of effect %r in thread %r already written: %s",
+                       write.kind, write.key, write.thread_id, error)
+            return
         _log.warning("Deferred %s of effect %r in thread %r dropped: %s", write.kind,
                      write.key, write.thread_id, error)
 
+    def _drop_deferred(self, writes: Sequence[TransitionWrite]) -> bool:
+        """Stop deferring `writes` (committed, or refused); whether any still was."""
+        dropped = False
+        with self._deferred_lock:
+            for thread_id in {write.thread_id for write in writes}:
+                pending = self._deferred.get(thread_id)
+                if pending is None:
+                    continue
+                kept = [item for item in pending if all(item[0] is not w for w in writes)]
+                dropped = dropped or len(kept) < len(pending)
+                if kept:
+                    self._deferred[thread_id] = kept
+                else:
+                    del self._deferred[thread_id]
+        return dropped
+
     def _deferred_committed(self) -> None:
-        self._uncommitted.clear()
+        """The transaction carrying `_uncommitted` committed: they are written."""
+        if self._uncommitted:
+            self._drop_deferred([write for write, _ in self._uncommitted])
+            self._uncommitted.clear()
 
     def _deferred_rolled_back(self) -> None:
-        """Put back the deferred writes of a transaction that rolled back."""
-        with self._deferred_lock:
-            for write, config in reversed(self._uncommitted):
-                self._deferred.setdefault(write.thread_id, []).insert(0, (write, config))
+        """The transaction rolled back: what it carried is still deferred."""
         self._uncommitted.clear()
 
     def _forget_deferred(self, thread_id: str) -> None:

@@ -294,6 +294,62 @@ def test_a_rolled_back_write_keeps_its_deferred_receipt_while_another_commits(
         assert saver.effect("k1", "t2").status is S.APPLIED
 
 
+def test_a_receipt_another_write_carries_rides_on_every_write_until_one_commits(
+        postgres_conninfo, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """On a pool two writes of one thread may commit in another order than they began.
+    A task's own write (`b`) begins after its call's receipt was deferred, while another
+    write (`a`) that has taken the receipt is still under way: `b` carries it too, so
+    the receipt is stored when `b` commits, whether `a` commits after it or never; the
+    later carrier changes nothing and warns of nothing."""
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(postgres_conninfo, min_size=2, max_size=2, open=True, kwargs={
+            "autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}) as pool:
+        saver = DurablePostgresSaver(pool)
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "1"}}
+        plan = saver._one_trip_plan
+        for ending in ("never commits", "commits later"):
+            saver.delete_thread("t")
+            saver.claim(intent())  # and the thread's flow pin is known: writes go in one trip
+            saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.APPLIED,
+                                        kind="receipt", receipt={}, result="ok", defer=True))
+            planned, release = threading.Event(), threading.Event()
+            writer_a: list[threading.Thread] = []
+
+            def paused(*args: Any, **kwargs: Any) -> Any:
+                made = plan(*args, **kwargs)
+                if threading.current_thread() in writer_a and made[0]:
+                    planned.set()
+                    assert release.wait(10)
+                    if ending == "never commits":
+                        raise RuntimeError("a crashed before its commit")
+                return made
+
+            failed: list[BaseException] = []
+
+            def write_a() -> None:
+                try:
+                    saver.put_writes(config, [("x", 1)], "a")
+                except RuntimeError as exc:
+                    failed.append(exc)
+
+            monkeypatch.setattr(saver, "_one_trip_plan", paused)
+            writer_a.append(threading.Thread(target=write_a))
+            writer_a[0].start()
+            assert planned.wait(10), failed
+            caplog.clear()
+            saver.put_writes(config, [("y", 2)], "b")  # the task's own write commits first
+            assert saver.effect("k1", "t").status is S.APPLIED
+            release.set()
+            writer_a[0].join(10)
+            assert [str(exc) for exc in failed] == (
+                ["a crashed before its commit"] if ending == "never commits" else [])
+            saver.put_writes(config, [("z", 3)], "c")  # nothing left to carry
+            assert [e.kind for e in saver.events("t")] == ["intent", "receipt"]
+            assert "dropped" not in caplog.text
+
+
 def test_a_steps_claim_and_a_write_carrying_receipts_are_one_round_trip_each(saver) -> None:
     """The server's fence and the statements go out together, as one transaction: a
     claim of several intents (one of them known), and a checkpoint carrying two deferred

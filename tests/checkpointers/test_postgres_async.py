@@ -148,6 +148,40 @@ async def test_a_rolled_back_write_keeps_its_deferred_receipt_while_another_comm
     assert (await pooled.aeffect("k1", "t2")).status is S.APPLIED
 
 
+async def test_a_receipt_another_write_carries_rides_on_every_write_until_one_commits(
+        pooled, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a pool two writes of one thread may commit in another order than they began.
+    A task's own write (`b`) begins after its call's receipt was deferred, while another
+    write (`a`) that carries the receipt is still under way: `b` carries it too, so
+    whenever `b` commits the receipt is stored, even if `a` never commits (a crash there
+    must not leave the task's writes stored and its receipt lost)."""
+    await pooled.aclaim(intent())
+    await pooled.aapply(receipt("t", "k1", defer=True))
+    carrying, release = asyncio.Event(), asyncio.Event()
+    send_carried = pooled._send_carried
+
+    async def paused(conn: Any, plans: Any, carried: Any) -> None:
+        if asyncio.current_task() is first and plans:
+            carrying.set()
+            await release.wait()
+            raise RuntimeError("a crashed before its commit")
+        await send_carried(conn, plans, carried)
+
+    monkeypatch.setattr(pooled, "_send_carried", paused)
+    first = asyncio.ensure_future(pooled.aput_writes(writes_config("t"), [("x", 1)], "a"))
+    await carrying.wait()
+    second = asyncio.ensure_future(pooled.aput_writes(writes_config("t"), [("y", 2)], "b"))
+    await asyncio.wait({second}, timeout=1.0)  # b waits for a's lock, if a holds it
+    release.set()
+    with pytest.raises(RuntimeError, match="crashed before its commit"):
+        await first
+    await second
+    assert (await pooled.aeffect("k1", "t")).status is S.APPLIED
+    assert [e.kind for e in await pooled.aevents("t")] == ["intent", "receipt"]
+    await pooled.aput_writes(writes_config("t"), [("z", 3)], "c")  # nothing left to carry
+    assert [e.kind for e in await pooled.aevents("t")] == ["intent", "receipt"]
+
+
 async def test_sync_methods_refuse_the_event_loop_and_serve_other_threads(pooled) -> None:
     await pooled.aclaim(intent())
     with pytest.raises(asyncio.InvalidStateError, match="await the `a`-prefixed method"):

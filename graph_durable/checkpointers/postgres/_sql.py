@@ -496,9 +496,11 @@ class _DeferredScope:
 class TransactionDeferred:
     """Mixin: the deferred receipts a transaction takes are its own, not the saver's.
 
-    On a pool several transactions of one saver commit or roll back at once; with one
-    list for the saver, one committing would forget what another took, and the other's
-    rollback could not put it back (a receipt lost). Each transaction runs in
+    On a pool several transactions of one saver run at once, and two of one thread may
+    commit in another order than they began: each carries every receipt still
+    deferred, and a receipt stops being deferred only when a transaction carrying it
+    commits (`DurableSaverMixin._drop_deferred`). With one list for the saver, one
+    committing would drop what another carries. Each transaction runs in
     `_deferred_scope()`, which holds its own list (per thread, per asyncio task).
     Put it before `DurableSaverMixin` in the bases.
     """
@@ -524,19 +526,25 @@ class TransactionDeferred:
 
     def _take_deferred(self, thread_id: str) -> list[Any]:
         with self._deferred_lock:  # type: ignore[attr-defined]
-            taken = self._deferred.pop(thread_id, [])  # type: ignore[attr-defined]
+            taken = list(self._deferred.get(thread_id, ()))  # type: ignore[attr-defined]
         mine = _TAKEN.get()
         assert mine is not None, "deferred receipts are taken inside a transaction"
         mine.extend(taken)
-        return taken  # type: ignore[no-any-return]
+        return taken
 
-    def _refused_deferred(self, write: Any, error: Any) -> None:
+    def _refused_deferred(self, write: Any, error: Any, *, already: bool = False) -> None:
         mine = _TAKEN.get() or []
         mine[:] = [item for item in mine if item[0] is not write]
-        super()._refused_deferred(write, error)  # type: ignore[misc]
+        super()._refused_deferred(write, error, already=already)  # type: ignore[misc]
 
     def _deferred_committed(self) -> None:
-        (_TAKEN.get() or []).clear()
+        mine = _TAKEN.get() or []
+        if mine:
+            self._drop_deferred([write for write, _ in mine])  # type: ignore[attr-defined]
+            mine.clear()
+
+    def _deferred_rolled_back(self) -> None:
+        (_TAKEN.get() or []).clear()  # what it carried is still deferred
 
     _begin_explicitly = False
     """Set once a write sent without `BEGIN` found its transaction not READ COMMITTED."""
@@ -632,19 +640,16 @@ class TransactionDeferred:
 
     def _carry_deferred(self, thread_id: str
                         ) -> list[tuple[list[TransitionWrite], _sql.Statement]]:
-        """Take the thread's deferred receipts for a one-round-trip write, as
-        statements: neighbours alike in one `carried_transitions`, any other in its own
-        `carried_transition`; each with the receipts whose rows it returns. One whose
-        journal entry needs the updated row (a new attempt's number) stays for the next
-        write: only one arriving meanwhile, since `_one_trip_possible` said none was
-        there."""
+        """The thread's deferred receipts a one-round-trip write carries (they stay
+        deferred until it commits), as statements: neighbours alike in one
+        `carried_transitions`, any other in its own `carried_transition`; each with the
+        receipts whose rows it returns. One whose journal entry needs the updated row (a
+        new attempt's number) is left to a later write: only one arriving meanwhile,
+        since `_one_trip_possible` said none was there."""
         if thread_id not in self._deferred:  # type: ignore[attr-defined]
             return []  # nothing deferred (one deferred meanwhile rides on the next write)
         with self._deferred_lock:  # type: ignore[attr-defined]
-            pending = self._deferred.pop(thread_id, [])  # type: ignore[attr-defined]
-            kept = [item for item in pending if item[0].bump_attempts]
-            if kept:
-                self._deferred[thread_id] = kept  # type: ignore[attr-defined]
+            pending = list(self._deferred.get(thread_id, ()))  # type: ignore[attr-defined]
         taken = [item for item in pending if not item[0].bump_attempts]
         mine = _TAKEN.get()
         assert mine is not None, "deferred receipts are taken inside a transaction"
@@ -694,14 +699,8 @@ class TransactionDeferred:
         the lifecycle refuses."""
         for write, (changed, *before) in zip(writes, rows, strict=True):
             if changed == 0:
+                row = None if before[0] is None else before
                 self._refused_deferred(write, _sql.refusal(
-                    None if before[0] is None else before, thread_id=write.thread_id,
-                    key=write.key, to=write.to))
+                    row, thread_id=write.thread_id, key=write.key, to=write.to),
+                    already=row is not None and _sql.effect_from_row(row).status is write.to)
 
-    def _deferred_rolled_back(self) -> None:
-        mine = _TAKEN.get() or []
-        with self._deferred_lock:  # type: ignore[attr-defined]
-            for write, config in reversed(mine):
-                self._deferred.setdefault(write.thread_id, []).insert(  # type: ignore[attr-defined]
-                    0, (write, config))
-        mine.clear()
