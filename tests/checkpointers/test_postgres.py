@@ -350,6 +350,65 @@ def test_a_receipt_another_write_carries_rides_on_every_write_until_one_commits(
             assert "dropped" not in caplog.text
 
 
+def _write_the_steps_own_then_die(conninfo: str) -> None:
+    """The child of the test below: a pool of two; another write (`a`) takes the
+    thread's deferred receipt and is held before it sends anything; the step's own write
+    (`b`) commits; then the process is SIGKILLed, `a` never committed."""
+    import os
+    import signal
+
+    from psycopg_pool import ConnectionPool
+
+    with ConnectionPool(conninfo, min_size=2, max_size=2, open=True, kwargs={
+            "autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}) as pool:
+        saver = DurablePostgresSaver(pool)
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "1"}}
+        saver.claim(intent())
+        saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.APPLIED, kind="receipt",
+                                    receipt={"id": 1}, result="ok", defer=True))
+        holding, plan = threading.Event(), saver._one_trip_plan
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            made = plan(*args, **kwargs)
+            if threading.current_thread().name == "a" and made[0]:
+                holding.set()
+                threading.Event().wait()  # until the process dies
+            return made
+
+        saver._one_trip_plan = held  # type: ignore[method-assign]
+        threading.Thread(target=saver.put_writes, args=(config, [("x", 1)], "a"),
+                         name="a", daemon=True).start()
+        assert holding.wait(30)
+        saver.put_writes(config, [("y", 2)], "b")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_process_killed_after_a_steps_write_keeps_the_receipt_another_write_took(
+        postgres_conninfo) -> None:
+    """Killed for real: the step's own write (`b`) committed while another write that
+    had taken its call's receipt (`a`) had not. The restarted process finds `b`'s writes
+    and the receipt, so the task is not run again and its effect reads as applied (not
+    `in_flight` forever)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; from tests.checkpointers.test_postgres import "
+         "_write_the_steps_own_then_die as die; die(sys.argv[1])", postgres_conninfo],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert child.returncode == -9, child.stderr
+    with DurablePostgresSaver.from_conn_string(postgres_conninfo) as saver:
+        stored = saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": "",
+                                                   "checkpoint_id": "1"}})
+        assert stored is None  # no checkpoint: the writes are read from their table
+        with saver._cursor() as cur:
+            cur.execute("SELECT task_id FROM checkpoint_writes WHERE thread_id = 't'")
+            assert sorted(row["task_id"] for row in cur.fetchall()) == ["b"]
+        assert saver.effect("k1", "t").status is S.APPLIED
+        assert [e.kind for e in saver.events("t")] == ["intent", "receipt"]
+
+
 def test_a_steps_claim_and_a_write_carrying_receipts_are_one_round_trip_each(saver) -> None:
     """The server's fence and the statements go out together, as one transaction: a
     claim of several intents (one of them known), and a checkpoint carrying two deferred
