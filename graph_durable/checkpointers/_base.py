@@ -243,6 +243,10 @@ class DurableSaverMixin:
         self._deferred_lock = threading.Lock()
         # Deferred writes taken by the transaction under way (the saver's lock is held).
         self._uncommitted: list[tuple[TransitionWrite, RunnableConfig | None]] = []
+        # The columns of each deferred write, encoded (sealed) once however many writes
+        # carry it: `id(write) -> (write, columns)`, while it is deferred. (Two writes
+        # planned at the same instant in two threads may each encode it.)
+        self._encoded: dict[int, tuple[TransitionWrite, dict[str, Any]]] = {}
         # Resume values a decision batch consumed before LangGraph's background save of
         # them landed: `(thread_id, checkpoint_ns, checkpoint_id) -> value`.
         self._late_resumes: dict[tuple[str, str, str], Any] = {}
@@ -419,6 +423,8 @@ class DurableSaverMixin:
         """Stop deferring `writes` (committed, or refused); whether any still was."""
         dropped = False
         with self._deferred_lock:
+            for write in writes:
+                self._encoded.pop(id(write), None)
             for thread_id in {write.thread_id for write in writes}:
                 pending = self._deferred.get(thread_id)
                 if pending is None:
@@ -444,7 +450,8 @@ class DurableSaverMixin:
     def _forget_deferred(self, thread_id: str) -> None:
         """Drop the deferred writes of a thread being deleted."""
         with self._deferred_lock:
-            self._deferred.pop(thread_id, None)
+            for write, _ in self._deferred.pop(thread_id, ()):
+                self._encoded.pop(id(write), None)
 
     # -- a consumed resume value whose save lands late ----------------------------------
 
@@ -677,8 +684,10 @@ class DurableSaverMixin:
 
     def _receipt_texts(self, writes: Sequence[TransitionWrite]) -> list[str | None]:
         """The receipt column of each transition written together (`None`: it sets no
-        receipt), sealed together (`LedgerCodec.seal_together`); for `_plan_update`."""
-        plain = [_receipt_json(write) for write in writes]
+        receipt, or its columns are encoded already), sealed together
+        (`LedgerCodec.seal_together`); for `_plan_update`."""
+        encoded = self._encoded
+        plain = [None if id(write) in encoded else _receipt_json(write) for write in writes]
         sealed = iter(self._codec.seal_together([text for text in plain if text is not None]))
         return [None if text is None else next(sealed) for text in plain]
 
@@ -686,7 +695,21 @@ class DurableSaverMixin:
                             receipt_text: str | None = None) -> dict[str, Any]:
         """The encoded column values a transition sets (besides status and time):
         redacted as the tool's policy says, sealed when the serde encrypts.
-        `receipt_text`: the receipt column, already encoded (`_receipt_texts`)."""
+        `receipt_text`: the receipt column, already encoded (`_receipt_texts`). A
+        deferred write's are encoded once while it is deferred (`_encoded`)."""
+        if write.defer:
+            known = self._encoded.get(id(write))
+            if known is not None:
+                return known[1]
+        columns = self._encode_columns(write, receipt_text)
+        if write.defer:
+            with self._deferred_lock:
+                if any(item[0] is write for item in self._deferred.get(write.thread_id, ())):
+                    self._encoded[id(write)] = (write, columns)
+        return columns
+
+    def _encode_columns(self, write: TransitionWrite,
+                        receipt_text: str | None) -> dict[str, Any]:
         columns: dict[str, Any] = {}
         codec, redact = self._codec, write.redact or _keep
         if write.error is not _UNSET:

@@ -301,12 +301,15 @@ def test_a_receipt_another_write_carries_rides_on_every_write_until_one_commits(
     A task's own write (`b`) begins after its call's receipt was deferred, while another
     write (`a`) that has taken the receipt is still under way: `b` carries it too, so
     the receipt is stored when `b` commits, whether `a` commits after it or never; the
-    later carrier changes nothing and warns of nothing."""
+    later carrier changes nothing and warns of nothing, and the receipt is sealed once."""
     from psycopg_pool import ConnectionPool
+
+    from tests.test_secrets import CountingAes
 
     with ConnectionPool(postgres_conninfo, min_size=2, max_size=2, open=True, kwargs={
             "autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}) as pool:
-        saver = DurablePostgresSaver(pool)
+        serde = CountingAes()
+        saver = DurablePostgresSaver(pool, serde=serde)
         config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "1"}}
         plan = saver._one_trip_plan
         for ending in ("never commits", "commits later"):
@@ -314,6 +317,7 @@ def test_a_receipt_another_write_carries_rides_on_every_write_until_one_commits(
             saver.claim(intent())  # and the thread's flow pin is known: writes go in one trip
             saver.apply(TransitionWrite(thread_id="t", key="k1", to=S.APPLIED,
                                         kind="receipt", receipt={}, result="ok", defer=True))
+            serde.sealed = 0
             planned, release = threading.Event(), threading.Event()
             writer_a: list[threading.Thread] = []
 
@@ -348,6 +352,7 @@ def test_a_receipt_another_write_carries_rides_on_every_write_until_one_commits(
             saver.put_writes(config, [("z", 3)], "c")  # nothing left to carry
             assert [e.kind for e in saver.events("t")] == ["intent", "receipt"]
             assert "dropped" not in caplog.text
+            assert serde.sealed == 1  # carried by both, sealed by the first
 
 
 def _write_the_steps_own_then_die(conninfo: str) -> None:
