@@ -216,7 +216,14 @@ class UndeliveredKey(GraphDurableError, ValueError):
 
 
 class IllegalTransition(GraphDurableError):
-    """A ledger status change that the effect lifecycle does not allow."""
+    """A ledger status change that the effect lifecycle does not allow.
+
+    Attributes:
+        status: The effect's status (an `EffectStatus`) when the change was refused;
+            `None` when there is no such effect or it was not said.
+    """
+
+    status: Any = None
 
 
 class LedgerDamaged(GraphDurableError):

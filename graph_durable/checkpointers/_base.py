@@ -12,7 +12,7 @@ import logging
 import secrets as _random
 import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -397,22 +397,38 @@ class DurableSaverMixin:
             self._deferred.setdefault(write.thread_id, []).append((write, config))
         return True
 
-    def _take_deferred(self, thread_id: str) -> list[tuple[TransitionWrite, RunnableConfig | None]]:
-        """The thread's deferred writes, for the transaction being written; they stay
-        deferred until it commits (`_deferred_committed`)."""
+    def _taken(self) -> list[tuple[TransitionWrite, RunnableConfig | None]]:
+        """The deferred writes the transaction under way carries (the saver's lock is
+        held: one transaction at a time)."""
+        return self._uncommitted
+
+    def _take_deferred(self, thread_id: str,
+                       keep: Callable[[TransitionWrite], bool] | None = None,
+                       ) -> list[tuple[TransitionWrite, RunnableConfig | None]]:
+        """The thread's deferred writes (those `keep` keeps), for the transaction under
+        way; they stay deferred until it commits (`_deferred_committed`). One it carries
+        already (a second check of the thread in one transaction) is not taken again."""
+        mine = self._taken()
         with self._deferred_lock:
-            taken = list(self._deferred.get(thread_id, ()))
-        self._uncommitted.extend(taken)
+            taken = [item for item in self._deferred.get(thread_id, ())
+                     if (keep is None or keep(item[0]))
+                     and all(item[0] is not carried for carried, _ in mine)]
+        mine.extend(taken)
         return taken
 
-    def _refused_deferred(self, write: TransitionWrite, error: IllegalTransition, *,
-                          already: bool = False) -> None:
+    def _untake_after(self, mark: int) -> None:
+        """The writes that carried what the transaction took after `mark` (its count
+        then) were undone (a savepoint rolled back): it no longer carries them."""
+        del self._taken()[mark:]
+
+    def _refused_deferred(self, write: TransitionWrite, error: IllegalTransition) -> None:
         """A deferred write the lifecycle no longer allows: it wrote nothing, and is
-        dropped rather than fail the write it rode on. `already`: the effect is in the
-        state the write would set, as when another write carrying it committed first;
-        otherwise someone settled the effect meanwhile, which is logged."""
-        self._uncommitted[:] = [item for item in self._uncommitted if item[0] is not write]
-        if not self._drop_deferred([write]) or already:
+        dropped rather than fail the write it rode on. If the effect is already in the
+        state the write would set (another write carrying it committed first), that is
+        all; otherwise someone settled the effect meanwhile, which is logged."""
+        mine = self._taken()
+        mine[:] = [item for item in mine if item[0] is not write]
+        if not self._drop_deferred([write]) or error.status is write.to:
             _log.debug("Deferred %s of effect %r in thread %r already written: %s",
                        write.kind, write.key, write.thread_id, error)
             return
@@ -438,14 +454,15 @@ class DurableSaverMixin:
         return dropped
 
     def _deferred_committed(self) -> None:
-        """The transaction carrying `_uncommitted` committed: they are written."""
-        if self._uncommitted:
-            self._drop_deferred([write for write, _ in self._uncommitted])
-            self._uncommitted.clear()
+        """The transaction under way committed: what it carried is written."""
+        mine = self._taken()
+        if mine:
+            self._drop_deferred([write for write, _ in mine])
+            mine.clear()
 
     def _deferred_rolled_back(self) -> None:
         """The transaction rolled back: what it carried is still deferred."""
-        self._uncommitted.clear()
+        self._taken().clear()
 
     def _forget_deferred(self, thread_id: str) -> None:
         """Drop the deferred writes of a thread being deleted."""

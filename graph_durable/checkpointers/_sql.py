@@ -394,12 +394,14 @@ def refusal(
             thread_id=thread_id,
         )
     record = effect_from_row(row)
-    return IllegalTransition(
+    refused = IllegalTransition(
         f"Effect {key!r} (tool call {record.tool_call_id!r}, thread {thread_id!r}) is "
         f"{record.status.value}; it cannot become {to.value}.",
         thread_id=thread_id,
         tool_call_id=record.tool_call_id,
     )
+    refused.status = record.status
+    return refused
 
 
 _SOURCES: dict[EffectStatus, tuple[str, ...]] = {

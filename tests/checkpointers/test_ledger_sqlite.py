@@ -235,6 +235,14 @@ def assert_the_deferred_receipt_is_dropped(saver: Any, put_checkpoint: Any,
     assert "Deferred receipt of effect 'k1' in thread 't' dropped" in caplog.text
 
 
+def assert_still_deferred(saver: DurableSqliteSaver) -> None:
+    """Effect `k1` of thread `t` is in flight, and its deferred receipt rides on the
+    thread's next write."""
+    assert saver.effect("k1", "t").status is S.IN_FLIGHT
+    put_checkpoint(saver, "t")
+    assert saver.effect("k1", "t").status is S.APPLIED
+
+
 def test_a_deferred_receipt_survives_a_write_that_rolls_back(tmp_path: Path) -> None:
     saver = open_saver(tmp_path / "a.sqlite")
     saver.claim(intent())
@@ -244,9 +252,64 @@ def test_a_deferred_receipt_survives_a_write_that_rolls_back(tmp_path: Path) -> 
     with pytest.raises(sqlite3.OperationalError, match="nowhere"):
         put_checkpoint(saver, "t")
     del saver._checkpoint_statement
-    assert saver.effect("k1", "t").status is S.IN_FLIGHT
-    put_checkpoint(saver, "t")
-    assert saver.effect("k1", "t").status is S.APPLIED
+    assert_still_deferred(saver)
+
+
+def test_a_second_check_of_a_thread_in_one_transaction_does_not_carry_its_receipt_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A batch checks a thread once per fencing token, in one transaction: the receipt
+    the first check carries is not carried (and refused) again by the second, so it is
+    neither warned of nor dropped, and survives the transaction rolling back."""
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.claim(intent())
+    saver.apply(receipt())
+    with caplog.at_level("DEBUG", logger="graph_durable"):
+        with pytest.raises(RuntimeError, match="rolled back"):
+            with saver._txn("t") as cur:  # the first check carries the receipt
+                saver._check_write_txn(cur, "t", None)  # a second fencing token's check
+                raise RuntimeError("rolled back")
+    assert "Deferred receipt" not in caplog.text
+    assert_still_deferred(saver)
+    assert [e.kind for e in saver.events("t")] == ["intent", "receipt"]
+
+
+def test_a_receipt_whose_carrying_savepoint_rolled_back_stays_deferred(tmp_path: Path) -> None:
+    """A batch's check runs in a savepoint: when carrying the receipts fails there, the
+    savepoint undoes them while the batch's other writes commit; the receipts stay
+    deferred for the next write."""
+    from graph_durable.checkpointers.sqlite._txn import _in_savepoint
+
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.claim(intent())
+    saver.apply(receipt())
+    apply_deferred = saver._apply_deferred_txn
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        apply_deferred(*args, **kwargs)  # the update is made, then the flush fails
+        raise RuntimeError("a row that does not decode")
+
+    saver._apply_deferred_txn = broken
+    with saver._txn() as cur:
+        error = _in_savepoint(cur, lambda: saver._check_write_txn(cur, "t", None))
+    assert isinstance(error, RuntimeError)
+    del saver._apply_deferred_txn
+    assert_still_deferred(saver)
+
+
+def test_a_receipt_already_applied_when_carried_is_dropped_without_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The receipt another write carrying it committed first (or one recorded
+    elsewhere): the effect is already applied, so the lifecycle refuses it again, and
+    that is no news."""
+    saver = open_saver(tmp_path / "a.sqlite")
+    saver.claim(intent())
+    saver.apply(receipt())
+    open_saver(tmp_path / "a.sqlite").apply(dataclasses.replace(receipt(), defer=False))
+    with caplog.at_level("WARNING", logger="graph_durable"):
+        put_checkpoint(saver, "t")
+    assert "Deferred receipt" not in caplog.text
+    assert saver._deferred == {} and saver._encoded == {}
+    assert [e.kind for e in saver.events("t")] == ["intent", "receipt"]
 
 
 def test_deleting_a_thread_drops_its_deferred_receipts(tmp_path: Path) -> None:

@@ -353,6 +353,7 @@ def test_a_receipt_another_write_carries_rides_on_every_write_until_one_commits(
             assert [e.kind for e in saver.events("t")] == ["intent", "receipt"]
             assert "dropped" not in caplog.text
             assert serde.sealed == 1  # carried by both, sealed by the first
+            assert saver._deferred == {} and saver._encoded == {}
 
 
 def _write_the_steps_own_then_die(conninfo: str) -> None:

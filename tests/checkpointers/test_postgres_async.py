@@ -180,6 +180,7 @@ async def test_a_receipt_another_write_carries_rides_on_every_write_until_one_co
     assert [e.kind for e in await pooled.aevents("t")] == ["intent", "receipt"]
     await pooled.aput_writes(writes_config("t"), [("z", 3)], "c")  # nothing left to carry
     assert [e.kind for e in await pooled.aevents("t")] == ["intent", "receipt"]
+    assert pooled._deferred == {} and pooled._encoded == {}
 
 
 async def test_sync_methods_refuse_the_event_loop_and_serve_other_threads(pooled) -> None:

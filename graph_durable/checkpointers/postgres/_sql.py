@@ -524,27 +524,10 @@ class TransactionDeferred:
     def _deferred_scope(self) -> _DeferredScope:
         return _DeferredScope()
 
-    def _take_deferred(self, thread_id: str) -> list[Any]:
-        with self._deferred_lock:  # type: ignore[attr-defined]
-            taken = list(self._deferred.get(thread_id, ()))  # type: ignore[attr-defined]
+    def _taken(self) -> list[Any]:
         mine = _TAKEN.get()
-        assert mine is not None, "deferred receipts are taken inside a transaction"
-        mine.extend(taken)
-        return taken
-
-    def _refused_deferred(self, write: Any, error: Any, *, already: bool = False) -> None:
-        mine = _TAKEN.get() or []
-        mine[:] = [item for item in mine if item[0] is not write]
-        super()._refused_deferred(write, error, already=already)  # type: ignore[misc]
-
-    def _deferred_committed(self) -> None:
-        mine = _TAKEN.get() or []
-        if mine:
-            self._drop_deferred([write for write, _ in mine])  # type: ignore[attr-defined]
-            mine.clear()
-
-    def _deferred_rolled_back(self) -> None:
-        (_TAKEN.get() or []).clear()  # what it carried is still deferred
+        assert mine is not None, "deferred receipts are carried inside a transaction"
+        return mine
 
     _begin_explicitly = False
     """Set once a write sent without `BEGIN` found its transaction not READ COMMITTED."""
@@ -648,12 +631,8 @@ class TransactionDeferred:
         since `_one_trip_possible` said none was there."""
         if thread_id not in self._deferred:  # type: ignore[attr-defined]
             return []  # nothing deferred (one deferred meanwhile rides on the next write)
-        with self._deferred_lock:  # type: ignore[attr-defined]
-            pending = list(self._deferred.get(thread_id, ()))  # type: ignore[attr-defined]
-        taken = [item for item in pending if not item[0].bump_attempts]
-        mine = _TAKEN.get()
-        assert mine is not None, "deferred receipts are taken inside a transaction"
-        mine.extend(taken)
+        taken = self._take_deferred(  # type: ignore[attr-defined]
+            thread_id, lambda write: not write.bump_attempts)
         now = time.time()
         receipts = self._receipt_texts([write for write, _ in taken])  # type: ignore[attr-defined]
         # Neighbours that set the same columns alike (a step's receipts) go together.
@@ -699,8 +678,7 @@ class TransactionDeferred:
         the lifecycle refuses."""
         for write, (changed, *before) in zip(writes, rows, strict=True):
             if changed == 0:
-                row = None if before[0] is None else before
                 self._refused_deferred(write, _sql.refusal(
-                    row, thread_id=write.thread_id, key=write.key, to=write.to),
-                    already=row is not None and _sql.effect_from_row(row).status is write.to)
+                    None if before[0] is None else before, thread_id=write.thread_id,
+                    key=write.key, to=write.to))
 
