@@ -409,17 +409,24 @@ class DurableSaverMixin:
         way; they stay deferred until it commits (`_deferred_committed`). One it carries
         already (a second check of the thread in one transaction) is not taken again."""
         mine = self._taken()
+        carried = {id(write) for write, _ in mine}
         with self._deferred_lock:
             taken = [item for item in self._deferred.get(thread_id, ())
-                     if (keep is None or keep(item[0]))
-                     and all(item[0] is not carried for carried, _ in mine)]
+                     if id(item[0]) not in carried and (keep is None or keep(item[0]))]
         mine.extend(taken)
         return taken
 
-    def _untake_after(self, mark: int) -> None:
-        """The writes that carried what the transaction took after `mark` (its count
-        then) were undone (a savepoint rolled back): it no longer carries them."""
-        del self._taken()[mark:]
+    @contextmanager
+    def _carrying(self) -> Iterator[None]:
+        """Around carrying deferred writes inside a transaction: if it fails, the
+        transaction no longer carries what it took there (a savepoint around it may
+        undo what it wrote)."""
+        mark = len(self._taken())
+        try:
+            yield
+        except BaseException:
+            del self._taken()[mark:]
+            raise
 
     def _refused_deferred(self, write: TransitionWrite, error: IllegalTransition) -> None:
         """A deferred write the lifecycle no longer allows: it wrote nothing, and is
@@ -438,14 +445,15 @@ class DurableSaverMixin:
     def _drop_deferred(self, writes: Sequence[TransitionWrite]) -> bool:
         """Stop deferring `writes` (committed, or refused); whether any still was."""
         dropped = False
+        ids = {id(write) for write in writes}
         with self._deferred_lock:
-            for write in writes:
-                self._encoded.pop(id(write), None)
+            for write_id in ids:
+                self._encoded.pop(write_id, None)
             for thread_id in {write.thread_id for write in writes}:
                 pending = self._deferred.get(thread_id)
                 if pending is None:
                     continue
-                kept = [item for item in pending if all(item[0] is not w for w in writes)]
+                kept = [item for item in pending if id(item[0]) not in ids]
                 dropped = dropped or len(kept) < len(pending)
                 if kept:
                     self._deferred[thread_id] = kept

@@ -535,16 +535,14 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
 
     async def _flush_deferred(self, cur: AsyncCursor[Any], thread_id: str) -> None:
         """`DurablePostgresSaver._flush_deferred`, awaited."""
-        mark = len(self._taken())
-        try:
+        if thread_id not in self._deferred:
+            return
+        with self._carrying():
             for write, write_config in self._take_deferred(thread_id):
                 try:
                     await self._apply_one_txn(cur, write, actor_of(write_config))
                 except IllegalTransition as refused:
                     self._refused_deferred(write, refused)
-        except BaseException:
-            self._untake_after(mark)
-            raise
 
     async def _apply_one_txn(
         self, cur: AsyncCursor[Any], one: IntentWrite | TransitionWrite,

@@ -608,18 +608,15 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
         self._flush_deferred(cur, thread_id)
 
     def _flush_deferred(self, cur: Cursor[Any], thread_id: str) -> None:
-        """Carry the thread's deferred receipts in this transaction (none, if it fails:
-        a savepoint around it may undo what it wrote)."""
-        mark = len(self._taken())
-        try:
+        """Carry the thread's deferred receipts in this transaction."""
+        if thread_id not in self._deferred:
+            return
+        with self._carrying():
             for write, write_config in self._take_deferred(thread_id):
                 try:
                     self._apply_one_txn(cur, write, actor_of(write_config))
                 except IllegalTransition as refused:
                     self._refused_deferred(write, refused)
-        except BaseException:
-            self._untake_after(mark)
-            raise
 
     def _apply_one_txn(
         self, cur: Cursor[Any], one: IntentWrite | TransitionWrite,

@@ -156,8 +156,7 @@ class SqliteTransactions:
         if thread_id not in self._deferred:  # type: ignore[attr-defined]
             return  # nothing deferred (a write deferred meanwhile rides on the next one)
         entries: list[tuple[Any, ...]] = []
-        mark = len(self._taken())  # type: ignore[attr-defined]
-        try:
+        with self._carrying():  # type: ignore[attr-defined]
             taken = self._take_deferred(thread_id)  # type: ignore[attr-defined]
             receipts = self._receipt_texts([write for write, _ in taken])  # type: ignore[attr-defined]
             for (write, write_config), receipt in zip(taken, receipts, strict=True):
@@ -167,9 +166,6 @@ class SqliteTransactions:
                 except IllegalTransition as refused:
                     self._refused_deferred(write, refused)  # type: ignore[attr-defined]
             _journal_txn(cur, entries)
-        except BaseException:  # a savepoint around it may undo what it wrote
-            self._untake_after(mark)  # type: ignore[attr-defined]
-            raise
 
     def _apply_deferred_txn(
         self, cur: sqlite3.Cursor, one: TransitionWrite, actor: tuple[str | None, int | None],
