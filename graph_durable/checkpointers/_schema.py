@@ -255,6 +255,11 @@ MIGRATIONS: list[str] = [
     # that a thread of the family made again after it, recorded when first used (the
     # guarded writes of `graph_durable.nodes.write_keys`).
     _STEP_ANCHORS.format(real="REAL"),
+    # 9: the journal is no longer indexed by key alone. The index took a tenth of a large
+    # ledger's file and a page written with every entry, for one read (a key's entries
+    # across threads), which now finds the key's threads through `effects_key` and their
+    # entries through `effect_events_thread` (`_sql.select_events`).
+    "DROP INDEX IF EXISTS effect_events_key",
 ]
 
 # Pieces the two claim functions (migrations 8 and 10) share, written once; each is

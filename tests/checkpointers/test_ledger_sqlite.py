@@ -13,6 +13,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from graph_durable import DurableSqliteSaver
+from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._schema import MIGRATIONS
 from graph_durable.errors import IllegalTransition, LeaseLost
 from graph_durable.ledger import EffectStatus, IntentWrite, TransitionWrite
@@ -109,6 +110,40 @@ def test_copy_thread_copies_effects_under_the_same_keys(tmp_path: Path) -> None:
     assert copied is not None and copied.status is S.IN_FLIGHT
     assert [e.kind for e in saver.events("dst")] == ["intent"]
     assert saver.get_tuple({"configurable": {"thread_id": "dst", "checkpoint_ns": ""}})
+
+
+def test_a_keys_journal_in_every_thread_is_read_without_an_index_by_key(tmp_path: Path) -> None:
+    path = tmp_path / "a.sqlite"
+    saver = open_saver(path)
+    put_checkpoint(saver, "src")
+    saver.apply(intent("src", key="k1"))
+    saver.apply(intent("src", key="k2"))
+    saver.copy_thread("src", "dst")
+    saver.apply(TransitionWrite(thread_id="dst", key="k1", to=S.APPLIED, kind="receipt",
+                                receipt={"id": 7}, result="ok"))
+    saver.apply(intent("other", key="k3"))
+    # The database as a release before migration 9 left it: the journal's key index there.
+    saver.conn.execute("CREATE INDEX effect_events_key ON effect_events (key, seq)")
+    saver.conn.execute("DELETE FROM graph_durable_migrations WHERE v = 9")
+    saver.conn.commit()
+
+    again = open_saver(path)
+    again.setup()
+    indexes = {name for (name,) in again.conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "effect_events_key" not in indexes and "effect_events_thread" in indexes
+    versions = again.conn.execute("SELECT MAX(v) FROM graph_durable_migrations").fetchone()
+    assert versions == (len(MIGRATIONS) - 1,)
+    events = again.events(key="k1")
+    assert [(e.thread_id, e.kind) for e in events] == [
+        ("src", "intent"), ("dst", "intent"), ("dst", "receipt")]
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    assert [e.kind for e in again.events("dst", key="k1")] == ["intent", "receipt"]
+    assert again.events(key="k9") == []
+    sql, params = _sql.select_events(None, "k1")
+    plan = " | ".join(row[-1] for row in again.conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+    assert "SCAN effect_events" not in plan, plan
+    assert "effects_key" in plan and "effect_events_thread" in plan, plan
 
 
 def test_delete_for_runs_keeps_the_ledger(tmp_path: Path) -> None:
