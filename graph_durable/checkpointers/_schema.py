@@ -25,6 +25,7 @@ __all__ = [
     "PG_MIGRATIONS_TABLE",
     "SETUP_STATE",
     "SETUP_TABLES",
+    "SQLITE_READABLE_FROM",
     "check_readable",
     "is_current",
     "statements",
@@ -72,12 +73,14 @@ LATEST_APPLIED = "SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations"
 
 
 def check_readable(where: str, saver: str, tables: Collection[str],
-                   applied: Callable[[], Any], migrations: int) -> None:
+                   applied: Callable[[], Any], migrations: int,
+                   readable_from: int | None = None) -> None:
     """Refuse to read a database without graph_durable's ledger, or with one an older
     release wrote and no writer has migrated (a reader never creates or migrates).
 
     `tables` are the database's tables, `applied()` reads the latest migration applied
-    (only asked once the ledger is there), `migrations` is how many this release has.
+    (only asked once the ledger is there), `migrations` is how many this release has,
+    `readable_from` the oldest schema it reads as it is (by default its latest).
     """
     if not LEDGER_TABLES <= set(tables):
         what = ("a LangGraph database without graph_durable's ledger"
@@ -86,10 +89,11 @@ def check_readable(where: str, saver: str, tables: Collection[str],
             f"{where!r} is {what}. Point --db at the database your {saver} writes; read "
             "commands never add tables.")
     version = applied()
-    if version + 1 < migrations:
+    oldest = migrations - 1 if readable_from is None else readable_from
+    if version < oldest:
         raise GraphDurableError(
             f"{where!r} holds a ledger of an older graph_durable (schema {version}, this "
-            f"one reads {migrations - 1}). Run your agent (or any writer) on it once to "
+            f"one reads {oldest} and later). Run your agent (or any writer) on it once to "
             "migrate; read commands never migrate.")
 
 
@@ -256,11 +260,16 @@ MIGRATIONS: list[str] = [
     # guarded writes of `graph_durable.nodes.write_keys`).
     _STEP_ANCHORS.format(real="REAL"),
     # 9: the journal is no longer indexed by key alone. The index took a tenth of a large
-    # ledger's file and a page written with every entry, for one read (a key's entries
-    # across threads), which now finds the key's threads through `effects_key` and their
-    # entries through `effect_events_thread` (`_sql.select_events`).
+    # ledger's file and a page written with every entry, for one read no part of the
+    # library makes (a key's entries across threads), which now scans the journal.
+    # Readers read a database a writer has not migrated yet (`SQLITE_READABLE_FROM`).
     "DROP INDEX IF EXISTS effect_events_key",
 ]
+
+SQLITE_READABLE_FROM = 8
+"""The oldest SQLite ledger schema this release reads as it is (`check_readable`):
+migration 9 only drops an index, so a database no writer of this release has migrated
+yet reads the same."""
 
 # Pieces the two claim functions (migrations 8 and 10) share, written once; each is
 # joined into its migration's text exactly as that migration shipped.

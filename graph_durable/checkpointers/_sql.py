@@ -284,15 +284,8 @@ def select_effects(thread_id: str | None, status: str | None) -> Statement:
 
 
 def select_events(thread_id: str | None, key: str | None) -> Statement:
-    """Query listing journal events in order, optionally by thread and key.
-
-    A key's entries in every thread are found through the threads whose effects hold
-    that key (SQLite's journal has no index by key alone since its migration 9): every
-    entry is an effect's, and a thread's effects and entries are deleted together."""
+    """Query listing journal events in order, optionally by thread and key."""
     where, params = _where(thread_id=thread_id, key=key)
-    if key is not None and thread_id is None:
-        where += " AND thread_id IN (SELECT thread_id FROM effects WHERE key = ?)"
-        params += (key,)
     return f"SELECT {EVENT_COLUMNS} FROM effect_events {where} ORDER BY seq", params
 
 

@@ -19,6 +19,7 @@ from graph_durable.checkpointers._schema import (
     MIGRATIONS,
     MIGRATIONS_TABLE,
     SETUP_STATE,
+    SQLITE_READABLE_FROM,
     check_readable,
     is_current,
     statements,
@@ -93,7 +94,8 @@ def check_read_only(conn: sqlite3.Connection, path: str, saver: str) -> None:
     """Refuse what a reader cannot read (see `check_readable`); `conn` stays open."""
     try:
         check_readable(path, saver, _tables(conn),
-                       lambda: conn.execute(LATEST_APPLIED).fetchone()[0], len(MIGRATIONS))
+                       lambda: conn.execute(LATEST_APPLIED).fetchone()[0], len(MIGRATIONS),
+                       readable_from=SQLITE_READABLE_FROM)
     except sqlite3.DatabaseError as exc:
         raise GraphDurableError(f"{path!r} is not a SQLite database ({exc}).") from None
 
