@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks._runner import ROOT
 
-__all__ = ["WORKTREE", "Round", "main", "measure", "summary"]
+__all__ = ["WORKTREE", "Round", "checkout", "main", "measure", "resolved", "summary"]
 
 WORKTREE = "WORKTREE"
 """The revision name of this checkout as it is, uncommitted changes included."""
@@ -71,7 +71,9 @@ with tempfile.TemporaryDirectory() as workdir:
             per_turn[name].append(spent[name][1] / turns * 1000)
     for agent in sides.values():
         agent.close()
-print(json.dumps({"wall": wall, "cpu": cpu, "cpu_ms": per_turn}))
+import graph_durable
+print(json.dumps({"wall": wall, "cpu": cpu, "cpu_ms": per_turn,
+                  "code": [bench.__file__, graph_durable.__file__]}))
 """
 """Run in a revision's checkout: its `benchmarks.turn_overhead` builds both agents."""
 
@@ -91,8 +93,16 @@ class Round:
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)}: {done.stderr.strip() or done.returncode}")
+    return done.stdout.strip()
+
+
+def resolved(revision: str) -> str:
+    """The commit `revision` names (`WORKTREE` as it is); git's own error if none."""
+    return revision if revision == WORKTREE else _git("rev-parse", "--verify",
+                                                      f"{revision}^{{commit}}")
 
 
 @contextmanager
@@ -102,8 +112,8 @@ def checkout(revision: str, parent: Path) -> Iterator[Path]:
     if revision == WORKTREE:
         yield ROOT
         return
-    commit = _git("rev-parse", "--verify", f"{revision}^{{commit}}")
-    path = parent / commit[:12]
+    commit = resolved(revision)
+    path = parent / commit
     _git("worktree", "add", "--detach", "--quiet", str(path), commit)
     try:
         yield path
@@ -122,6 +132,10 @@ def measure(tree: Path, revision: str, n_calls: int, *, turns: int, repetitions:
     if done.returncode != 0:
         raise RuntimeError(f"{revision}: the measuring child failed:\n{done.stderr[-3000:]}")
     found = json.loads(done.stdout.strip().splitlines()[-1])
+    strays = [path for path in found["code"] if not Path(path).resolve().is_relative_to(
+        tree.resolve())]
+    if strays:
+        raise RuntimeError(f"{revision}: the child ran code from outside {tree}: {strays}")
     return Round(revision, n_calls, statistics.median(found["wall"]),
                  statistics.median(found["cpu"]), statistics.median(found["cpu_ms"]["stock"]),
                  statistics.median(found["cpu_ms"]["guarded"]))
@@ -174,8 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="both sides with LangGraph's EncryptedSerializer")
     args = parser.parse_args(argv)
     revisions = [args.base, args.other]
-    if args.base == args.other:
-        parser.error("name two different revisions")
+    try:
+        commits = [resolved(revision) for revision in revisions]
+    except RuntimeError as exc:
+        parser.error(str(exc))
+    if commits[0] == commits[1]:
+        parser.error(f"{args.base} and {args.other} are the same commit: name two")
     rounds: list[Round] = []
     with ExitStack() as stack:
         parent = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gd-revisions-")))

@@ -50,13 +50,28 @@ def test_a_revision_is_checked_out_apart_and_removed_after(tmp_path) -> None:
 
 
 def test_a_child_measures_its_own_revisions_turns(tmp_path) -> None:
-    one = revisions.measure(ROOT, WORKTREE, 1, turns=2, repetitions=1, warmup=0,
-                            encrypted=False)
-    assert one.revision == WORKTREE and one.n_calls == 1
+    with checkout("HEAD", tmp_path) as tree:
+        one = revisions.measure(tree, "HEAD", 1, turns=2, repetitions=1, warmup=0,
+                                encrypted=False)
+    assert one.revision == "HEAD" and one.n_calls == 1
     assert one.wall > 0 and one.cpu > 0 and one.guarded_cpu_ms > 0 < one.stock_cpu_ms
 
 
-def test_an_unknown_revision_is_refused_before_anything_runs(tmp_path) -> None:
-    with pytest.raises(subprocess.CalledProcessError):
+def test_a_child_running_other_code_than_its_revisions_is_refused(tmp_path) -> None:
+    # A tree whose benchmarks are this checkout's and which holds no graph_durable: the
+    # child imports the installed package, which is not the tree's code.
+    package = tmp_path / "elsewhere" / "benchmarks"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"__path__.append({str(ROOT / 'benchmarks')!r})\n")
+    elsewhere = package.parent
+    with pytest.raises(RuntimeError, match="ran code from outside"):
+        revisions.measure(elsewhere, "nowhere", 1, turns=1, repetitions=1, warmup=0,
+                          encrypted=False)
+
+
+def test_an_unknown_revision_is_refused_with_gits_own_words(tmp_path) -> None:
+    with pytest.raises(RuntimeError, match="no-such-revision-anywhere"):
         with checkout("no-such-revision-anywhere", tmp_path):
             pass
+    with pytest.raises(SystemExit):
+        revisions.main(["HEAD~0", "HEAD"])  # one commit, two names
