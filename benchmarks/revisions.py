@@ -13,7 +13,8 @@ cancels out; the medians over the rounds are compared.
 
 Run: `python -m benchmarks.revisions BASE [OTHER]` (`OTHER` defaults to `WORKTREE`:
 this checkout, uncommitted changes included), e.g. `python -m benchmarks.revisions
-HEAD~1 HEAD --calls 1 5 --rounds 8`. Both revisions run with this virtualenv's
+HEAD~1 HEAD --calls 1 5 --rounds 8`; `--postgres` times `turn_overhead_postgres`'s turn
+instead, on a throwaway server (PostgreSQL's binaries, as that benchmark finds them). Both revisions run with this virtualenv's
 packages. Nothing is written to `results.md`: a difference of revisions is not a row
 of the project's figures.
 """
@@ -27,7 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,18 +42,24 @@ WORKTREE = "WORKTREE"
 
 _CHILD = r"""
 import json, os, sys, tempfile, time
-from benchmarks import turn_overhead as bench
+from benchmarks import turn_overhead as sqlite_bench
 
-n_calls, turns, repetitions, warmup, encrypted = json.loads(sys.argv[1])
-serde = bench._encrypted() if encrypted else None
+n_calls, turns, repetitions, warmup, encrypted, databases = json.loads(sys.argv[1])
 with tempfile.TemporaryDirectory() as workdir:
-    sides = {
-        "stock": bench.build_stock(os.path.join(workdir, "stock.sqlite"), n_calls, serde),
-        "guarded": bench.build_guarded(os.path.join(workdir, "guarded.sqlite"), n_calls,
-                                       serde),
-    }
+    if databases is None:
+        bench = sqlite_bench
+        serde = bench._encrypted() if encrypted else None
+        sides = {
+            "stock": bench.build_stock(os.path.join(workdir, "stock.sqlite"), n_calls, serde),
+            "guarded": bench.build_guarded(os.path.join(workdir, "guarded.sqlite"), n_calls,
+                                           serde),
+        }
+    else:
+        from benchmarks import turn_overhead_postgres as bench
+        sides = {side: getattr(bench, f"build_{side}")(databases[side], n_calls)
+                 for side in ("stock", "guarded")}
     for agent in sides.values():
-        bench._check(agent, n_calls)
+        sqlite_bench._check(agent, n_calls)
         for _ in range(warmup):
             agent.turn()
     wall, cpu, per_turn = [], [], {"stock": [], "guarded": []}
@@ -121,13 +128,32 @@ def checkout(revision: str, parent: Path) -> Iterator[Path]:
         _git("worktree", "remove", "--force", str(path))
 
 
+@contextmanager
+def _postgres() -> Iterator[Callable[[], dict[str, str]]]:
+    """A throwaway PostgreSQL server (`graph_durable.testing.postgres`), stopped on exit;
+    what it yields makes two new databases per call."""
+    from graph_durable.testing.postgres import PostgresServer
+
+    server = PostgresServer().start()
+    made = iter(range(1_000_000))
+    try:
+        yield lambda: {side: server.create_database(f"{side}_{next(made)}")
+                       for side in ("stock", "guarded")}
+    finally:
+        server.stop()
+
+
 def measure(tree: Path, revision: str, n_calls: int, *, turns: int, repetitions: int,
-            warmup: int, encrypted: bool) -> Round:
-    """One child process on `tree`'s code: stock and guarded turns interleaved."""
+            warmup: int, encrypted: bool, databases: Mapping[str, str] | None = None
+            ) -> Round:
+    """One child process on `tree`'s code: stock and guarded turns interleaved, on
+    SQLite files of its own, or on the PostgreSQL `databases` (`{"stock": conninfo,
+    "guarded": conninfo}`, new ones)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
         [sys.executable, "-c", _CHILD,
-         json.dumps([n_calls, turns, repetitions, warmup, encrypted])],
+         json.dumps([n_calls, turns, repetitions, warmup, encrypted,
+                     None if databases is None else dict(databases)])],
         cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{revision}: the measuring child failed:\n{done.stderr[-3000:]}")
@@ -186,7 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=10, help="untimed turns per side")
     parser.add_argument("--encrypted", action="store_true",
                         help="both sides with LangGraph's EncryptedSerializer")
+    parser.add_argument("--postgres", action="store_true",
+                        help="`turn_overhead_postgres`'s turn (sync PostgreSQL) on a "
+                        "throwaway server, new databases for every child")
     args = parser.parse_args(argv)
+    if args.postgres and args.encrypted:
+        parser.error("--encrypted is for SQLite only")
     revisions = [args.base, args.other]
     try:
         commits = [resolved(revision) for revision in revisions]
@@ -199,12 +230,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parent = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gd-revisions-")))
         trees = {revision: stack.enter_context(checkout(revision, parent))
                  for revision in revisions}
+        databases = stack.enter_context(_postgres()) if args.postgres else None
         for n_calls in args.calls:
             for index in range(args.rounds):
                 for revision in revisions if index % 2 == 0 else revisions[::-1]:
                     one = measure(trees[revision], revision, n_calls, turns=args.turns,
                                   repetitions=args.repetitions, warmup=args.warmup,
-                                  encrypted=args.encrypted)
+                                  encrypted=args.encrypted,
+                                  databases=None if databases is None else databases())
                     rounds.append(one)
                     print(f"  {revision[:13]} {n_calls} call(s), round {index + 1}: wall "
                           f"{one.wall:.3f}, CPU {one.cpu:.3f}", flush=True)

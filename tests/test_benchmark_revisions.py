@@ -75,3 +75,22 @@ def test_an_unknown_revision_is_refused_with_gits_own_words(tmp_path) -> None:
             pass
     with pytest.raises(SystemExit):
         revisions.main(["HEAD~0", "HEAD"])  # one commit, two names
+
+
+def test_a_child_measures_the_postgres_turn_on_the_databases_it_is_given(
+        postgres_server) -> None:
+    databases = {side: postgres_server.create_database(f"revisions_{side}")
+                 for side in ("stock", "guarded")}
+    try:
+        one = revisions.measure(ROOT, WORKTREE, 1, turns=2, repetitions=1, warmup=0,
+                                encrypted=False, databases=databases)
+        assert one.wall > 0 and one.cpu > 0
+        from psycopg import connect
+
+        with connect(databases["guarded"]) as conn:  # the guarded side wrote its ledger
+            [(applied,)] = conn.execute(
+                "SELECT COUNT(*) FROM effects WHERE status = 'applied'").fetchall()
+        assert applied >= 2  # the check's turn, then the timed ones
+    finally:
+        for side in databases:
+            postgres_server.drop_database(f"revisions_{side}")
