@@ -22,6 +22,7 @@ of the project's figures.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -135,7 +136,7 @@ def _postgres() -> Iterator[Callable[[], dict[str, str]]]:
     from graph_durable.testing.postgres import PostgresServer
 
     server = PostgresServer().start()
-    made = iter(range(1_000_000))
+    made = itertools.count()
     try:
         yield lambda: {side: server.create_database(f"{side}_{next(made)}")
                        for side in ("stock", "guarded")}
