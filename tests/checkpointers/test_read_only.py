@@ -23,6 +23,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from psycopg.rows import dict_row
 
 from graph_durable.checkpointers import AsyncDurableSqliteSaver, DurableSqliteSaver
+from graph_durable.checkpointers._schema import MIGRATIONS, SQLITE_READABLE_FROM
 from graph_durable.checkpointers.postgres import AsyncDurablePostgresSaver, DurablePostgresSaver
 from graph_durable.errors import GraphDurableError, ReadOnlyDatabase
 from graph_durable.ledger import EffectStatus, IntentWrite
@@ -140,6 +141,63 @@ def test_setup_that_must_create_the_ledger_on_a_read_only_connection_says_so(
     path = tmp_path / "plain.sqlite"
     sqlite3.connect(path).close()
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        with pytest.raises(ReadOnlyDatabase, match=r"Creating or migrating the checkpoint "
+                                                   r"and ledger tables .* needs write access"):
+            DurableSqliteSaver(conn).setup()
+
+
+def _as_migrated_to(path: str, version: int, *extra: str) -> None:
+    """Make the database at `path` look as a release whose last migration was `version`
+    left it (its extra statements run first)."""
+    with closing(sqlite3.connect(path)) as conn:
+        for statement in extra:
+            conn.execute(statement)
+        conn.execute("DELETE FROM graph_durable_migrations WHERE v > ?", (version,))
+        conn.commit()
+
+
+_SCHEMA_8 = "CREATE INDEX effect_events_key ON effect_events (key, seq)"
+"""What migration 9 drops: schema 8, as the release before it left a database."""
+
+
+def test_a_saver_on_a_read_only_connection_reads_a_ledger_no_writer_migrated_yet(
+        db: str) -> None:
+    _as_migrated_to(db, SQLITE_READABLE_FROM, _SCHEMA_8)
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True,
+                                 check_same_thread=False)) as conn:
+        saver = DurableSqliteSaver(conn)
+        assert saver.get_tuple(ROOT) is not None
+        assert [r.key for r in saver.effects("t")] == ["k1"]
+        assert [e.kind for e in saver.events("t")] == ["intent"]
+        with pytest.raises(ReadOnlyDatabase) as claim:
+            saver.claim(intent("k2"))
+        _assert_refused(claim.value, sqlite3.OperationalError)
+    with closing(sqlite3.connect(db)) as conn:  # nothing migrated, nothing written
+        assert conn.execute("SELECT MAX(v) FROM graph_durable_migrations").fetchone() == (
+            SQLITE_READABLE_FROM,)
+        assert conn.execute("SELECT COUNT(*) FROM sqlite_master "
+                            "WHERE name = 'effect_events_key'").fetchone() == (1,)
+    with DurableSqliteSaver.from_conn_string(db) as writer:  # a writer migrates it
+        writer.setup()
+        assert writer.conn.execute("SELECT MAX(v) FROM graph_durable_migrations"
+                                   ).fetchone() == (len(MIGRATIONS) - 1,)
+
+
+async def test_an_async_saver_on_a_read_only_connection_reads_a_ledger_no_writer_migrated(
+        db: str) -> None:
+    _as_migrated_to(db, SQLITE_READABLE_FROM, _SCHEMA_8)
+    async with aiosqlite.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        saver = AsyncDurableSqliteSaver(conn)
+        assert await saver.aget_tuple(ROOT) is not None
+        assert [r.key for r in await saver.aeffects("t")] == ["k1"]
+
+
+def test_a_saver_on_a_read_only_connection_refuses_a_ledger_older_than_it_reads(
+        db: str) -> None:
+    # Schema 7: before migration 8's tables, and 9's index drop.
+    _as_migrated_to(db, SQLITE_READABLE_FROM - 1, _SCHEMA_8, "DROP TABLE copy_points",
+                    "DROP TABLE step_anchors")
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         with pytest.raises(ReadOnlyDatabase, match=r"Creating or migrating the checkpoint "
                                                    r"and ledger tables .* needs write access"):
             DurableSqliteSaver(conn).setup()

@@ -16,9 +16,11 @@ from typing import Any, NoReturn
 from graph_durable.checkpointers import _sql
 from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
+    LEDGER_TABLES,
     MIGRATIONS,
     MIGRATIONS_TABLE,
     SETUP_STATE,
+    SETUP_TABLES,
     SQLITE_READABLE_FROM,
     check_readable,
     is_current,
@@ -114,10 +116,27 @@ def connect_read_only(path: str, saver: str) -> sqlite3.Connection:
 def setup_ledger(conn: sqlite3.Connection, secret_params: tuple[Any, ...]) -> None:
     """The ledger's part of `setup()`, after LangGraph's: durable commits
     (`synchronous=FULL`), then the pending migrations, if any (it only reads when the
-    schema is current)."""
+    schema is current, and on a read-only connection when it is readable as it is)."""
     conn.execute("PRAGMA synchronous=FULL")
-    if not schema_current(conn):
+    if schema_current(conn):
+        return
+    try:
         migrate(conn, secret_params)
+    except sqlite3.OperationalError as exc:
+        # A read-only connection cannot migrate; it reads a schema this release reads
+        # as it is (`SQLITE_READABLE_FROM`) as `open_read_only` does. Its writes are
+        # refused as on any read-only connection.
+        if not (is_read_only(exc) and _readable_as_is(conn)):
+            raise
+
+
+def _readable_as_is(conn: sqlite3.Connection) -> bool:
+    """Whether the ledger's schema is one this release reads without migrating it."""
+    if conn.in_transaction:
+        conn.rollback()
+    if not LEDGER_TABLES | SETUP_TABLES <= _tables(conn):
+        return False
+    return bool(conn.execute(LATEST_APPLIED).fetchone()[0] >= SQLITE_READABLE_FROM)
 
 
 def setup_refused(exc: sqlite3.OperationalError) -> NoReturn:
