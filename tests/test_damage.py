@@ -213,3 +213,54 @@ def test_a_schema_newer_than_this_release_is_said_and_its_threads_still_run(
     done = database.agent.graph.invoke(APPROVE, _config("B"), durability="sync")
     assert done["messages"][-1].content == "All done."
     assert database.agent.providers["charge"].count() == 1
+
+
+
+@pytest.mark.parametrize("runs_from", ["known", "newer", "stale"])
+def test_a_newer_schema_that_says_this_release_runs_on_it_is_no_finding(
+    database: Database, runs_from: str, caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A newer release whose migrations leave the database as this release uses it (an
+    index added or dropped) records so (`runs_from`): this release then runs on it
+    without a warning, and `check` finds nothing. A `runs_from` newer than this release,
+    or one recorded for another schema, is said as a newer schema is."""
+    from graph_durable.checkpointers._schema import (
+        MIGRATIONS, PG_MIGRATIONS, PG_RUNS_FROM, SQLITE_RUNS_FROM, runs_from_value)
+    from graph_durable.checkpointers.postgres import DurablePostgresSaver
+    from graph_durable.checkpointers.sqlite import DurableSqliteSaver
+
+    postgres = database.engine == "postgres"
+    opened = DurablePostgresSaver if postgres else DurableSqliteSaver
+    with opened.from_conn_string(database.db) as saver:  # what this release recorded
+        saver.setup()
+        [(recorded,)] = saver.conn.execute(
+            "SELECT value FROM ledger_meta WHERE name = 'runs_from'").fetchall() if not postgres \
+            else [tuple(row.values()) for row in saver.conn.execute(
+                "SELECT value FROM ledger_meta WHERE name = 'runs_from'").fetchall()]
+    assert json.loads(recorded) == {
+        "schema": len(PG_MIGRATIONS if postgres else MIGRATIONS) - 1,
+        "runs_from": PG_RUNS_FROM if postgres else SQLITE_RUNS_FROM}
+
+    known = len(PG_MIGRATIONS if postgres else MIGRATIONS) - 1
+    # A newer release at schema 99 that this one runs on, one it does not, and a row
+    # left for an older schema (a release that migrated later did not write one).
+    value = {"known": (99, known), "newer": (99, 99), "stale": (known, known)}[runs_from]
+    database.execute("INSERT INTO graph_durable_migrations (v, applied_at) VALUES (99, 0)")
+    database.execute(f"UPDATE ledger_meta SET value = '{runs_from_value(*value)}' "
+                     "WHERE name = 'runs_from'")
+    with caplog.at_level(logging.WARNING, logger="graph_durable"):
+        with opened.from_conn_string(database.db) as saver:
+            saver.setup()
+            report = saver.check()
+    said = [r.getMessage() for r in caplog.records if "ledger schema" in r.getMessage()]
+    code, out, _ = _cli(capsys, "check", "--db", database.db, "--json")
+    if runs_from == "known":
+        assert said == [] and report.ok and report.schema == (99, known)
+        assert code == 0 and json.loads(out)["ok"] is True
+    else:
+        assert len(said) == 1 and [d.kind for d in report.damage] == ["schema"]
+        assert code == 1
+    done = database.agent.graph.invoke(APPROVE, _config("B"), durability="sync")
+    assert done["messages"][-1].content == "All done."
+    assert database.agent.providers["charge"].count() == 1

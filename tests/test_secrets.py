@@ -372,7 +372,8 @@ def test_keys_are_an_hmac_under_the_deployments_secret(tmp_path, monkeypatch) ->
     monkeypatch.delenv("GRAPH_DURABLE_KEY_SECRET")
     own = tmp_path / "own.sqlite"  # no secret given: the database's own, kept in it
     key = keys_of(own)
-    [(stored,)] = sqlite3.connect(own).execute("SELECT value FROM ledger_meta")
+    [(stored,)] = sqlite3.connect(own).execute(
+        "SELECT value FROM ledger_meta WHERE name = 'key_secret'")
     assert len(stored) == 64 and key == expected_key(own, stored.encode())
     for db in (given, env, own):
         assert expected_key(db, None) not in (keys_of(db.with_name("x" + db.name)), key)

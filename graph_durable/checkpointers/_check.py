@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from graph_durable.checkpointers import _decode
 from graph_durable.checkpointers._decode import Damage, damage_of
-from graph_durable.checkpointers._schema import MIGRATIONS, PG_MIGRATIONS
+from graph_durable.checkpointers._schema import MIGRATIONS, PG_MIGRATIONS, RUNS_FROM, runs_on
 from graph_durable.errors import LedgerDamaged
 from graph_durable.ledger import EffectStatus
 from graph_durable.secrets import LedgerCodec
@@ -92,6 +92,11 @@ class _Failed(NamedTuple):
 
 Steps = Generator[Any, Any, None]
 
+_NEWER_SCHEMA = ("SELECT (SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations), "
+                 f"(SELECT value FROM ledger_meta WHERE name = '{RUNS_FROM}')")
+"""A newer schema and which releases run on it (`_schema.RUNS_FROM`): a newer schema
+this release runs on is not a finding."""
+
 _EFFECT_COLUMNS = ("key, thread_id, checkpoint_ns, tool_call_id, tool, args, status, "
                    "receipt, error, attempts, decision, asked, created_at, updated_at")
 
@@ -103,7 +108,10 @@ def _steps(report: CheckReport, codec: LedgerCodec, full: bool) -> Steps:
     applied = (yield _Sql("SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations"))[0][0]
     known = len(PG_MIGRATIONS if report.engine == "postgresql" else MIGRATIONS) - 1
     report.schema = (int(applied), known)
-    if applied > known:
+    if applied > known:  # both again in one statement: a migration may land meanwhile
+        applied, runs_from = (yield _Sql(_NEWER_SCHEMA))[0]
+        report.schema = (int(applied), known)
+    if applied > known and not runs_on(runs_from, applied, known):
         found.append(Damage("graph_durable_migrations", None, str(applied), "v",
                             f"schema {applied} was written by a newer graph_durable (this "
                             f"release knows up to {known}): upgrade before running it",

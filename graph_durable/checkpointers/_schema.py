@@ -10,6 +10,7 @@ engine, and are read in order.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Collection
@@ -23,11 +24,17 @@ __all__ = [
     "MIGRATIONS_TABLE",
     "PG_MIGRATIONS",
     "PG_MIGRATIONS_TABLE",
+    "PG_RUNS_FROM",
+    "RUNS_FROM",
     "SETUP_STATE",
     "SETUP_TABLES",
     "SQLITE_READABLE_FROM",
+    "SQLITE_RUNS_FROM",
+    "UPSERT_RUNS_FROM",
     "check_readable",
     "is_current",
+    "runs_from_value",
+    "runs_on",
     "statements",
 ]
 
@@ -36,7 +43,8 @@ __all__ = [
 # connection). Run only once `graph_durable_migrations` and `ledger_meta` exist.
 SETUP_STATE = (
     "SELECT (SELECT COALESCE(MAX(v), -1) FROM graph_durable_migrations), "
-    "(SELECT COUNT(*) FROM ledger_meta WHERE name = 'key_secret')"
+    "(SELECT COUNT(*) FROM ledger_meta WHERE name = 'key_secret'), "
+    "(SELECT value FROM ledger_meta WHERE name = 'runs_from')"
 )
 SETUP_TABLES = frozenset({"graph_durable_migrations", "ledger_meta"})
 
@@ -47,10 +55,51 @@ def is_current(tables: Collection[str], state: Callable[[], Any], migrations: in
     once the tables are there), `migrations` how many this release has."""
     if not SETUP_TABLES <= set(tables):
         return False
-    applied, secrets = state()
-    if applied + 1 > migrations:
+    applied, secrets, runs_from = state()
+    if applied + 1 > migrations and not runs_on(runs_from, applied, migrations - 1):
         _newer_schema(applied, migrations)
     return applied + 1 >= migrations and secrets > 0
+
+
+RUNS_FROM = "runs_from"
+"""The `ledger_meta` row saying which releases run on the database as the newest
+release that migrated it left it: `{"schema": S, "runs_from": R}` (JSON), written by
+each release that migrates, for its schema S. A release whose latest migration is
+older than S but at least R reads and writes such a database as its own (S only added
+or dropped an index, say). A row written for another schema than the database's says
+nothing (a release that migrated later did not write one). Releases before this row
+existed do not read it."""
+
+SQLITE_RUNS_FROM = 8
+"""`RUNS_FROM`'s `runs_from` for a SQLite database this release migrates: migration 9
+only drops an index, so a release whose schema is 8 uses such a database as its own."""
+
+UPSERT_RUNS_FROM = (
+    "INSERT INTO ledger_meta (name, value) VALUES ('runs_from', ?) "
+    "ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+)
+"""Record `RUNS_FROM` (its parameter: `runs_from_value`)."""
+
+
+def runs_from_value(schema: int, runs_from: int) -> str:
+    """The `RUNS_FROM` row's value for a database at `schema` that releases from
+    `runs_from` on use as their own."""
+    return json.dumps({"schema": schema, "runs_from": runs_from})
+
+
+def runs_on(value: Any, applied: int, known: int) -> bool:
+    """Whether a release whose latest migration is `known` runs on a database at schema
+    `applied` whose `RUNS_FROM` row holds `value` (`None`: no row, so only releases of
+    its own schema do)."""
+    try:
+        said = json.loads(value) if isinstance(value, str) else None
+    except (ValueError, RecursionError):
+        said = None
+    if not isinstance(said, dict):
+        return False  # no row, or one this release cannot read: it cannot tell
+    schema, runs_from = said.get("schema"), said.get("runs_from")
+    return (type(schema) is int and type(runs_from) is int  # noqa: E721 - not bools
+            and schema == applied and runs_from <= known)
 
 
 _log = logging.getLogger("graph_durable")
@@ -706,3 +755,7 @@ PG_MIGRATIONS: list[str] = [
     $fn$
     """,
 ]
+
+
+PG_RUNS_FROM = len(PG_MIGRATIONS) - 1
+"""`RUNS_FROM` of a PostgreSQL database this release migrates: its own schema only."""

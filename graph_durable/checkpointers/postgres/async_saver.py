@@ -70,10 +70,13 @@ from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
     PG_MIGRATIONS,
     PG_MIGRATIONS_TABLE,
+    PG_RUNS_FROM,
     SETUP_STATE,
     SETUP_TABLES,
+    UPSERT_RUNS_FROM,
     check_readable,
     is_current,
+    runs_from_value,
     statements,
 )
 from graph_durable.checkpointers._twins import (
@@ -278,6 +281,9 @@ class AsyncDurablePostgresSaver(TransactionDeferred, DurableSaverMixin, CheckedC
                         await cur.execute(statement)
                     await cur.execute("INSERT INTO graph_durable_migrations (v, applied_at) "
                                       "VALUES (%s, %s)", (version, time.time()))
+                if applied + 1 < len(PG_MIGRATIONS):  # migrated: which releases run on it
+                    await _run(cur, UPSERT_RUNS_FROM, (
+                        runs_from_value(len(PG_MIGRATIONS) - 1, PG_RUNS_FROM),))
                 await _run(cur, _sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
                 await cur.execute(_pg.ROW_FENCES)
                 self._learn_row_fences((await cur.fetchone())[0])

@@ -114,9 +114,12 @@ from graph_durable.checkpointers._schema import (
     LATEST_APPLIED,
     PG_MIGRATIONS,
     PG_MIGRATIONS_TABLE,
+    PG_RUNS_FROM,
     SETUP_STATE,
+    UPSERT_RUNS_FROM,
     check_readable,
     is_current,
+    runs_from_value,
     statements,
 )
 from graph_durable.checkpointers._twins import AsyncFromSync, EagerListing, FencedPuts
@@ -332,6 +335,9 @@ class DurablePostgresSaver(TransactionDeferred, PostgresLeases, DurableSaverMixi
                         "INSERT INTO graph_durable_migrations (v, applied_at) "
                         "VALUES (%s, %s)", (version, time.time()),
                     )
+                if row[0] + 1 < len(PG_MIGRATIONS):  # migrated: which releases run on it
+                    _run(cur, UPSERT_RUNS_FROM, (
+                        runs_from_value(len(PG_MIGRATIONS) - 1, PG_RUNS_FROM),))
                 _run(cur, _sql.INSERT_DB_KEY_SECRET, self._db_secret_params())
                 self._learn_row_fences(cur.execute(ROW_FENCES).fetchone()[0])
 

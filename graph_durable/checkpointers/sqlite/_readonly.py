@@ -22,8 +22,11 @@ from graph_durable.checkpointers._schema import (
     SETUP_STATE,
     SETUP_TABLES,
     SQLITE_READABLE_FROM,
+    SQLITE_RUNS_FROM,
+    UPSERT_RUNS_FROM,
     check_readable,
     is_current,
+    runs_from_value,
     statements,
 )
 from graph_durable.errors import GraphDurableError, ReadOnlyDatabase
@@ -54,8 +57,9 @@ def schema_current(conn: sqlite3.Connection) -> bool:
 
 
 def migrate(conn: sqlite3.Connection, secret_params: tuple[Any, ...]) -> None:
-    """Create or migrate the ledger's tables and store the database's key secret (the
-    first writer's stays), in one `BEGIN IMMEDIATE` transaction."""
+    """Create or migrate the ledger's tables, record which releases run on them
+    (`RUNS_FROM`), and store the database's key secret (the first writer's stays), in
+    one `BEGIN IMMEDIATE` transaction."""
     conn.execute(MIGRATIONS_TABLE)
     conn.commit()
     conn.execute("BEGIN IMMEDIATE")
@@ -66,6 +70,9 @@ def migrate(conn: sqlite3.Connection, secret_params: tuple[Any, ...]) -> None:
                 conn.execute(statement)
             conn.execute("INSERT INTO graph_durable_migrations (v, applied_at) VALUES (?, ?)",
                          (version, time.time()))
+        if applied + 1 < len(MIGRATIONS):  # this release migrated: which releases run on it
+            conn.execute(UPSERT_RUNS_FROM, (runs_from_value(len(MIGRATIONS) - 1,
+                                                         SQLITE_RUNS_FROM),))
         conn.execute(_sql.INSERT_DB_KEY_SECRET, secret_params)
     except BaseException:
         conn.rollback()
@@ -132,8 +139,6 @@ def setup_ledger(conn: sqlite3.Connection, secret_params: tuple[Any, ...]) -> No
 
 def _readable_as_is(conn: sqlite3.Connection) -> bool:
     """Whether the ledger's schema is one this release reads without migrating it."""
-    if conn.in_transaction:
-        conn.rollback()
     if not LEDGER_TABLES | SETUP_TABLES <= _tables(conn):
         return False
     return bool(conn.execute(LATEST_APPLIED).fetchone()[0] >= SQLITE_READABLE_FROM)

@@ -108,8 +108,11 @@ class DurableSqliteSaver(DurableSaverMixin, CheckedCheckpoints, SqliteTransactio
         On a database already up to date it only reads: it takes no write lock (so it
         does not wait behind another process's write) and works on a read-only
         connection. Any number of savers may set up one new file at once: a setup
-        refused by another's lock is tried again for the connection's busy timeout. Creating or migrating the schema needs write access; on a read-only
-        connection that raises `ReadOnlyDatabase`.
+        refused by another's lock is tried again for the connection's busy timeout.
+        Creating or migrating the schema needs write access; on a read-only connection
+        that raises `ReadOnlyDatabase`, unless the schema is one this release reads as
+        it is (`SQLITE_READABLE_FROM`): then the saver reads, and the first writer
+        migrates.
         """
         if self.is_setup:
             return
