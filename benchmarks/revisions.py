@@ -145,14 +145,15 @@ def _postgres() -> Iterator[Callable[[], dict[str, str]]]:
 
 
 def measure(tree: Path, revision: str, n_calls: int, *, turns: int, repetitions: int,
-            warmup: int, encrypted: bool, databases: Mapping[str, str] | None = None
-            ) -> Round:
+            warmup: int, encrypted: bool, databases: Mapping[str, str] | None = None,
+            prelude: str = "") -> Round:
     """One child process on `tree`'s code: stock and guarded turns interleaved, on
     SQLite files of its own, or on the PostgreSQL `databases` (`{"stock": conninfo,
-    "guarded": conninfo}`, new ones)."""
+    "guarded": conninfo}`, new ones). `prelude`: code the child runs first (what
+    `benchmarks.knockouts` takes out of the guard)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD,
+        [sys.executable, "-c", prelude + _CHILD,
          json.dumps([n_calls, turns, repetitions, warmup, encrypted,
                      None if databases is None else dict(databases)])],
         cwd=tree, env=env, capture_output=True, text=True)
