@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks._runner import ROOT
+from benchmarks.guard_breakdown import _resolve
 from benchmarks.revisions import Round, measure, summary
 
 __all__ = ["KNOCKOUTS", "NONE", "main", "prelude", "take_out", "targets"]
@@ -68,18 +69,16 @@ _APPLIED_LEFT = {NONE: True, "claim": False, "receipts": False, "fence read": Tr
 """Whether a turn still leaves its calls applied in the ledger with the knockout."""
 
 
-def _resolve(target: str) -> Any:
-    module_name, _, qualname = target.partition(":")
-    found: Any = __import__(module_name, fromlist=["_"])
-    for part in qualname.split("."):
-        found = getattr(found, part)
-    return found
-
-
 def targets(name: str) -> list[Any]:
-    """What knockout `name` replaces or relies on, resolved (`AttributeError` or
-    `ImportError` if the guard no longer has it)."""
-    return [_resolve(target) for target in _TARGETS[name]]
+    """What knockout `name` replaces or relies on, resolved (`guard_breakdown`'s
+    resolution); `LookupError` if the guard no longer has it."""
+    found = []
+    for target in _TARGETS[name]:
+        resolved = _resolve(target)
+        if resolved is None:
+            raise LookupError(f"knockout {name!r}: {target} is no longer in the guard")
+        found.append(resolved[2])
+    return found
 
 
 class _Unobserved:
@@ -156,25 +155,11 @@ def _patches(name: str) -> list[tuple[Any, str, Callable[..., Any]]]:
 def _checked(name: str) -> Callable[[Any, int], None]:
     """`turn_overhead._check`, for a guard with `name` taken out: the turn answers as
     before, and the ledger shows the part gone (no applied call where it wrote them)."""
-    from langchain_core.messages import AIMessage, ToolMessage
+    from benchmarks import turn_overhead
 
-    def check(agent: Any, n_calls: int) -> None:
-        messages = agent.turn()["messages"]
-        tools = [m for m in messages if isinstance(m, ToolMessage)]
-        if len(tools) != n_calls or any(m.status != "success" for m in tools):
-            raise RuntimeError(f"{agent.name} ({name}): expected {n_calls} successful "
-                               f"tool messages, got {tools!r}")
-        if not (isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls):
-            raise RuntimeError(f"{agent.name} ({name}): no final answer")
-        if agent.name != "guarded":
-            return
-        applied = agent.applied()
-        expected = n_calls if _APPLIED_LEFT[name] else 0
-        if applied != expected:
-            raise RuntimeError(f"guarded ({name}): expected {expected} applied effects, "
-                               f"got {applied}: the knockout is not what was measured")
-
-    return check
+    check = turn_overhead._check
+    return lambda agent, n_calls: check(agent, n_calls,
+                                        n_calls if _APPLIED_LEFT[name] else 0)
 
 
 def take_out(name: str) -> None:
@@ -182,11 +167,12 @@ def take_out(name: str) -> None:
     make `turn_overhead`'s check expect it. Not safe: for a measuring child only."""
     from benchmarks import turn_overhead
 
+    checked = _checked(name)
     if name != NONE:
         targets(name)
         for owner, attribute, replacement in _patches(name):
             setattr(owner, attribute, replacement)
-    turn_overhead._check = _checked(name)  # type: ignore[assignment]
+    turn_overhead._check = checked  # type: ignore[assignment]
 
 
 def prelude(name: str) -> str:

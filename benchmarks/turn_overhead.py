@@ -371,8 +371,9 @@ def build_async_guarded(db_path: str, n_calls: int, loop: asyncio.AbstractEventL
     return _build_async("guarded", db_path, n_calls, loop, AsyncDurableSqliteSaver)
 
 
-def _check(agent: Agent, n_calls: int) -> None:
-    """Fail loudly if a turn does not do what the benchmark claims to measure."""
+def _check(agent: Agent, n_calls: int, applied_left: int | None = None) -> None:
+    """Fail loudly if a turn does not do what the benchmark claims to measure
+    (`applied_left`: the applied effects a guarded turn leaves, `n_calls` by default)."""
     messages = agent.turn()["messages"]
     tool_messages = [m for m in messages if isinstance(m, ToolMessage)]
     if len(tool_messages) != n_calls or any(m.status != "success" for m in tool_messages):
@@ -381,9 +382,9 @@ def _check(agent: Agent, n_calls: int) -> None:
     if not (isinstance(messages[-1], AIMessage) and not messages[-1].tool_calls):
         raise RuntimeError(f"{agent.name}: the turn did not end with the final answer")
     if isinstance(agent.saver, DurableSaverMixin) and agent.name == "guarded":
-        applied = agent.applied()
-        if applied != n_calls:
-            raise RuntimeError(f"guarded: expected {n_calls} applied effects, got {applied}")
+        applied, expected = agent.applied(), n_calls if applied_left is None else applied_left
+        if applied != expected:
+            raise RuntimeError(f"guarded: expected {expected} applied effects, got {applied}")
 
 
 def compare(
